@@ -1,0 +1,40 @@
+# The two commands of the README: `make run` and `make test` (plus `make bench`).
+# Each creates .venv if needed and installs the project before doing its job.
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+
+.PHONY: run test bench lint clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+# Re-install when the project metadata changes.
+$(VENV)/.installed-run: pyproject.toml | $(PY)
+	$(PIP) install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(PY)
+	$(PIP) install --quiet -e '.[test]'
+	touch $@ $(VENV)/.installed-run
+
+$(VENV)/.installed-bench: pyproject.toml | $(PY)
+	$(PIP) install --quiet -e '.[test,bench]'
+	touch $@ $(VENV)/.installed-run $(VENV)/.installed-test
+
+run: $(VENV)/.installed-run
+	$(PY) -m tilearray.demo
+
+test: $(VENV)/.installed-test
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mpiexec -n 2 $(PY) -c "from mpi4py import MPI; assert MPI.COMM_WORLD.Get_size() == 2"
+	$(PY) -m pytest -q -ra
+
+bench: $(VENV)/.installed-bench
+	$(PY) benchmarks/matmul.py
+	$(PY) benchmarks/reductions.py
+
+clean:
+	rm -rf $(VENV) data

@@ -1,0 +1,47 @@
+"""tilearray: out-of-core tiled matrix compute on Zarr with dask.distributed."""
+
+from . import _config  # noqa: F401  (registers the tilearray.* dask config defaults)
+from . import linalg
+from .engine import (
+    Budget,
+    Engine,
+    Plan,
+    RunStats,
+    TiledArray,
+    from_dask,
+    from_numpy,
+    matmul,
+    open,
+    random,
+)
+from .errors import (
+    ClusterError,
+    CorruptChunkError,
+    IncompleteOutputError,
+    PlanningError,
+    StorageError,
+    TilearrayError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Budget",
+    "ClusterError",
+    "CorruptChunkError",
+    "Engine",
+    "IncompleteOutputError",
+    "Plan",
+    "PlanningError",
+    "RunStats",
+    "StorageError",
+    "TiledArray",
+    "TilearrayError",
+    "__version__",
+    "from_dask",
+    "from_numpy",
+    "linalg",
+    "matmul",
+    "open",
+    "random",
+]

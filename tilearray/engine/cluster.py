@@ -1,0 +1,309 @@
+"""The Engine: owns (or borrows) a dask.distributed Client and runs graphs.
+
+``Engine()`` starts an embedded LocalCluster sized to the machine;
+``Engine(client=...)`` uses any running cluster; ``Engine.mpi()`` boots one
+across MPI ranks with dask-mpi. Only this package touches the cluster.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+import dask
+import psutil
+from dask.utils import format_bytes, parse_bytes
+
+from .. import _config
+from ..errors import ClusterError
+from .plan import Budget
+
+log = logging.getLogger("tilearray")
+
+_current: list[Engine] = []
+_default: Engine | None = None
+_lock = threading.Lock()
+
+
+def _blas_info():
+    from threadpoolctl import threadpool_info
+
+    return [(i.get("internal_api"), i.get("num_threads")) for i in threadpool_info()]
+
+
+def _rss() -> int:
+    return psutil.Process().memory_info().rss
+
+
+@dataclass
+class RunStats:
+    """Measured figures of one run."""
+
+    bytes_read: int = 0
+    bytes_written: int = 0
+    read_requests: int = 0
+    store_gets: int = 0
+    read_retries: int = 0
+    tasks: int = 0
+    task_retries: int = 0
+    """Tasks rerun because the worker running them died."""
+    wall_seconds: float = 0.0
+    peak_worker_memory: int = 0
+    """Largest RSS of any worker process seen during the run, in bytes."""
+    io_wait_seconds: float = 0.0
+    blas_seconds: float = 0.0
+    skipped_units: int = 0
+    """Output units already done (resume) and not recomputed."""
+    per_worker_peak: dict = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return (
+            f"{self.tasks} tasks in {self.wall_seconds:.1f} s, read "
+            f"{format_bytes(self.bytes_read)} ({self.read_requests} requests), wrote "
+            f"{format_bytes(self.bytes_written)}, peak worker memory "
+            f"{format_bytes(self.peak_worker_memory)}, retries: {self.task_retries} task(s), "
+            f"{self.read_retries} read(s)"
+        )
+
+
+class _MemorySampler(threading.Thread):
+    """Samples every worker's RSS while a run is in progress."""
+
+    def __init__(self, client, interval: float = 0.2):
+        super().__init__(daemon=True, name="tilearray-rss")
+        self.client, self.interval = client, interval
+        self.peak: dict[str, int] = {}
+        self._stop_event = threading.Event()
+
+    def run(self):
+        while not self._stop_event.is_set():
+            self.sample()
+            self._stop_event.wait(self.interval)
+
+    def sample(self):
+        try:
+            for addr, rss in self.client.run(_rss, on_error="ignore").items():
+                if isinstance(rss, int):
+                    self.peak[addr] = max(self.peak.get(addr, 0), rss)
+        except Exception:  # workers coming and going; sampling is best effort
+            pass
+
+    def stop(self) -> dict:
+        self._stop_event.set()
+        self.join(timeout=5)
+        self.sample()
+        return self.peak
+
+
+class Engine:
+    """Where tilearray work runs: a dask.distributed cluster and its budget.
+
+    Parameters
+    ----------
+    n_workers, threads_per_worker : int, optional
+        Size of the embedded LocalCluster; default: one single-threaded
+        worker per core.
+    memory_per_worker : int or str, optional
+        The whole worker process limit (dask's ``memory_limit``), e.g.
+        ``"1GiB"``. Tasks are planned to fit inside it. Default:
+        ``tilearray.memory.default-per-worker``, capped by the machine.
+    client : distributed.Client, optional
+        Use this running cluster instead of starting one; the budget is read
+        from its workers.
+    processes : bool
+        Workers as processes (default) or threads of this process.
+    quiet : bool
+        No progress bar.
+    """
+
+    def __init__(
+        self,
+        n_workers: int | None = None,
+        threads_per_worker: int | None = None,
+        memory_per_worker: int | str | None = None,
+        client=None,
+        *,
+        processes: bool = True,
+        quiet: bool = False,
+        dashboard: bool = False,
+    ):
+        self.quiet = quiet
+        self._owns = client is None
+        self.cluster = None
+        self.last_run: RunStats | None = None
+        self._memory_override = memory_per_worker
+        if client is None:
+            from distributed import Client, LocalCluster
+
+            cores = os.cpu_count() or 1
+            threads = int(threads_per_worker or 1)
+            n = int(n_workers or max(cores // threads, 1))
+            if memory_per_worker is None:
+                mem = _config.get_bytes("memory.default-per-worker")
+                mem = min(mem, int(psutil.virtual_memory().total * 0.8 / n))
+            else:
+                mem = parse_bytes(memory_per_worker) if isinstance(memory_per_worker, str) else int(memory_per_worker)
+            blas = max(cores // (n * threads), 1)
+            try:
+                with dask.config.set({
+                    "distributed.scheduler.allowed-failures": _config.get("scheduler.allowed-failures"),
+                    "distributed.worker.memory.spill": False,
+                    "distributed.worker.memory.target": False,
+                }):
+                    self.cluster = LocalCluster(
+                        n_workers=n,
+                        threads_per_worker=threads,
+                        memory_limit=mem,
+                        processes=processes,
+                        dashboard_address=":0" if dashboard else None,
+                        silence_logs=logging.ERROR,
+                    )
+                    client = Client(self.cluster, set_as_default=False)
+            except Exception as e:
+                raise ClusterError(f"could not start a LocalCluster ({n} x {threads}): {e}") from e
+            from ._plugins import BlasLimit
+
+            client.register_plugin(BlasLimit(blas), name=BlasLimit.name)
+            self.blas_threads = blas
+        else:
+            self.blas_threads = None
+        self.client = client
+        if dashboard and getattr(client, "dashboard_link", None):
+            log.info("dask dashboard: %s", client.dashboard_link)
+
+    # -- budget -----------------------------------------------------------------
+    def budget(self) -> Budget:
+        """The planning budget: the smallest worker's memory and threads."""
+        workers = self.client.scheduler_info(n_workers=-1).get("workers", {})
+        if not workers:
+            raise ClusterError("the cluster has no workers")
+        mem = min((w.get("memory_limit") or 0) for w in workers.values())
+        if self._memory_override is not None:
+            o = self._memory_override
+            mem = parse_bytes(o) if isinstance(o, str) else int(o)
+        if not mem:
+            mem = _config.get_bytes("memory.default-per-worker")
+        threads = max(w.get("nthreads", 1) for w in workers.values())
+        return Budget.from_config(mem, len(workers), threads)
+
+    # -- context ----------------------------------------------------------------
+    def __enter__(self) -> Engine:
+        _current.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if _current and _current[-1] is self:
+            _current.pop()
+        self.close()
+
+    def close(self) -> None:
+        """Shut down the cluster if this engine started it."""
+        if self._owns:
+            with contextlib.suppress(Exception):
+                self.client.close()
+            with contextlib.suppress(Exception):
+                if self.cluster is not None:
+                    self.cluster.close()
+        self._owns = False
+
+    def __repr__(self) -> str:
+        b = self.budget()
+        return (
+            f"<tilearray.Engine {b.n_workers} workers x {b.threads_per_worker} threads, "
+            f"{format_bytes(b.memory_per_worker)} per worker>"
+        )
+
+    # -- running ----------------------------------------------------------------
+    def run(self, graph: dict, keys: list, *, description: str = "tilearray", quiet=None):
+        """Run ``graph`` and gather ``keys`` (each a ``(value, stats)`` task).
+
+        Shows progress, samples worker memory, and returns ``(values, RunStats)``.
+        On failure every pending task is cancelled and the first error raised.
+        """
+        from distributed import as_completed
+
+        quiet = self.quiet if quiet is None else quiet
+        t0 = time.perf_counter()
+        sampler = _MemorySampler(self.client)
+        sampler.start()
+        futures = self.client.get(graph, keys, sync=False)
+        bar = None
+        if not quiet:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(futures), desc=description, unit="block", file=sys.stderr,
+                       leave=True, dynamic_ncols=True)
+        try:
+            for fut in as_completed(futures, loop=self.client.loop):
+                if fut.status == "error":
+                    fut.result()  # raises the task's exception
+                if bar is not None:
+                    bar.update(1)
+            values = self.client.gather(futures)
+        except BaseException:
+            self.client.cancel(futures)
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+            peaks = sampler.stop()
+        stats = RunStats(wall_seconds=time.perf_counter() - t0)
+        for _, st in values:
+            for k in ("bytes_read", "bytes_written", "read_requests", "store_gets",
+                      "read_retries", "tasks"):
+                setattr(stats, k, getattr(stats, k) + int(st.get(k, 0)))
+            stats.io_wait_seconds += st.get("io_wait_seconds", 0.0)
+            stats.blas_seconds += st.get("blas_seconds", 0.0)
+        stats.per_worker_peak = peaks
+        stats.peak_worker_memory = max(peaks.values(), default=0)
+        stats.task_retries = self._suspicious()
+        self.client.cancel(futures)
+        self.last_run = stats
+        return [v for v, _ in values], stats
+
+    def _suspicious(self) -> int:
+        def count(dask_scheduler):
+            return sum(ts.suspicious for ts in dask_scheduler.tasks.values())
+
+        try:
+            return int(self.client.run_on_scheduler(count))
+        except Exception:
+            return 0
+
+    def blas_report(self) -> dict:
+        """BLAS libraries and thread counts on each worker (threadpoolctl)."""
+        return self.client.run(_blas_info)
+
+    @classmethod
+    def mpi(cls, **kwargs) -> Engine:  # implemented with the MPI issue
+        from .mpi import start
+
+        return start(cls, **kwargs)
+
+
+def current_engine(start: bool = True) -> Engine | None:
+    """The innermost ``with Engine()``, else the default engine (started lazily)."""
+    global _default
+    if _current:
+        return _current[-1]
+    if not start:
+        return _default
+    with _lock:
+        if _default is None:
+            _default = Engine()
+            atexit.register(_close_default)
+            log.info("started default %r", _default)
+    return _default
+
+
+def _close_default() -> None:
+    global _default
+    if _default is not None:
+        _default.close()
+        _default = None

@@ -1,0 +1,429 @@
+"""The planner: expression + budget -> sized stages (a Plan) and a dask graph.
+
+Pure: block sizes, read requests and memory are computed from array metadata
+already held by the expression; nothing is read or written here. Arrays the
+run must create first (outputs, temporaries for a matmul used inside another
+expression) are listed in ``creates`` for the engine.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+
+import numpy as np
+from dask.base import tokenize
+from dask.utils import format_bytes
+
+from .. import _config
+from ..errors import PlanningError
+from ..graphs import elemwise as gel
+from ..graphs import matmul as gmm
+from ..graphs import reduction as gred
+from ..graphs.blocks import group_edges, intervals, max_interval, split_points, tree
+from ..graphs.spec import Const, Dep, Op, Read, Slice, Trans, n_temporaries, read_cost, unit_edges
+from ..storage import ArrayRef, Grid
+from .nodes import Elemwise, MatMul, Node, Reduce, SliceNode, Source, Transpose
+from .plan import Budget, Plan, Stage
+
+MIN_PANEL = 512  # elements: K panels narrower than this waste BLAS efficiency
+MAP_BLOCK_CAP = 256 * 2**20  # map/reduce tasks gain nothing from larger blocks
+
+
+@dataclass(frozen=True)
+class Create:
+    """An array the engine creates before running (output or temporary)."""
+
+    ref: ArrayRef
+    shape: tuple
+    dtype: np.dtype
+    tile: tuple
+    shard: tuple | None
+    temporary: bool = False
+
+
+@dataclass
+class Lowered:
+    plan: Plan
+    graph: dict
+    keys: list
+    """Keys whose results the run gathers: ``(value, stats)`` pairs."""
+    result: str
+    """"store" (write to output), "blocks" (assemble 2-D), "small" (one value)."""
+    blocks: list = field(default_factory=list)
+    """For "blocks": ``(rows, cols)`` of each key."""
+    creates: list = field(default_factory=list)
+    skipped_units: int = 0
+
+
+class Lowerer:
+    def __init__(self, budget: Budget, temp_dir: str | None = None):
+        self.budget = budget
+        self.graph: dict = {}
+        self.stages: list[Stage] = []
+        self.creates: list[Create] = []
+        self._small: dict[int, str] = {}
+        self._temps: dict[int, Read] = {}
+        self.temp_dir = temp_dir
+
+    # -- specs ------------------------------------------------------------------
+    def spec(self, node: Node, deps: list):
+        """Spec for a 2-D node; small operands become ``Dep`` on their keys."""
+        if isinstance(node, Source):
+            return Read(node.ref, node.grid, node.dtype)
+        if isinstance(node, Transpose):
+            return Trans(self.spec(node.x, deps))
+        if isinstance(node, SliceNode):
+            return Slice(self.spec(node.x, deps), node.start, node.step)
+        if isinstance(node, Elemwise) and not node.small:
+            args = tuple(self._arg(a, deps, node.shape) for a in node.args)
+            return Op(node.name, args, node.kwargs)
+        if isinstance(node, MatMul):
+            read, barrier = self._materialise(node)
+            if barrier not in deps:
+                deps.append(barrier)  # wait for every block of the temporary
+            return read
+        raise PlanningError(f"cannot tile {node}")
+
+    def _arg(self, a, deps: list, shape):
+        if not isinstance(a, Node):
+            return Const(a)
+        if not a.small:
+            return self.spec(a, deps)
+        key = self.small(a)
+        if key not in deps:
+            deps.append(key)
+        return Dep(deps.index(key), _dep_kind(a.shape, shape))
+
+    def _materialise(self, node: MatMul) -> Read:
+        if id(node) in self._temps:
+            return self._temps[id(node)]
+        token = tokenize(str(node), node.shape, str(node.dtype))
+        base = self.temp_dir or _config.get("temporary-directory") or tempfile.gettempdir()
+        ref = ArrayRef.from_location(os.path.join(base, f"tilearray-tmp-{token}.zarr"))
+        tile = _default_tile(self.spec(node.a, []), self.spec(node.b, []))
+        create = Create(ref, node.shape, node.dtype, tile, None, temporary=True)
+        self.creates.append(create)
+        grid = Grid.regular(node.shape, tile)
+        keys = self.matmul(node, ref, grid, skip=set())
+        # later readers of the temporary wait for every block of it
+        barrier = "barrier-" + token
+        self.graph[barrier] = (_barrier, *keys)
+        read = Read(ref, grid, np.dtype(node.dtype))
+        self._temps[id(node)] = (read, barrier)
+        return read, barrier
+
+    # -- small values (reductions and ops on them) -------------------------------
+    def small(self, node: Node) -> str:
+        if id(node) in self._small:
+            return self._small[id(node)]
+        if isinstance(node, Reduce) and not node.x.small:
+            key = self.reduce(node)
+        elif isinstance(node, Reduce):
+            inner = self.small(node.x)
+            key = "small-" + tokenize(str(node), inner)
+            kwargs = {"axis": node.axis, "keepdims": node.keepdims}
+            if node.op in ("var", "std"):
+                kwargs["ddof"] = node.ddof
+            self.graph[key] = (gel.small_op, node.op, tuple(kwargs.items()), inner)
+            self._stage_small(str(node))
+        elif isinstance(node, Elemwise):
+            args = [self.small(a) if isinstance(a, Node) else a for a in node.args]
+            key = "small-" + tokenize(str(node), args)
+            self.graph[key] = (gel.small_op, node.name, node.kwargs, *args)
+            self._stage_small(str(node))
+        else:
+            raise PlanningError(f"cannot compute {node} in memory")
+        self._small[id(node)] = key
+        return key
+
+    def _stage_small(self, what: str) -> None:
+        self.stages.append(Stage("small", f"in-memory {what}", 1, 0, 0))
+
+    # -- map: elementwise into blocks --------------------------------------------
+    def map_blocks(self, node: Node, out: ArrayRef | None, out_grid: Grid | None, skip):
+        deps: list = []
+        spec = self.spec(node, deps)
+        m, n = node.shape
+        dtype = np.dtype(node.dtype)
+        per_elem = _per_element(spec, dtype)
+        cap = min(self.budget.task_memory, MAP_BLOCK_CAP)
+        row_edges, col_edges = self._block_edges(spec, node.shape, out_grid, per_elem, cap)
+        token = tokenize("map", spec, row_edges, col_edges, str(out), str(dtype))
+        keys, blocks = [], []
+        nbytes = nreq = gets = written = peak = 0
+        for i, rows in enumerate(intervals(row_edges)):
+            for j, cols in enumerate(intervals(col_edges)):
+                if out_grid is not None and _all_done(out_grid, rows, cols, skip):
+                    continue
+                b, r, g = read_cost(spec, rows, cols)
+                nbytes, nreq, gets = nbytes + b, nreq + r, gets + g
+                size = (rows[1] - rows[0]) * (cols[1] - cols[0])
+                peak = max(peak, 2 * b + size * dtype.itemsize * (n_temporaries(spec) + 1))
+                key = ("map-" + token, i, j)
+                if out is None:
+                    self.graph[key] = (gel.block_compute, spec, rows, cols, dtype, deps)
+                else:
+                    self.graph[key] = (gel.block_store, spec, rows, cols, dtype, out, deps)
+                    written += size * dtype.itemsize
+                keys.append(key)
+                blocks.append((rows, cols))
+        self._check_fits("map", peak, str(node))
+        self.stages.append(Stage(
+            "map", f"{_short(node)} in blocks of up to {max_interval(row_edges)}x"
+            f"{max_interval(col_edges)}", len(keys), peak, nbytes, written,
+            reads=nreq, store_gets=gets))
+        return keys, blocks
+
+    def _block_edges(self, spec, shape, out_grid, per_elem, cap):
+        m, n = shape
+        max_elems = max(cap // max(per_elem, 1), 1)
+        rows_c = _candidates(spec, 0, m, out_grid)
+        cols_c = _candidates(spec, 1, n, out_grid)
+        if max_interval(rows_c) * n <= max_elems:
+            col_edges = (0, n) if out_grid is None else group_edges(cols_c, n)
+        else:
+            col_edges = group_edges(cols_c, max(int(math.sqrt(max_elems)), 1))
+        row_edges = group_edges(rows_c, max(max_elems // max(max_interval(col_edges), 1), 1))
+        return row_edges, col_edges
+
+    # -- reductions -------------------------------------------------------------
+    def reduce(self, node: Reduce) -> str:
+        deps: list = []
+        spec = self.spec(node.x, deps)
+        m, n = node.x.shape
+        in_dtype = np.dtype(node.x.dtype)
+        per_elem = _per_element(spec, in_dtype) + 8
+        cap = min(self.budget.task_memory, MAP_BLOCK_CAP)
+        row_edges, col_edges = self._block_edges(spec, (m, n), None, per_elem, cap)
+        token = tokenize("reduce", node.op, node.axis, node.ddof, spec, row_edges, col_edges)
+        name = f"reduce-{node.op}-{token}"
+        parts = {}
+        nbytes = nreq = gets = peak = 0
+        for i, rows in enumerate(intervals(row_edges)):
+            for j, cols in enumerate(intervals(col_edges)):
+                key = (name, "map", i, j)
+                self.graph[key] = (gred.reduce_map, spec, rows, cols, node.op, node.axis, n, deps)
+                parts[i, j] = key
+                b, r, g = read_cost(spec, rows, cols)
+                nbytes, nreq, gets = nbytes + b, nreq + r, gets + g
+                size = (rows[1] - rows[0]) * (cols[1] - cols[0])
+                peak = max(peak, 2 * b + size * 8 * (n_temporaries(spec) + 2))
+        self._check_fits("reduce", peak, str(node))
+        split_every = int(_config.get("reduction.split-every"))
+        nr, nc = len(row_edges) - 1, len(col_edges) - 1
+        if node.axis is None:
+            groups = {0: [parts[i, j] for i in range(nr) for j in range(nc)]}
+        elif node.axis == 0:
+            groups = {j: [parts[i, j] for i in range(nr)] for j in range(nc)}
+        else:
+            groups = {i: [parts[i, j] for j in range(nc)] for i in range(nr)}
+        finals = []
+        for g, keys in groups.items():
+            root = tree(
+                keys, split_every,
+                lambda level, k, g=g: (name, "combine", g, level, k),
+                lambda children: (gred.reduce_combine, node.op, *children),
+                self.graph,
+            )
+            fk = (name, "final", g)
+            self.graph[fk] = (gred.reduce_final, node.op, node.dtype, node.ddof, root)
+            finals.append(fk)
+        key = name
+        self.graph[key] = (gred.concat_final, node.axis, *finals)
+        if not node.keepdims:
+            flat = name + "-squeezed"
+            self.graph[flat] = (gel.small_op, "reshape", (), key, node.shape)
+            key = flat
+        n_tasks = len(parts) + len(finals) + 1
+        self.stages.append(Stage(
+            "reduce", f"{node.op}(axis={node.axis}) over {len(parts)} blocks of up to "
+            f"{max_interval(row_edges)}x{max_interval(col_edges)}, fan-in {split_every}",
+            n_tasks, peak, nbytes, reads=nreq, store_gets=gets))
+        return key
+
+    # -- matmul -------------------------------------------------------------------
+    def matmul(self, node: MatMul, out: ArrayRef | None, out_grid: Grid | None, skip):
+        deps: list = []
+        a_spec = self.spec(node.a, deps)
+        b_spec = self.spec(node.b, deps)
+        (m, k), n = node.a.shape, node.b.shape[1]
+        dtype = np.dtype(node.dtype)
+        a_units, b_units = unit_edges(a_spec, 1, k), unit_edges(b_spec, 0, k)
+        a_k, b_k = _panels(a_units), _panels(b_units)
+        rows_c = _candidates(a_spec, 0, m, out_grid)
+        cols_c = _candidates(b_spec, 1, n, out_grid)
+        ka, kb = max_interval(a_k), max_interval(b_k)
+        fa = _per_element(a_spec, dtype) // 2
+        fb = _per_element(b_spec, dtype) // 2
+
+        def memory(bm: int, bn: int) -> int:
+            acc = bm * bn * dtype.itemsize
+            pa, pb = bm * ka * fa, kb * bn * fb
+            return acc + max(acc, pa + pb + 2 * max(pa, pb))
+
+        budget = self.budget.task_memory
+        step = max(min(max_interval(rows_c), max_interval(cols_c)), 1)
+        best = None
+        t = step
+        while True:
+            re, ce = group_edges(rows_c, t), group_edges(cols_c, t)
+            mem = memory(max_interval(re), max_interval(ce))
+            if best is None or mem <= budget:
+                if best is not None and (re, ce) == best[:2]:
+                    break
+                best = (re, ce, mem)
+            if mem > budget or t >= max(m, n):
+                break
+            t += step
+        row_edges, col_edges, peak = best
+        self._check_fits("matmul", peak, str(node))
+        n_blocks = (len(row_edges) - 1) * (len(col_edges) - 1)
+        k_split = (0, k)
+        threads = self.budget.total_threads
+        if n_blocks < threads and k > 0:
+            k_split = split_points(a_units, b_units, math.ceil(threads / max(n_blocks, 1)))
+            # panels never straddle a split point
+            a_k = tuple(sorted(set(a_k) | set(k_split)))
+            b_k = tuple(sorted(set(b_k) | set(k_split)))
+        token = tokenize("matmul", a_spec, b_spec, row_edges, col_edges, k_split, str(out))
+        name = "matmul-" + token
+        keys, blocks = [], []
+        nbytes = nreq = gets = written = 0
+        split_every = int(_config.get("reduction.split-every"))
+        for i, rows in enumerate(intervals(row_edges)):
+            for j, cols in enumerate(intervals(col_edges)):
+                if out_grid is not None and _all_done(out_grid, rows, cols, skip):
+                    continue
+                parts = []
+                for s, (k0, k1) in enumerate(intervals(k_split) if k > 0 else [(0, 0)]):
+                    pa = tuple(p for p in intervals(a_k) if k0 <= p[0] < k1)
+                    pb = tuple(p for p in intervals(b_k) if k0 <= p[0] < k1)
+                    for p in pa:
+                        b, r, g = read_cost(a_spec, rows, p)
+                        nbytes, nreq, gets = nbytes + b, nreq + r, gets + g
+                    for p in pb:
+                        b, r, g = read_cost(b_spec, p, cols)
+                        nbytes, nreq, gets = nbytes + b, nreq + r, gets + g
+                    args = (a_spec, b_spec, rows, cols, pa, pb, dtype)
+                    if len(k_split) <= 2 and out is not None:
+                        key = (name, i, j)
+                        self.graph[key] = (gmm.matmul_store, *args, out, deps)
+                    else:
+                        key = (name + "-part", i, j, s)
+                        self.graph[key] = (gmm.matmul_block, *args, deps)
+                    parts.append(key)
+                if len(parts) > 1 or (out is None and len(k_split) > 2):
+                    root = tree(
+                        parts, split_every,
+                        lambda level, q, i=i, j=j: (name + "-sum", i, j, level, q),
+                        lambda children: (gmm.sum_partials, *children), self.graph)
+                    parts = [root]
+                key = parts[0]
+                if out is not None and len(k_split) > 2:
+                    sk = (name, i, j)
+                    self.graph[sk] = (gmm.store_partials, out, rows, cols, key)
+                    key = sk
+                if out is not None:
+                    written += (rows[1] - rows[0]) * (cols[1] - cols[0]) * dtype.itemsize
+                keys.append(key)
+                blocks.append((rows, cols))
+        flops = 2 * m * n * k
+        itemsize = max(np.dtype(node.a.dtype).itemsize, np.dtype(node.b.dtype).itemsize)
+        lb = int(flops / math.sqrt(max(budget, 1) / itemsize) * itemsize) if flops else 0
+        ksplit_txt = f", K split in {len(k_split) - 1}" if len(k_split) > 2 else ""
+        self.stages.append(Stage(
+            "matmul", f"{_short(node)}: output blocks up to {max_interval(row_edges)}x"
+            f"{max_interval(col_edges)}, K panels A {ka} / B {kb}{ksplit_txt}",
+            len(keys) * max(len(k_split) - 1, 1), peak, nbytes, written, flops,
+            io_lower_bound=lb or None, reads=nreq, store_gets=gets))
+        return keys if out is not None else (keys, blocks)
+
+    def _check_fits(self, kind: str, peak: int, what: str) -> None:
+        budget = self.budget.task_memory
+        if peak > budget:
+            need = self.budget.worker_memory_for(peak)
+            raise PlanningError(
+                f"{what}: the smallest {kind} task needs {format_bytes(peak)} but the budget "
+                f"allows {format_bytes(budget)} per task ({format_bytes(self.budget.memory_per_worker)}"
+                f" per worker, {self.budget.threads_per_worker} thread(s)); it would fit with "
+                f"memory_per_worker >= {format_bytes(need)}, or with smaller tiles/shards"
+            )
+
+
+def _barrier(*args):
+    stats: dict = {}
+    for a in args:
+        st = a[1] if isinstance(a, tuple) else a
+        stats = gmm.merge_stats(stats, st)
+    return None, stats
+
+
+def _dep_kind(small_shape: tuple, shape: tuple) -> str:
+    if len(small_shape) == 0 or small_shape == (1, 1):
+        return "scalar"
+    if len(small_shape) == 1 or small_shape[0] == 1:
+        return "row"
+    return "col"
+
+
+def _panels(edges) -> tuple[int, ...]:
+    return group_edges(edges, max(MIN_PANEL, 1))
+
+
+def _candidates(spec, axis: int, n: int, out_grid: Grid | None) -> tuple[int, ...]:
+    """Block edges: output unit edges (hard), preferring ones on input unit edges."""
+    soft = unit_edges(spec, axis, n)
+    if out_grid is None:
+        return soft
+    hard = out_grid.unit_edges(axis)
+    common = tuple(sorted(set(hard) & set(soft)))
+    # use the shared edges unless that makes blocks much coarser than either grid
+    if common and max_interval(common) <= 4 * max(max_interval(hard), max_interval(soft)):
+        return common
+    return hard
+
+
+def _per_element(spec, dtype: np.dtype) -> int:
+    """Projected bytes per output element of evaluating a region of ``spec``:
+    each read twice (compressed + decoded), plus every temporary."""
+    from ..graphs.spec import leaves
+
+    reads_ = sum(2 * leaf.dtype.itemsize for leaf in leaves(spec))
+    return reads_ + n_temporaries(spec) * max(dtype.itemsize, 8)
+
+
+def _all_done(grid: Grid, rows, cols, done) -> bool:
+    if not done:
+        return False
+    return all((i, j) in done for i in grid.units_touching(0, rows)
+               for j in grid.units_touching(1, cols))
+
+
+def _default_tile(a_spec, b_spec) -> tuple[int, int]:
+    from ..graphs.spec import leaves
+
+    def tile(spec, axis):
+        la = leaves(spec)
+        if not la:
+            return 1024
+        s = spec
+        flip = False
+        while isinstance(s, Trans | Slice | Op):
+            if isinstance(s, Trans):
+                flip = not flip
+                s = s.x
+            elif isinstance(s, Slice):
+                s = s.x
+            else:
+                s = next((a for a in s.args if leaves(a)), la[0])
+        return s.grid.tile[1 - axis if flip else axis] if isinstance(s, Read) else 1024
+
+    return (tile(a_spec, 0), tile(b_spec, 1))
+
+
+def _short(node) -> str:
+    s = str(node)
+    return s if len(s) < 90 else s[:87] + "..."

@@ -1,0 +1,113 @@
+"""Expression nodes: what a lazy TiledArray stands for. Pure; nothing is read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..storage import ArrayRef, Grid
+
+
+@dataclass(frozen=True, eq=False)
+class Node:
+    shape: tuple
+    dtype: np.dtype
+
+    @property
+    def small(self) -> bool:
+        """True for in-memory results (reductions and ops on them)."""
+        return False
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+@dataclass(frozen=True, eq=False)
+class Source(Node):
+    ref: ArrayRef = None
+    grid: Grid = None
+
+    def __str__(self) -> str:
+        return f"open({str(self.ref)!r})"
+
+
+@dataclass(frozen=True, eq=False)
+class Transpose(Node):
+    x: Node = None
+
+    def __str__(self) -> str:
+        return f"{_paren(self.x)}.T"
+
+
+@dataclass(frozen=True, eq=False)
+class SliceNode(Node):
+    x: Node = None
+    start: tuple = (0, 0)
+    step: tuple = (1, 1)
+
+    def __str__(self) -> str:
+        return f"{_paren(self.x)}[{self.start}::{self.step}]"
+
+
+@dataclass(frozen=True, eq=False)
+class Elemwise(Node):
+    name: str = ""
+    args: tuple = ()
+    kwargs: tuple = ()
+
+    @property
+    def small(self) -> bool:
+        return all(not isinstance(a, Node) or a.small for a in self.args)
+
+    def __str__(self) -> str:
+        sym = _SYMBOLS.get(self.name)
+        if sym and len(self.args) == 2:
+            return f"({_fmt(self.args[0])} {sym} {_fmt(self.args[1])})"
+        inner = ", ".join(_fmt(a) for a in self.args)
+        kw = "".join(f", {k}={v!r}" for k, v in self.kwargs)
+        return f"{self.name}({inner}{kw})"
+
+
+@dataclass(frozen=True, eq=False)
+class MatMul(Node):
+    a: Node = None
+    b: Node = None
+
+    def __str__(self) -> str:
+        return f"({_fmt(self.a)} @ {_fmt(self.b)})"
+
+
+@dataclass(frozen=True, eq=False)
+class Reduce(Node):
+    op: str = ""
+    x: Node = None
+    axis: int | None = None
+    keepdims: bool = False
+    ddof: int = 0
+
+    @property
+    def small(self) -> bool:
+        return True
+
+    def __str__(self) -> str:
+        extra = f", ddof={self.ddof}" if self.ddof else ""
+        return f"{_paren(self.x)}.{self.op}(axis={self.axis}{extra})"
+
+
+_SYMBOLS = {
+    "add": "+", "subtract": "-", "multiply": "*", "true_divide": "/", "divide": "/",
+    "floor_divide": "//", "power": "**", "mod": "%", "less": "<", "less_equal": "<=",
+    "greater": ">", "greater_equal": ">=", "equal": "==", "not_equal": "!=",
+    "logical_and": "&", "bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^",
+}
+
+
+def _fmt(x: Any) -> str:
+    return str(x) if isinstance(x, Node) else repr(x)
+
+
+def _paren(x: Node) -> str:
+    return str(x)

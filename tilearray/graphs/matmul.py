@@ -1,0 +1,170 @@
+"""Streaming tiled matmul: kernels that run on workers and the graph builder.
+
+One task per output block accumulates over the contraction dimension K,
+streaming K-panels of A (``rows x K-range``) and B (``K-range x cols``)
+through the aggregated reader. A and B keep their own panel edges (their I/O
+units along K may differ); the task walks both edge lists together, so each
+panel is read once. The next panel is read on a background thread while BLAS
+multiplies the current pair, into the accumulator in place (gemm, beta=1).
+Resident at once: the accumulator, one A panel, one B panel and the one
+panel being prefetched.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from scipy.linalg import blas
+
+from ..storage import IOStats, write_block
+from ..storage.geometry import Range
+from .spec import evaluate
+
+_GEMM = {np.dtype("float32"): blas.sgemm, np.dtype("float64"): blas.dgemm}
+
+
+def gemm_accumulate(acc: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    """``acc += a @ b`` in place, without temporaries for BLAS dtypes.
+
+    ``acc`` must be Fortran-ordered. Contiguous operands (either order) are
+    passed to BLAS with a transpose flag instead of being copied.
+    """
+    gemm = _GEMM.get(acc.dtype)
+    if gemm is None or not acc.flags.f_contiguous:
+        np.add(acc, np.matmul(a, b).astype(acc.dtype, copy=False), out=acc)
+        return
+    a = a.astype(acc.dtype, copy=False)
+    b = b.astype(acc.dtype, copy=False)
+    a_arg, ta = _blas_operand(a)
+    b_arg, tb = _blas_operand(b)
+    out = gemm(1.0, a_arg, b_arg, beta=1.0, c=acc, trans_a=ta, trans_b=tb, overwrite_c=1)
+    if out is not acc and not np.shares_memory(out, acc):  # pragma: no cover - defensive
+        acc[...] = out
+
+
+def _blas_operand(x: np.ndarray) -> tuple[np.ndarray, int]:
+    if x.flags.f_contiguous:
+        return x, 0
+    if x.flags.c_contiguous:
+        return x.T, 1
+    return np.asfortranarray(x), 0
+
+
+def load_order(a_panels: tuple[Range, ...], b_panels: tuple[Range, ...]) -> list[tuple[str, int]]:
+    """The order in which a task needs its panels (pure; used for prefetching)."""
+    order = [("a", 0), ("b", 0)]
+    ia = ib = 0
+    while True:
+        hi = min(a_panels[ia][1], b_panels[ib][1])
+        if a_panels[ia][1] == hi:
+            ia += 1
+            if ia < len(a_panels):
+                order.append(("a", ia))
+        if b_panels[ib][1] == hi:
+            ib += 1
+            if ib < len(b_panels):
+                order.append(("b", ib))
+        if ia == len(a_panels) or ib == len(b_panels):
+            return order
+
+
+def matmul_block(
+    a_spec, b_spec, rows: Range, cols: Range, a_panels, b_panels, dtype, deps=()
+) -> tuple[np.ndarray, dict]:
+    """Compute output block ``rows x cols`` of ``A @ B`` over the given K panels.
+
+    Returns the block (Fortran-ordered) and the task's measured I/O stats.
+    """
+    dtype = np.dtype(dtype)
+    stats = IOStats()
+    acc = np.zeros((rows[1] - rows[0], cols[1] - cols[0]), dtype=dtype, order="F")
+    if not a_panels:
+        return acc, stats.as_dict()
+    deps = list(deps)
+
+    def load(item):
+        side, i = item
+        if side == "a":
+            return evaluate(a_spec, rows, a_panels[i], deps, stats)
+        return evaluate(b_spec, b_panels[i], cols, deps, stats)
+
+    order = iter(load_order(a_panels, b_panels))
+    t_wait = t_blas = 0.0
+    with ThreadPoolExecutor(1, thread_name_prefix="tilearray-prefetch") as pool:
+        pending = [None]
+
+        def take():
+            t0 = time.perf_counter()
+            item, fut = pending[0]
+            value = fut.result()
+            nxt = next(order, None)
+            pending[0] = None if nxt is None else (nxt, pool.submit(load, nxt))
+            nonlocal t_wait
+            t_wait += time.perf_counter() - t0
+            return value
+
+        first = next(order)
+        pending[0] = (first, pool.submit(load, first))
+        a_cur = take()
+        b_cur = take()
+        ia = ib = 0
+        while True:
+            lo = max(a_panels[ia][0], b_panels[ib][0])
+            hi = min(a_panels[ia][1], b_panels[ib][1])
+            a0, b0 = a_panels[ia][0], b_panels[ib][0]
+            t0 = time.perf_counter()
+            gemm_accumulate(acc, a_cur[:, lo - a0 : hi - a0], b_cur[lo - b0 : hi - b0, :])
+            t_blas += time.perf_counter() - t0
+            adv_a, adv_b = a_panels[ia][1] == hi, b_panels[ib][1] == hi
+            if adv_a:
+                ia += 1
+                del a_cur  # free before the next panel arrives
+                a_cur = take() if ia < len(a_panels) else None
+            if adv_b:
+                ib += 1
+                del b_cur
+                b_cur = take() if ib < len(b_panels) else None
+            if ia == len(a_panels) or ib == len(b_panels):
+                break
+    out = stats.as_dict()
+    out.update(io_wait_seconds=t_wait, blas_seconds=t_blas, tasks=1)
+    return acc, out
+
+
+def matmul_store(a_spec, b_spec, rows, cols, a_panels, b_panels, dtype, out_ref, deps=()):
+    """Compute one output block and write it whole; return ``(None, stats)``."""
+    acc, st = matmul_block(a_spec, b_spec, rows, cols, a_panels, b_panels, dtype, deps)
+    io = IOStats()
+    write_block(out_ref, rows, cols, acc, io)
+    st["bytes_written"] = io.bytes_written
+    return None, st
+
+
+def sum_partials(*parts):
+    """Tree-combine partial ``(block, stats)`` results of a K-split."""
+    acc = None
+    stats: dict = {}
+    for block, st in parts:
+        if acc is None:
+            acc = np.array(block, order="F", copy=True)
+        else:
+            np.add(acc, block, out=acc)
+        stats = merge_stats(stats, st)
+    return acc, stats
+
+
+def store_partials(out_ref, rows, cols, *parts):
+    acc, st = sum_partials(*parts)
+    io = IOStats()
+    write_block(out_ref, rows, cols, acc, io)
+    st["bytes_written"] = st.get("bytes_written", 0) + io.bytes_written
+    return None, st
+
+
+def merge_stats(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = out.get(k, 0) + v
+    return out

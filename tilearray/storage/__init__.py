@@ -1,0 +1,33 @@
+"""Zarr-backed tiled matrices: geometry, create/open/validate, aggregated reads,
+whole-unit writes, completion markers. Knows nothing of dask graphs."""
+
+from .array import (
+    ArrayRef,
+    create,
+    done_units,
+    grid_of,
+    info_attrs,
+    is_complete,
+    mark_complete,
+    open_array,
+)
+from .geometry import Grid, boundaries
+from .io import IOStats, ReadRequest, plan_reads, read_region, write_block
+
+__all__ = [
+    "ArrayRef",
+    "Grid",
+    "IOStats",
+    "ReadRequest",
+    "boundaries",
+    "create",
+    "done_units",
+    "grid_of",
+    "info_attrs",
+    "is_complete",
+    "mark_complete",
+    "open_array",
+    "plan_reads",
+    "read_region",
+    "write_block",
+]

@@ -1,0 +1,293 @@
+"""Create, open and validate tiled matrices stored as Zarr arrays.
+
+An :class:`ArrayRef` is the small, picklable handle that tasks carry (a Zarr
+store plus the array's path inside it), never the data. Outputs written by
+tilearray carry their bookkeeping under the ``tilearray`` attribute key and
+per-unit done markers under ``<array>/tilearray.done/``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import zarr
+from zarr.abc.store import Store
+from zarr.codecs import Crc32cCodec, ZstdCodec
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.sync import collect_aiterator, sync
+from zarr.errors import ArrayNotFoundError, ContainsGroupError, NodeTypeValidationError
+from zarr.storage import LocalStore
+
+from .. import _config
+from ..errors import IncompleteOutputError, StorageError
+from .geometry import Grid
+
+ATTR_KEY = "tilearray"
+DONE_DIR = "tilearray.done"
+FORMAT_VERSION = 1
+SUPPORTED_KINDS = "biuf"  # bool, signed/unsigned integers, floats
+
+
+def _as_store(where: str | os.PathLike | Store) -> Store:
+    if isinstance(where, Store):
+        return where
+    return LocalStore(os.fspath(where))
+
+
+def describe(store: Store, path: str = "") -> str:
+    """Human-readable location of an array: a file path for local stores."""
+    root = getattr(store, "root", None)
+    if root is None and hasattr(store, "_store"):
+        return describe(store._store, path)
+    base = str(root) if root is not None else repr(store)
+    return f"{base}/{path}" if path else base
+
+
+@dataclass(frozen=True, eq=False)
+class ArrayRef:
+    """Picklable reference to a Zarr array: what tasks carry instead of data."""
+
+    store: Store
+    """The Zarr store holding the array."""
+    path: str = ""
+    """Path of the array inside the store ("" for the store root)."""
+
+    @classmethod
+    def from_location(cls, where: str | os.PathLike | Store, path: str = "") -> ArrayRef:
+        return cls(_as_store(where), path)
+
+    def __str__(self) -> str:
+        return describe(self.store, self.path)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ArrayRef) and self.store == other.store and self.path == other.path
+
+    def __hash__(self) -> int:
+        return hash((type(self.store).__qualname__, str(self)))
+
+    def __dask_tokenize__(self):
+        return (type(self.store).__qualname__, str(self))
+
+    def open(self, mode: str = "r") -> zarr.Array:
+        """Open the array. Not cached: a task opens it once (one small metadata
+        read), and a stale handle could outlive an overwritten array."""
+        return zarr.open_array(self.store, path=self.path or None, mode=mode)
+
+    # -- raw keys next to the array (done markers) ---------------------------------
+    def _key(self, *parts: str) -> str:
+        return "/".join(p for p in (self.path, *parts) if p)
+
+    def set_key(self, key: str, value: bytes) -> None:
+        buf = default_buffer_prototype().buffer.from_bytes(value)
+        sync(self.store.set(self._key(key), buf))
+
+    def has_key(self, key: str) -> bool:
+        return sync(self.store.exists(self._key(key)))
+
+    def list_keys(self, prefix: str) -> list[str]:
+        full = self._key(prefix) + "/"
+        keys = collect_aiterator(self.store.list_prefix(full))
+        return [k[len(full):] for k in keys]
+
+    def delete_prefix(self, prefix: str) -> None:
+        sync(self.store.delete_dir(self._key(prefix)))
+
+
+def grid_of(arr: zarr.Array) -> Grid:
+    """The tile / I/O-unit grid of an opened 2-D Zarr array (v2 or v3)."""
+    shards = arr.shards
+    return Grid.regular(arr.shape, arr.chunks, shards)
+
+
+def check_dtype(dtype: Any, where: str) -> np.dtype:
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as e:
+        raise StorageError(f"{where}: unsupported dtype {dtype!r}: {e}") from None
+    if dt.kind not in SUPPORTED_KINDS:
+        raise StorageError(
+            f"{where}: unsupported dtype {dt} (tilearray handles bool, integer and "
+            "floating-point matrices)"
+        )
+    return dt
+
+
+def open_array(
+    where: str | os.PathLike | Store | ArrayRef,
+    path: str = "",
+    *,
+    mode: str = "r",
+    check_complete: bool = True,
+) -> zarr.Array:
+    """Open and validate an existing 2-D Zarr array (format 2 or 3, sharded or not).
+
+    Raises
+    ------
+    StorageError
+        Nothing is at ``where`` / ``path``, it is a group, the array is not
+        2-D, or its dtype is not numeric.
+    IncompleteOutputError
+        It is a tilearray output whose job did not finish (``check_complete``).
+    """
+    ref = where if isinstance(where, ArrayRef) else ArrayRef.from_location(where, path)
+    loc = str(ref)
+    if isinstance(ref.store, LocalStore) and not os.path.exists(ref.store.root):
+        raise StorageError(f"no Zarr array at {loc!r}: the path does not exist")
+    try:
+        arr = zarr.open_array(ref.store, path=ref.path or None, mode=mode)
+    except (ArrayNotFoundError, FileNotFoundError, KeyError) as e:
+        raise StorageError(f"no Zarr array at {loc!r}: {e}") from None
+    except (ContainsGroupError, NodeTypeValidationError) as e:
+        raise StorageError(
+            f"{loc!r} is a Zarr group, not an array; pass the array's path inside it"
+        ) from e
+    if arr.ndim != 2:
+        raise StorageError(f"{loc!r} has shape {arr.shape}: tilearray needs a 2-D matrix")
+    check_dtype(arr.dtype, loc)
+    if check_complete:
+        check_output_complete(ref, arr)
+    return arr
+
+
+def info_attrs(arr: zarr.Array) -> dict:
+    """The tilearray attributes of an array ({} for arrays we did not write)."""
+    value = arr.attrs.get(ATTR_KEY)
+    return dict(value) if isinstance(value, dict) else {}
+
+
+def check_output_complete(ref: ArrayRef, arr: zarr.Array) -> None:
+    meta = info_attrs(arr)
+    if not meta or meta.get("complete", True):
+        return
+    grid = grid_of(arr)
+    done = len(done_units(ref))
+    missing = grid.n_units - done
+    raise IncompleteOutputError(
+        f"{str(ref)!r} is an incomplete tilearray output: {missing} of {grid.n_units} "
+        "I/O units were never written (the job that wrote it stopped early). Rerun the "
+        "same expression with to_zarr(..., resume=True) to finish it, or open it with "
+        "allow_incomplete=True to inspect it."
+    )
+
+
+def create(
+    where: str | os.PathLike | Store,
+    shape: tuple[int, int],
+    dtype: Any,
+    tile: tuple[int, int],
+    *,
+    shard: tuple[int, int] | None = None,
+    path: str = "",
+    compressor: str | None = "zstd",
+    overwrite: bool = False,
+    attributes: dict | None = None,
+    output: bool = True,
+) -> zarr.Array:
+    """Create a 2-D Zarr v3 array laid out for tilearray.
+
+    ``tile`` is the Zarr chunk; ``shard``, if given, is the I/O unit and must
+    be a multiple of the tile. Chunks are compressed with zstd (``compressor=
+    None`` for none) and always carry a crc32c checksum. With ``output=True``
+    the array starts *incomplete* until :func:`mark_complete`.
+    """
+    ref = ArrayRef.from_location(where, path)
+    loc = str(ref)
+    shape = tuple(int(s) for s in shape)
+    if len(shape) != 2 or any(s < 0 for s in shape):
+        raise StorageError(f"{loc!r}: shape must be 2 non-negative integers, got {shape}")
+    dt = check_dtype(dtype, loc)
+    tile = _clip_block(shape, tile, "tile", loc)
+    if shard is not None:
+        shard = tuple(int(s) for s in shard)
+        if len(shard) != 2 or any(s <= 0 or s % t for s, t in zip(shard, tile, strict=True)):
+            raise StorageError(
+                f"{loc!r}: shard {shard} must be a positive multiple of the tile {tile}"
+            )
+    compressors: list = [Crc32cCodec()]
+    if compressor == "zstd":
+        compressors.insert(0, ZstdCodec(level=int(_config.get("storage.zstd-level"))))
+    elif compressor is not None:
+        raise StorageError(f"{loc!r}: unknown compressor {compressor!r} (use 'zstd' or None)")
+    attrs = dict(attributes or {})
+    if output:
+        attrs[ATTR_KEY] = {"format": FORMAT_VERSION, "complete": False, **attrs.get(ATTR_KEY, {})}
+    if overwrite:
+        try:
+            ref.delete_prefix(DONE_DIR)
+        except Exception:  # nothing to delete
+            pass
+    try:
+        arr = zarr.create_array(
+            ref.store,
+            name=ref.path or None,
+            shape=shape,
+            dtype=dt,
+            chunks=tile,
+            shards=shard,
+            compressors=compressors,
+            fill_value=0,
+            dimension_names=("row", "col"),
+            attributes=attrs,
+            zarr_format=3,
+            overwrite=overwrite,
+        )
+    except (FileExistsError, zarr.errors.ContainsArrayError, ContainsGroupError) as e:
+        raise StorageError(
+            f"{loc!r} already exists; pass overwrite=True to replace it ({e})"
+        ) from None
+    except PermissionError as e:
+        raise StorageError(f"cannot create {loc!r}: {e}") from None
+    return arr
+
+
+def _clip_block(shape, block, name: str, loc: str) -> tuple[int, int]:
+    block = tuple(int(b) for b in block)
+    if len(block) != 2 or any(b <= 0 for b in block):
+        raise StorageError(f"{loc!r}: {name} must be 2 positive integers, got {block}")
+    return block
+
+
+# -- completion bookkeeping -----------------------------------------------------------
+
+
+def unit_done_key(i: int, j: int) -> str:
+    return f"{DONE_DIR}/{i}.{j}"
+
+
+def mark_unit_done(ref: ArrayRef, i: int, j: int) -> None:
+    """Record that unit ``(i, j)`` was written whole (after its data)."""
+    ref.set_key(unit_done_key(i, j), b"1")
+
+
+def done_units(ref: ArrayRef) -> set[tuple[int, int]]:
+    """Units whose done marker is present."""
+    out = set()
+    for name in ref.list_keys(DONE_DIR):
+        i, _, j = name.partition(".")
+        out.add((int(i), int(j)))
+    return out
+
+
+def mark_complete(ref: ArrayRef, extra: dict | None = None) -> None:
+    """Mark an output complete. Refuses unless every unit has its done marker."""
+    arr = zarr.open_array(ref.store, path=ref.path or None, mode="r+")
+    grid = grid_of(arr)
+    done = done_units(ref)
+    missing = grid.n_units - len(done)
+    if missing:
+        raise IncompleteOutputError(
+            f"{str(ref)!r}: cannot mark complete, {missing} of {grid.n_units} units "
+            "have no done marker"
+        )
+    meta = info_attrs(arr)
+    meta.update(extra or {})
+    meta["complete"] = True
+    arr.attrs[ATTR_KEY] = meta
+
+
+def is_complete(ref: ArrayRef) -> bool:
+    arr = zarr.open_array(ref.store, path=ref.path or None, mode="r")
+    return info_attrs(arr).get("complete", True)

@@ -1,0 +1,193 @@
+"""Aggregated reads and whole-unit writes (the two-phase I/O idea of MPI-IO).
+
+Reading: :func:`plan_reads` (pure) turns a requested region into requests
+that cover whole I/O units -- a shard, or a chunk when unsharded, or a
+contiguous rectangle of them -- and :func:`read_region` performs one Zarr
+read per request, so every unit is fetched whole, once, and tiles are handed
+to compute from memory. Writing: :func:`write_block` writes a unit-aligned
+block whole, then the done marker of each unit in it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import _config
+from ..errors import CorruptChunkError, StorageError
+from .array import ArrayRef, grid_of, mark_unit_done
+from .geometry import Grid, Range
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadRequest:
+    """One Zarr read covering a rectangle of whole I/O units."""
+
+    rows: Range
+    """Unit-aligned row range, in elements."""
+    cols: Range
+    """Unit-aligned column range, in elements."""
+    store_gets: int
+    """Store requests Zarr makes for it (one per unit, more for a ragged shard)."""
+    nbytes: int
+    """Decoded size, in bytes."""
+
+
+def plan_reads(
+    grid: Grid, rows: Range, cols: Range, itemsize: int, max_bytes: int | None = None
+) -> list[ReadRequest]:
+    """Plan the reads that fetch ``rows x cols`` of an array as whole I/O units.
+
+    The region is widened to unit boundaries (a unit is never split between
+    reads). One request covers it, or, when ``max_bytes`` is given, bands of
+    whole unit-rows no larger than that (at least one unit-row each).
+    """
+    r_units = grid.units_touching(0, rows)
+    c_units = grid.units_touching(1, cols)
+    if not r_units or not c_units:
+        return []
+    c0, c1 = grid.unit_range(1, c_units[0])[0], grid.unit_range(1, c_units[-1])[1]
+    bands: list[list[int]] = [[]]
+    band_bytes = 0
+    for i in r_units:
+        r0, r1 = grid.unit_range(0, i)
+        b = (r1 - r0) * (c1 - c0) * itemsize
+        if max_bytes is not None and bands[-1] and band_bytes + b > max_bytes:
+            bands.append([])
+            band_bytes = 0
+        bands[-1].append(i)
+        band_bytes += b
+    out = []
+    for band in bands:
+        r0, r1 = grid.unit_range(0, band[0])[0], grid.unit_range(0, band[-1])[1]
+        gets = sum(grid.store_gets_per_unit(i, j) for i in band for j in c_units)
+        out.append(ReadRequest((r0, r1), (c0, c1), gets, (r1 - r0) * (c1 - c0) * itemsize))
+    return out
+
+
+@dataclass
+class IOStats:
+    """Measured I/O of one task; tasks return ``as_dict()`` and the engine sums."""
+
+    bytes_read: int = 0
+    """Decoded bytes fetched from stores."""
+    bytes_written: int = 0
+    read_requests: int = 0
+    store_gets: int = 0
+    read_retries: int = 0
+    read_seconds: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {
+            "bytes_read": self.bytes_read,
+            "bytes_written": self.bytes_written,
+            "read_requests": self.read_requests,
+            "store_gets": self.store_gets,
+            "read_retries": self.read_retries,
+            "read_seconds": self.read_seconds,
+        }
+
+
+def _read_request(arr, ref: ArrayRef, grid: Grid, req: ReadRequest, stats: IOStats) -> np.ndarray:
+    retries = int(_config.get("storage.read-retries"))
+    sel = (slice(*req.rows), slice(*req.cols))
+    for attempt in range(retries + 1):
+        try:
+            t0 = time.perf_counter()
+            data = arr[sel]
+            stats.read_seconds += time.perf_counter() - t0
+            break
+        except OSError as e:  # transient store errors: retry with backoff
+            if attempt == retries:
+                raise StorageError(
+                    f"reading {str(ref)!r} rows {req.rows} cols {req.cols} failed after "
+                    f"{retries + 1} attempts: {e}"
+                ) from e
+            stats.read_retries += 1
+            log.warning("retrying read of %s (%s)", ref, e)
+            time.sleep(0.1 * 2**attempt)
+        except Exception as e:  # a decode / checksum failure: find the tile
+            raise _locate_corruption(arr, ref, grid, req, e) from e
+    stats.bytes_read += req.nbytes
+    stats.read_requests += 1
+    stats.store_gets += req.store_gets
+    return data
+
+
+def _locate_corruption(arr, ref, grid: Grid, req: ReadRequest, err: Exception) -> StorageError:
+    for ti in grid.tiles_touching(0, req.rows):
+        for tj in grid.tiles_touching(1, req.cols):
+            t0, t1 = ti * grid.tile[0], min((ti + 1) * grid.tile[0], grid.shape[0])
+            u0, u1 = tj * grid.tile[1], min((tj + 1) * grid.tile[1], grid.shape[1])
+            try:
+                arr[t0:t1, u0:u1]
+            except Exception as e:
+                return CorruptChunkError(str(ref), (ti, tj), f"{type(e).__name__}: {e}")
+    return CorruptChunkError(str(ref), (-1, -1), f"{type(err).__name__}: {err}")
+
+
+def read_region(
+    ref: ArrayRef,
+    rows: Range,
+    cols: Range,
+    stats: IOStats | None = None,
+    *,
+    arr=None,
+    max_bytes: int | None = None,
+) -> np.ndarray:
+    """Read ``rows x cols`` of the array at ``ref`` through whole-unit requests.
+
+    The units covering the region are fetched whole, once; the requested
+    region is returned (a view into them when it is not unit-aligned).
+    """
+    stats = stats if stats is not None else IOStats()
+    arr = arr if arr is not None else ref.open()
+    grid = grid_of(arr)
+    reqs = plan_reads(grid, rows, cols, arr.dtype.itemsize, max_bytes)
+    if not reqs:
+        return np.empty((rows[1] - rows[0], cols[1] - cols[0]), dtype=arr.dtype)
+    if len(reqs) == 1:
+        data = _read_request(arr, ref, grid, reqs[0], stats)
+    else:
+        r0, c0 = reqs[0].rows[0], reqs[0].cols[0]
+        data = np.empty((reqs[-1].rows[1] - r0, reqs[0].cols[1] - c0), dtype=arr.dtype)
+        for req in reqs:
+            data[req.rows[0] - r0 : req.rows[1] - r0] = _read_request(arr, ref, grid, req, stats)
+    r0, c0 = reqs[0].rows[0], reqs[0].cols[0]
+    return data[rows[0] - r0 : rows[1] - r0, cols[0] - c0 : cols[1] - c0]
+
+
+def write_block(
+    ref: ArrayRef, rows: Range, cols: Range, data: np.ndarray, stats: IOStats | None = None,
+    *, arr=None,
+) -> IOStats:
+    """Write a unit-aligned block whole, then mark each of its units done.
+
+    Idempotent: writing the same block twice leaves the same bytes.
+    """
+    stats = stats if stats is not None else IOStats()
+    arr = arr if arr is not None else ref.open(mode="r+")
+    grid = grid_of(arr)
+    if not (grid.is_aligned(0, rows) and grid.is_aligned(1, cols)):
+        raise StorageError(
+            f"refusing a write to {str(ref)!r} rows {rows} cols {cols}: not aligned to "
+            f"its I/O units {grid.unit} (a partial shard write could lose data)"
+        )
+    expected = (rows[1] - rows[0], cols[1] - cols[0])
+    if data.shape != expected:
+        raise StorageError(f"block for {str(ref)!r} has shape {data.shape}, expected {expected}")
+    try:
+        arr[rows[0] : rows[1], cols[0] : cols[1]] = data
+        for i in grid.units_touching(0, rows):
+            for j in grid.units_touching(1, cols):
+                mark_unit_done(ref, i, j)
+    except OSError as e:
+        raise StorageError(f"writing {str(ref)!r} rows {rows} cols {cols} failed: {e}") from e
+    stats.bytes_written += data.nbytes
+    return stats
