@@ -1,7 +1,9 @@
 """tilearray: out-of-core tiled matrix compute on Zarr with dask.distributed."""
 
-from . import _config  # noqa: F401  (registers the tilearray.* dask config defaults)
-from . import linalg
+from . import (
+    _config,  # noqa: F401  (registers the tilearray.* dask config defaults)
+    linalg,
+)
 from .engine import (
     Budget,
     Engine,

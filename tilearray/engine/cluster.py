@@ -161,7 +161,7 @@ class Engine:
                         threads_per_worker=threads,
                         memory_limit=mem,
                         processes=processes,
-                        dashboard_address=":0" if dashboard else None,
+                        dashboard_address=":0",
                         silence_logs=logging.ERROR,
                     )
                     client = Client(self.cluster, set_as_default=False)
@@ -263,7 +263,8 @@ class Engine:
         stats.per_worker_peak = peaks
         stats.peak_worker_memory = max(peaks.values(), default=0)
         stats.task_retries = self._suspicious()
-        self.client.cancel(futures)
+        for f in futures:  # release, not cancel: a later run may reuse these keys
+            f.release()
         self.last_run = stats
         return [v for v, _ in values], stats
 

@@ -29,7 +29,6 @@ from .nodes import Elemwise, MatMul, Node, Reduce, SliceNode, Source, Transpose
 from .plan import Budget, Plan, Stage
 
 MIN_PANEL = 512  # elements: K panels narrower than this waste BLAS efficiency
-MAP_BLOCK_CAP = 256 * 2**20  # map/reduce tasks gain nothing from larger blocks
 
 
 @dataclass(frozen=True)
@@ -103,7 +102,9 @@ class Lowerer:
         token = tokenize(str(node), node.shape, str(node.dtype))
         base = self.temp_dir or _config.get("temporary-directory") or tempfile.gettempdir()
         ref = ArrayRef.from_location(os.path.join(base, f"tilearray-tmp-{token}.zarr"))
-        tile = _default_tile(self.spec(node.a, []), self.spec(node.b, []))
+        from .tiled import _leaf_tile
+
+        tile = (_leaf_tile(node.a, 0), _leaf_tile(node.b, 1))
         create = Create(ref, node.shape, node.dtype, tile, None, temporary=True)
         self.creates.append(create)
         grid = Grid.regular(node.shape, tile)
@@ -148,12 +149,11 @@ class Lowerer:
         spec = self.spec(node, deps)
         m, n = node.shape
         dtype = np.dtype(node.dtype)
-        per_elem = _per_element(spec, dtype)
-        cap = min(self.budget.task_memory, MAP_BLOCK_CAP)
-        row_edges, col_edges = self._block_edges(spec, node.shape, out_grid, per_elem, cap)
+        temps = n_temporaries(spec) * max(dtype.itemsize, 8) + dtype.itemsize
+        row_edges, col_edges, peak = self._fit_blocks(spec, node.shape, out_grid, temps)
         token = tokenize("map", spec, row_edges, col_edges, str(out), str(dtype))
         keys, blocks = [], []
-        nbytes = nreq = gets = written = peak = 0
+        nbytes = nreq = gets = written = 0
         for i, rows in enumerate(intervals(row_edges)):
             for j, cols in enumerate(intervals(col_edges)):
                 if out_grid is not None and _all_done(out_grid, rows, cols, skip):
@@ -161,7 +161,6 @@ class Lowerer:
                 b, r, g = read_cost(spec, rows, cols)
                 nbytes, nreq, gets = nbytes + b, nreq + r, gets + g
                 size = (rows[1] - rows[0]) * (cols[1] - cols[0])
-                peak = max(peak, 2 * b + size * dtype.itemsize * (n_temporaries(spec) + 1))
                 key = ("map-" + token, i, j)
                 if out is None:
                     self.graph[key] = (gel.block_compute, spec, rows, cols, dtype, deps)
@@ -176,6 +175,26 @@ class Lowerer:
             f"{max_interval(col_edges)}", len(keys), peak, nbytes, written,
             reads=nreq, store_gets=gets))
         return keys, blocks
+
+    def _fit_blocks(self, spec, shape, out_grid, temp_bytes_per_elem):
+        """Block edges whose every task fits: reads (compressed + decoded) and
+        temporaries of the largest block, shrinking the target until it fits."""
+        per_elem = _per_element(spec, np.dtype("u1")) + temp_bytes_per_elem
+        cap = min(self.budget.task_memory, _config.get_bytes("map.block-bytes"))
+        while True:
+            row_edges, col_edges = self._block_edges(spec, shape, out_grid, per_elem, cap)
+            peak = 0
+            for rows in intervals(row_edges):
+                for cols in intervals(col_edges):
+                    b, _, _ = read_cost(spec, rows, cols)
+                    size = (rows[1] - rows[0]) * (cols[1] - cols[0])
+                    peak = max(peak, 2 * b + size * temp_bytes_per_elem)
+            if peak <= self.budget.task_memory or cap <= 1:
+                return row_edges, col_edges, peak
+            smaller = cap // 2
+            if self._block_edges(spec, shape, out_grid, per_elem, smaller) == (row_edges, col_edges):
+                return row_edges, col_edges, peak  # cannot shrink further (one unit)
+            cap = smaller
 
     def _block_edges(self, spec, shape, out_grid, per_elem, cap):
         m, n = shape
@@ -195,13 +214,12 @@ class Lowerer:
         spec = self.spec(node.x, deps)
         m, n = node.x.shape
         in_dtype = np.dtype(node.x.dtype)
-        per_elem = _per_element(spec, in_dtype) + 8
-        cap = min(self.budget.task_memory, MAP_BLOCK_CAP)
-        row_edges, col_edges = self._block_edges(spec, (m, n), None, per_elem, cap)
+        temps = (n_temporaries(spec) + 1) * max(in_dtype.itemsize, 8)
+        row_edges, col_edges, peak = self._fit_blocks(spec, (m, n), None, temps)
         token = tokenize("reduce", node.op, node.axis, node.ddof, spec, row_edges, col_edges)
         name = f"reduce-{node.op}-{token}"
         parts = {}
-        nbytes = nreq = gets = peak = 0
+        nbytes = nreq = gets = 0
         for i, rows in enumerate(intervals(row_edges)):
             for j, cols in enumerate(intervals(col_edges)):
                 key = (name, "map", i, j)
@@ -209,8 +227,6 @@ class Lowerer:
                 parts[i, j] = key
                 b, r, g = read_cost(spec, rows, cols)
                 nbytes, nreq, gets = nbytes + b, nreq + r, gets + g
-                size = (rows[1] - rows[0]) * (cols[1] - cols[0])
-                peak = max(peak, 2 * b + size * 8 * (n_temporaries(spec) + 2))
         self._check_fits("reduce", peak, str(node))
         split_every = int(_config.get("reduction.split-every"))
         nr, nc = len(row_edges) - 1, len(col_edges) - 1
@@ -392,7 +408,7 @@ def _per_element(spec, dtype: np.dtype) -> int:
     from ..graphs.spec import leaves
 
     reads_ = sum(2 * leaf.dtype.itemsize for leaf in leaves(spec))
-    return reads_ + n_temporaries(spec) * max(dtype.itemsize, 8)
+    return reads_ + (n_temporaries(spec) * max(dtype.itemsize, 8) if dtype.itemsize > 1 else 0)
 
 
 def _all_done(grid: Grid, rows, cols, done) -> bool:
@@ -400,28 +416,6 @@ def _all_done(grid: Grid, rows, cols, done) -> bool:
         return False
     return all((i, j) in done for i in grid.units_touching(0, rows)
                for j in grid.units_touching(1, cols))
-
-
-def _default_tile(a_spec, b_spec) -> tuple[int, int]:
-    from ..graphs.spec import leaves
-
-    def tile(spec, axis):
-        la = leaves(spec)
-        if not la:
-            return 1024
-        s = spec
-        flip = False
-        while isinstance(s, Trans | Slice | Op):
-            if isinstance(s, Trans):
-                flip = not flip
-                s = s.x
-            elif isinstance(s, Slice):
-                s = s.x
-            else:
-                s = next((a for a in s.args if leaves(a)), la[0])
-        return s.grid.tile[1 - axis if flip else axis] if isinstance(s, Read) else 1024
-
-    return (tile(a_spec, 0), tile(b_spec, 1))
 
 
 def _short(node) -> str:

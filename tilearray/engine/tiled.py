@@ -19,7 +19,7 @@ from ..graphs.spec import func, leaves
 from ..storage import ArrayRef, Grid, create, done_units, grid_of, mark_complete, open_array
 from ..storage import array as sarray
 from . import cluster
-from .lower import Lowered, Lowerer, _default_tile
+from .lower import Lowered, Lowerer
 from .nodes import Elemwise, MatMul, Node, Reduce, SliceNode, Source, Transpose
 
 log = logging.getLogger("tilearray")
@@ -262,9 +262,12 @@ class TiledArray:
             )
         engine = engine or cluster.current_engine()
         low = self._lower(engine=engine)
-        values, stats = engine.run(low.graph, low.keys, description="compute")
+        _create_temporaries(low)
+        try:
+            values, stats = engine.run(low.graph, low.keys, description="compute")
+        finally:
+            _cleanup(low)
         self.stats = stats
-        _cleanup(low)
         if low.result == "small":
             v = values[0]
             return v[()] if isinstance(v, np.ndarray) and v.ndim == 0 else v
@@ -382,22 +385,35 @@ def lower(node, budget, out=None, out_grid=None, skip=()) -> Lowered:
 
 
 def _output_grid(node, tile, shard) -> Grid:
+    """Output grid: the given tile, else the tiling of the inputs it derives from."""
     if tile is None:
-        lo = Lowerer.__new__(Lowerer)
-        Lowerer.__init__(lo, None)
         if isinstance(node, MatMul):
-            tile = _default_tile(lo.spec(node.a, []), lo.spec(node.b, []))
+            tile = (_leaf_tile(node.a, 0), _leaf_tile(node.b, 1))
         else:
-            s = lo.spec(node, [])
-            tile = _default_tile(s, s)
+            tile = (_leaf_tile(node, 0), _leaf_tile(node, 1))
         tile = tuple(max(min(t, max(n, 1)), 1) for t, n in zip(tile, node.shape, strict=True))
     return Grid.regular(node.shape, tile, shard)
 
 
+def _leaf_tile(node, axis: int, default: int = 1024) -> int:
+    """Tile size along ``axis`` of the first stored array ``node`` reads."""
+    if isinstance(node, Source):
+        return node.grid.tile[axis]
+    if isinstance(node, Transpose):
+        return _leaf_tile(node.x, 1 - axis, default)
+    if isinstance(node, SliceNode):
+        return _leaf_tile(node.x, axis, default)
+    if isinstance(node, MatMul):
+        return _leaf_tile(node.a if axis == 0 else node.b, axis, default)
+    if isinstance(node, Elemwise):
+        for a in node.args:
+            if isinstance(a, Node) and not a.small:
+                return _leaf_tile(a, axis, default)
+    return default
+
+
 def _fingerprint(node) -> str:
     """Token of the expression and the state of every input it reads."""
-    lo = Lowerer.__new__(Lowerer)
-    Lowerer.__init__(lo, None)
     parts = [str(node), tuple(node.shape), str(node.dtype)]
     for leaf in _source_nodes(node):
         parts.append((str(leaf.ref), leaf.shape, str(leaf.dtype), _modification_state(leaf.ref)))

@@ -36,9 +36,16 @@ def small_op(name, kwargs, *args):
     """
     from .spec import func
 
-    values = [a[0] if isinstance(a, tuple) and len(a) == 2 and isinstance(a[1], dict) else a
-              for a in args]
-    return func(name)(*values, **dict(kwargs)), {}
+    from .matmul import merge_stats
+
+    values, stats = [], {}
+    for a in args:
+        if isinstance(a, tuple) and len(a) == 2 and isinstance(a[1], dict):
+            values.append(a[0])
+            stats = merge_stats(stats, a[1])
+        else:
+            values.append(a)
+    return func(name)(*values, **dict(kwargs)), stats
 
 
 def random_block(out_ref, rows, cols, dtype, seed, tile):

@@ -148,17 +148,25 @@ def _edges(spec, axis: int):
     return None
 
 
-def evaluate(spec, rows: Range, cols: Range, deps: list, stats: IOStats) -> Any:
-    """Compute region ``rows x cols`` of a spec on the worker."""
+def evaluate(spec, rows: Range, cols: Range, deps: list, stats: IOStats, _seen=None) -> Any:
+    """Compute region ``rows x cols`` of a spec on the worker.
+
+    A stored array that appears several times (``a * a``, ``a - a.mean(0)``)
+    is read once per region.
+    """
+    seen = {} if _seen is None else _seen
     if isinstance(spec, Read):
-        return read_region(spec.ref, rows, cols, stats)
+        key = (spec, rows, cols)
+        if key not in seen:
+            seen[key] = read_region(spec.ref, rows, cols, stats)
+        return seen[key]
     if isinstance(spec, Trans):
-        return evaluate(spec.x, cols, rows, deps, stats).T
+        return evaluate(spec.x, cols, rows, deps, stats, seen).T
     if isinstance(spec, Slice):
         (r0, c0), (rs, cs) = spec.start, spec.step
         rr = (r0 + rows[0] * rs, r0 + (rows[1] - 1) * rs + 1) if rows[1] > rows[0] else (r0, r0)
         cc = (c0 + cols[0] * cs, c0 + (cols[1] - 1) * cs + 1) if cols[1] > cols[0] else (c0, c0)
-        block = evaluate(spec.x, rr, cc, deps, stats)
+        block = evaluate(spec.x, rr, cc, deps, stats, seen)
         return block[::rs, ::cs] if (rs, cs) != (1, 1) else block
     if isinstance(spec, Const):
         return spec.value
@@ -172,7 +180,7 @@ def evaluate(spec, rows: Range, cols: Range, deps: list, stats: IOStats) -> Any:
             return np.asarray(v).reshape(-1, 1)[rows[0] : rows[1], :]
         return v
     if isinstance(spec, Op):
-        args = [evaluate(a, rows, cols, deps, stats) for a in spec.args]
+        args = [evaluate(a, rows, cols, deps, stats, seen) for a in spec.args]
         return func(spec.name)(*args, **dict(spec.kwargs))
     raise TypeError(f"unknown spec node {spec!r}")
 
@@ -200,7 +208,7 @@ def read_cost(spec, rows: Range, cols: Range) -> tuple[int, int, int]:
     from ..storage import plan_reads
 
     nbytes = nreq = gets = 0
-    for leaf, r, c in reads(spec, rows, cols):
+    for leaf, r, c in dict.fromkeys(reads(spec, rows, cols)):  # each distinct read once
         for req in plan_reads(leaf.grid, r, c, leaf.dtype.itemsize):
             nbytes += req.nbytes
             nreq += 1

@@ -1,0 +1,24 @@
+import numpy as np
+import pytest
+
+import tilearray as ta
+
+
+@pytest.fixture(scope="session")
+def engine():
+    """A 2-worker process LocalCluster shared by the end-to-end tests."""
+    with ta.Engine(n_workers=2, threads_per_worker=1, memory_per_worker="1GiB", quiet=True) as e:
+        yield e
+
+
+@pytest.fixture(scope="session")
+def thread_engine():
+    """In-process workers: counting store wrappers can be read from the test."""
+    with ta.Engine(n_workers=1, threads_per_worker=2, memory_per_worker="2GiB",
+                   processes=False, quiet=True) as e:
+        yield e
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(42)

@@ -1,0 +1,84 @@
+import numpy as np
+import pytest
+import zarr
+
+import tilearray as ta
+from helpers import rand
+
+
+def _arr(tmp_path, name, x, tile, shard=None, v2=False):
+    if v2:
+        z = zarr.create_array(tmp_path / name, shape=x.shape, chunks=tile, dtype=x.dtype,
+                              zarr_format=2)
+        z[:] = x
+        return ta.open(tmp_path / name)
+    return ta.from_numpy(x, tmp_path / name, tile=tile, shard=shard)
+
+
+CASES = [
+    # m, k, n, tile_a, tile_b, shard_a, shard_b
+    (64, 64, 64, (16, 16), (16, 16), None, None),          # square, aligned
+    (70, 45, 33, (16, 16), (16, 16), None, None),          # ragged everywhere
+    (50, 90, 40, (20, 30), (25, 16), None, None),          # K tilings misaligned
+    (1, 37, 9, (8, 8), (8, 8), None, None),                # one row
+    (37, 20, 1, (8, 8), (8, 8), None, None),               # mat-vec (one column)
+    (60, 48, 52, (8, 8), (8, 8), (16, 24), (24, 16)),      # sharded inputs
+]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "int64"])
+@pytest.mark.parametrize("case", CASES)
+def test_matmul_matches_numpy(engine, tmp_path, rng, case, dtype):
+    m, k, n, ta_, tb_, sa, sb = case
+    x, y = rand(rng, (m, k), dtype), rand(rng, (k, n), dtype)
+    a = _arr(tmp_path, "a.zarr", x, ta_, sa)
+    b = _arr(tmp_path, "b.zarr", y, tb_, sb)
+    expr = a @ b
+    assert expr.shape == (m, n) and expr.dtype == (x @ y).dtype
+    got = expr.compute()
+    rtol = 1e-4 if dtype == "float32" else 1e-10
+    np.testing.assert_allclose(got, x @ y, rtol=rtol, atol=rtol * 10)
+    c = expr.to_zarr(tmp_path / "c.zarr", tile=(16, 16), shard=(32, 32))
+    np.testing.assert_allclose(c.compute(), x @ y, rtol=rtol, atol=rtol * 10)
+    assert c.stats.tasks >= 1 and c.stats.bytes_read > 0
+
+
+def test_mixed_dtypes_promote(engine, tmp_path, rng):
+    x, y = rand(rng, (30, 20), "float32"), rand(rng, (20, 10), "int32")
+    a, b = _arr(tmp_path, "a.zarr", x, (8, 8)), _arr(tmp_path, "b.zarr", y, (8, 8))
+    expr = a @ b
+    assert expr.dtype == np.float64
+    np.testing.assert_allclose(expr.compute(), x.astype("f8") @ y, rtol=1e-6)
+
+
+def test_transposed_gram_and_v2_input(engine, tmp_path, rng):
+    x = rng.standard_normal((300, 24))
+    a = _arr(tmp_path, "a.zarr", x, (50, 10), v2=True)
+    np.testing.assert_allclose((a.T @ a).compute(), x.T @ x, rtol=1e-10)
+    np.testing.assert_allclose((a @ a.T).compute(), x @ x.T, rtol=1e-10)
+
+
+def test_k_split_path(engine, tmp_path, rng):
+    """Tall-skinny X.T @ X has one output block: K is split and tree-summed."""
+    x = rng.standard_normal((4000, 16))
+    a = _arr(tmp_path, "a.zarr", x, (250, 16))
+    expr = a.T @ a
+    plan = expr.plan(budget=ta.Budget(2**30, n_workers=2, threads_per_worker=2))
+    assert "K split" in str(plan)
+    with ta.Engine(n_workers=1, threads_per_worker=4, memory_per_worker="2GiB",
+                   processes=False, quiet=True):
+        c = expr.to_zarr(tmp_path / "g.zarr")
+        np.testing.assert_allclose(c.compute(), x.T @ x, rtol=1e-9)
+        np.testing.assert_allclose(expr.compute(), x.T @ x, rtol=1e-9)
+
+
+def test_shape_mismatch_names_both_shapes(tmp_path, rng):
+    a = _arr(tmp_path, "a.zarr", rng.standard_normal((100, 50)), (10, 10))
+    with pytest.raises(ta.PlanningError, match=r"\(100, 50\) and \(100, 50\)"):
+        a @ a
+
+
+def test_matmul_rejects_non_arrays(tmp_path, rng):
+    a = _arr(tmp_path, "a.zarr", rng.standard_normal((10, 10)), (5, 5))
+    with pytest.raises(ta.PlanningError):
+        a @ np.ones((10, 10))

@@ -1,0 +1,107 @@
+"""Planning is pure and honest: no store reads, refusal before running, and the
+measured I/O / memory of a run match what the plan projected."""
+
+import os
+
+import numpy as np
+import psutil
+import pytest
+from zarr.storage import LocalStore
+
+import tilearray as ta
+from tilearray.engine.nodes import Source
+from tilearray.storage import ArrayRef
+from tilearray.testing import CountingStore, counts, reset_counts
+
+
+def _counted(tmp_path, name, x, tile, shard=None):
+    ta.from_numpy(x, tmp_path / name, tile=tile, shard=shard)
+    ref = ArrayRef(CountingStore(LocalStore(str(tmp_path / name)), f"plan-{tmp_path.name}"))
+    a = ta.open(ref.store)
+    return ta.TiledArray(Source(a.shape, a.dtype, ref, a.grid))
+
+
+BUDGET = ta.Budget(2**30, n_workers=2, threads_per_worker=1)
+
+
+def test_plan_makes_zero_store_reads(tmp_path, rng):
+    name = f"plan-{tmp_path.name}"
+    a = _counted(tmp_path, "a.zarr", rng.standard_normal((300, 200)), (64, 64), (128, 128))
+    reset_counts(name)
+    for expr in [a @ a.T, (a - a.mean(axis=0)).sum(axis=1), a.T @ a, a * 2]:
+        plan = expr.plan(budget=BUDGET)
+        assert plan.tasks > 0 and plan.bytes_read > 0
+    assert counts(name)["gets"] == 0
+
+
+def test_plan_reports_and_prints(tmp_path, rng):
+    a = ta.from_numpy(rng.standard_normal((500, 400)), tmp_path / "a.zarr", tile=(100, 100))
+    plan = (a @ a.T).plan(budget=BUDGET)
+    text = str(plan)
+    assert "matmul" in text and "lower bound" in text and "GFLOP" in text
+    assert plan.flops == 2 * 500 * 500 * 400
+    assert plan.peak_task_memory <= BUDGET.task_memory
+    assert "<table>" in plan._repr_html_()
+
+
+def test_plan_refuses_and_names_budget_that_fits(tmp_path, rng):
+    a = ta.from_numpy(rng.standard_normal((600, 600)), tmp_path / "a.zarr", tile=(600, 600))
+    tiny = ta.Budget(300 * 2**20 + 400_000 * 8, n_workers=1, threads_per_worker=1)
+    with pytest.raises(ta.PlanningError, match=r"memory_per_worker >= [\d.]+ MiB"):
+        (a @ a).plan(budget=tiny)
+
+
+def test_io_aggregation_counts_match_plan(thread_engine, tmp_path, rng):
+    """Store requests and bytes of a real run equal the plan's figures."""
+    name = f"plan-{tmp_path.name}"
+    x = rng.standard_normal((260, 190))
+    y = rng.standard_normal((190, 150))
+    a = _counted(tmp_path, "a.zarr", x, (32, 32), (64, 64))
+    b = _counted(tmp_path, "b.zarr", y, (50, 30))
+    for expr, want in [(a @ b, x @ y), ((a - 1.5).sum(axis=0), (x - 1.5).sum(0))]:
+        plan = expr.plan(engine=thread_engine)
+        reset_counts(name)
+        got = expr.compute(engine=thread_engine)
+        np.testing.assert_allclose(got, want, rtol=1e-10)
+        assert counts(name)["gets"] == plan.store_gets
+        assert expr.stats.bytes_read == plan.bytes_read
+        assert expr.stats.read_requests == plan.reads
+
+
+def test_fusion_reads_each_input_once(thread_engine, tmp_path, rng):
+    name = f"plan-{tmp_path.name}"
+    x, y = rng.standard_normal((200, 120)), rng.standard_normal((200, 120))
+    a = _counted(tmp_path, "a.zarr", x, (40, 40))
+    b = _counted(tmp_path, "b.zarr", y, (40, 40))
+    reset_counts(name)
+    np.testing.assert_allclose((a - b).sum(axis=0).compute(engine=thread_engine),
+                               (x - y).sum(0))
+    assert counts(name)["gets"] == a.grid.n_units + b.grid.n_units
+    reset_counts(name)
+    np.testing.assert_allclose((a - a.mean(axis=0)).compute(engine=thread_engine),
+                               x - x.mean(0))
+    assert counts(name)["gets"] <= 2 * a.grid.n_units
+
+
+@pytest.mark.timeout(600)
+def test_out_of_core_matmul_stays_under_budget(tmp_path):
+    """Inputs several times a worker's budget; every worker's RSS stays under it."""
+    n, budget = 4096, "600MiB"   # 2 x 128 MiB inputs + 128 MiB output vs ~200 MiB/task
+    with ta.Engine(n_workers=2, threads_per_worker=1, memory_per_worker=budget,
+                   quiet=True) as eng:
+        a = ta.random((n, n), tmp_path / "a.zarr", tile=(512, 512), seed=1)
+        b = ta.random((n, n), tmp_path / "b.zarr", tile=(512, 512), seed=2)
+        expr = a @ b
+        plan = expr.plan()
+        assert plan.stages[0].tasks > 1
+        c = expr.to_zarr(tmp_path / "c.zarr")
+        limit = eng.budget().memory_per_worker
+        assert 0 < c.stats.peak_worker_memory <= limit
+        assert c.stats.bytes_read == plan.bytes_read
+        # measured per-task memory (above an idle worker) within the projection
+        idle = max(eng.client.run(lambda: psutil.Process().memory_info().rss).values())
+        assert c.stats.peak_worker_memory - idle <= plan.peak_task_memory
+    x = a.to_dask()[:256].compute()
+    rows = c.to_dask()[:256].compute()
+    np.testing.assert_allclose(rows, x @ b.to_dask().compute(), rtol=1e-9)
+    assert os.path.exists(tmp_path / "c.zarr")

@@ -1,0 +1,18 @@
+"""Shared test helpers (data generators)."""
+
+import numpy as np
+
+import tilearray as ta
+
+
+def make(tmp_path, name, arr, tile, shard=None):
+    return ta.from_numpy(arr, tmp_path / name, tile=tile, shard=shard)
+
+
+def rand(rng, shape, dtype):
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f":
+        return rng.standard_normal(shape).astype(dtype)
+    if dtype.kind == "b":
+        return rng.random(shape) < 0.5
+    return rng.integers(-50, 50, size=shape).astype(dtype)

@@ -1,0 +1,160 @@
+import os
+
+import numpy as np
+import pytest
+import zarr
+
+import tilearray as ta
+from tilearray.storage import ArrayRef, create, grid_of, open_array, read_region, write_block
+from tilearray.storage.array import done_units, is_complete, mark_complete
+
+from helpers import rand
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64", "bool"])
+@pytest.mark.parametrize("shape,tile,shard", [
+    ((50, 37), (16, 16), None),
+    ((50, 37), (8, 8), (16, 24)),
+    ((1, 9), (4, 4), None),
+    ((64, 64), (64, 64), None),
+])
+def test_round_trip(tmp_path, rng, dtype, shape, tile, shard):
+    x = rand(rng, shape, dtype)
+    a = ta.from_numpy(x, tmp_path / "a.zarr", tile=tile, shard=shard)
+    assert a.shape == shape and a.dtype == x.dtype
+    np.testing.assert_array_equal(a.compute(), x)
+    z = zarr.open_array(tmp_path / "a.zarr", mode="r")
+    assert z.metadata.zarr_format == 3
+    assert z.metadata.dimension_names == ("row", "col")
+    codecs = [type(c).__name__ for c in (z.compressors or ())]
+    assert "Crc32cCodec" in codecs
+    assert z.attrs["tilearray"]["complete"] is True
+
+
+def test_random_is_deterministic(tmp_path):
+    a = ta.random((40, 30), tmp_path / "a.zarr", tile=(16, 16), seed=3)
+    b = ta.random((40, 30), tmp_path / "b.zarr", tile=(16, 16), seed=3)
+    c = ta.random((40, 30), tmp_path / "c.zarr", tile=(16, 16), seed=4)
+    np.testing.assert_array_equal(a.compute(), b.compute())
+    assert not np.array_equal(a.compute(), c.compute())
+
+
+def test_open_v2_array(tmp_path, rng):
+    x = rng.standard_normal((33, 21))
+    z = zarr.create_array(tmp_path / "v2.zarr", shape=x.shape, chunks=(10, 8), dtype="f8",
+                          zarr_format=2)
+    z[:] = x
+    a = ta.open(tmp_path / "v2.zarr")
+    assert a.grid.tile == (10, 8) and a.grid.unit == (10, 8)
+    np.testing.assert_array_equal(a.compute(), x)
+
+
+def test_open_user_sharded_v3_in_group(tmp_path, rng):
+    x = rng.standard_normal((45, 30)).astype("float32")
+    g = zarr.open_group(tmp_path / "g.zarr", mode="w")
+    z = g.create_array("m", shape=x.shape, chunks=(5, 10), shards=(15, 30), dtype="f4")
+    z[:] = x
+    a = ta.open(tmp_path / "g.zarr", "m")
+    assert a.grid.unit == (15, 30)
+    np.testing.assert_array_equal(a.compute(), x)
+    with pytest.raises(ta.StorageError, match="group"):
+        ta.open(tmp_path / "g.zarr")
+
+
+def test_open_missing_path_names_it(tmp_path):
+    with pytest.raises(ta.StorageError, match="nothere.zarr"):
+        ta.open(tmp_path / "nothere.zarr")
+
+
+def test_open_not_2d_names_shape(tmp_path):
+    zarr.create_array(tmp_path / "v.zarr", shape=(10,), chunks=(5,), dtype="f8")
+    with pytest.raises(ta.StorageError, match=r"\(10,\)"):
+        ta.open(tmp_path / "v.zarr")
+
+
+def test_open_bad_dtype_names_it(tmp_path):
+    zarr.create_array(tmp_path / "c.zarr", shape=(4, 4), chunks=(2, 2), dtype="complex128")
+    with pytest.raises(ta.StorageError, match="complex128"):
+        ta.open(tmp_path / "c.zarr")
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"tile": (0, 4)}, "tile"),
+    ({"tile": (4, 4), "shard": (6, 8)}, "multiple"),
+    ({"tile": (4, 4), "dtype": "U3"}, "dtype"),
+])
+def test_create_bad_input(tmp_path, kwargs, match):
+    kw = {"dtype": "f8", **kwargs}
+    with pytest.raises(ta.StorageError, match=match):
+        create(tmp_path / "x.zarr", (10, 10), kw.pop("dtype"), kw.pop("tile"), **kw)
+
+
+def test_create_refuses_existing(tmp_path):
+    create(tmp_path / "x.zarr", (10, 10), "f8", (4, 4))
+    with pytest.raises(ta.StorageError, match="overwrite"):
+        create(tmp_path / "x.zarr", (10, 10), "f8", (4, 4))
+
+
+def test_half_written_output_is_not_complete(tmp_path, rng):
+    ref = ArrayRef.from_location(tmp_path / "o.zarr")
+    z = create(ref.store, (40, 40), "f8", (16, 16), shard=(32, 32))
+    x = rng.standard_normal((40, 40))
+    write_block(ref, (0, 32), (0, 32), x[:32, :32])
+    assert done_units(ref) == {(0, 0)}
+    assert not is_complete(ref)
+    with pytest.raises(ta.IncompleteOutputError, match="3 of 4"):
+        mark_complete(ref)
+    with pytest.raises(ta.IncompleteOutputError, match="resume=True"):
+        ta.open(tmp_path / "o.zarr")
+    part = ta.open(tmp_path / "o.zarr", allow_incomplete=True)
+    assert part.shape == (40, 40)
+    assert grid_of(z).n_units == 4
+
+
+def test_misaligned_write_refused(tmp_path):
+    ref = ArrayRef.from_location(tmp_path / "o.zarr")
+    create(ref.store, (40, 40), "f8", (16, 16), shard=(32, 32))
+    with pytest.raises(ta.StorageError, match="not aligned"):
+        write_block(ref, (0, 16), (0, 32), np.zeros((16, 32)))
+
+
+def test_write_twice_is_harmless(tmp_path, rng):
+    ref = ArrayRef.from_location(tmp_path / "o.zarr")
+    create(ref.store, (20, 20), "f8", (10, 10))
+    x = rng.standard_normal((10, 10))
+    write_block(ref, (0, 10), (10, 20), x)
+    write_block(ref, (0, 10), (10, 20), x)
+    np.testing.assert_array_equal(read_region(ref, (0, 10), (10, 20)), x)
+
+
+def _chunk_files(root):
+    out = []
+    for d, _, files in os.walk(root):
+        out += [os.path.join(d, f) for f in files if "/c/" in os.path.join(d, f) + "/"]
+    return sorted(p for p in out if os.sep + "c" + os.sep in p)
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_corrupt_chunk_names_path_and_tile(tmp_path, rng, damage):
+    x = rng.standard_normal((30, 30))
+    ta.from_numpy(x, tmp_path / "a.zarr", tile=(10, 10))
+    victim = tmp_path / "a.zarr" / "c" / "1" / "2"
+    data = bytearray(victim.read_bytes())
+    if damage == "flip":
+        data[len(data) // 2] ^= 0xFF
+    else:
+        data = data[: len(data) // 2]
+    victim.write_bytes(bytes(data))
+    a = ta.open(tmp_path / "a.zarr")
+    with pytest.raises(ta.CorruptChunkError) as e:
+        read_region(a._node.ref, (0, 30), (0, 30))
+    assert e.value.tile == (1, 2)
+    assert "a.zarr" in str(e.value) and "(1, 2)" in str(e.value)
+    # untouched tiles still read fine
+    np.testing.assert_array_equal(read_region(a._node.ref, (0, 10), (0, 30)), x[:10])
+
+
+def test_open_array_validates(tmp_path, rng):
+    ta.from_numpy(rng.standard_normal((5, 5)), tmp_path / "a.zarr", tile=(2, 2))
+    z = open_array(tmp_path / "a.zarr")
+    assert z.shape == (5, 5)
