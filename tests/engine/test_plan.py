@@ -105,3 +105,17 @@ def test_out_of_core_matmul_stays_under_budget(tmp_path):
     rows = c.to_dask()[:256].compute()
     np.testing.assert_allclose(rows, x @ b.to_dask().compute(), rtol=1e-9)
     assert os.path.exists(tmp_path / "c.zarr")
+
+
+def test_fusion_mixed_tilings_reads_each_unit_once(thread_engine, tmp_path, rng):
+    """(a - b).sum(axis=0) with a chunked 20x20 and b sharded 40x40: no unit read twice."""
+    name = f"plan-{tmp_path.name}"
+    x, y = rng.standard_normal((160, 120)), rng.standard_normal((160, 120))
+    a = _counted(tmp_path, "a.zarr", x, (20, 20))
+    b = _counted(tmp_path, "b.zarr", y, (20, 20), (40, 40))
+    expr = (a - b).sum(axis=0)
+    plan = expr.plan(budget=ta.Budget(2**30, 1, 1))
+    assert plan.bytes_read == x.nbytes + y.nbytes
+    reset_counts(name)
+    np.testing.assert_allclose(expr.compute(engine=thread_engine), (x - y).sum(0))
+    assert counts(name)["gets"] == a.grid.n_units + b.grid.n_units

@@ -390,8 +390,14 @@ def _panels(edges) -> tuple[int, ...]:
 
 
 def _candidates(spec, axis: int, n: int, out_grid: Grid | None) -> tuple[int, ...]:
-    """Block edges: output unit edges (hard), preferring ones on input unit edges."""
-    soft = unit_edges(spec, axis, n)
+    """Block edges: output unit edges (hard), preferring ones on input unit edges.
+
+    Edges shared by every input (no input's unit split between two blocks)
+    are preferred unless they make blocks far coarser than the union's.
+    """
+    union = unit_edges(spec, axis, n)
+    shared = unit_edges(spec, axis, n, common=True)
+    soft = shared if max_interval(shared) <= 4 * max(max_interval(union), 1) else union
     if out_grid is None:
         return soft
     hard = out_grid.unit_edges(axis)

@@ -115,25 +115,26 @@ def n_temporaries(spec) -> int:
     return 0
 
 
-def unit_edges(spec, axis: int, n: int) -> tuple[int, ...]:
+def unit_edges(spec, axis: int, n: int, common: bool = False) -> tuple[int, ...]:
     """Boundaries along ``axis`` where the spec's reads fall on I/O unit edges.
 
     Blocks that break only at these edges never split a unit between tasks.
-    For several leaves, the union of their edges; slices map edges back.
+    For several leaves, the union of their edges, or with ``common=True`` the
+    edges shared by all of them (no leaf's unit split); slices map edges back.
     """
-    edges = _edges(spec, axis)
+    edges = _edges(spec, axis, common)
     if edges is None:
         return (0, n) if n else (0,)
     return tuple(sorted({e for e in edges if 0 <= e <= n} | {0, n}))
 
 
-def _edges(spec, axis: int):
+def _edges(spec, axis: int, common: bool = False):
     if isinstance(spec, Read):
         return set(spec.grid.unit_edges(axis))
     if isinstance(spec, Trans):
-        return _edges(spec.x, 1 - axis)
+        return _edges(spec.x, 1 - axis, common)
     if isinstance(spec, Slice):
-        inner = _edges(spec.x, axis)
+        inner = _edges(spec.x, axis, common)
         if inner is None:
             return None
         s0, st = spec.start[axis], spec.step[axis]
@@ -141,9 +142,9 @@ def _edges(spec, axis: int):
     if isinstance(spec, Op):
         out = None
         for a in spec.args:
-            e = _edges(a, axis)
+            e = _edges(a, axis, common)
             if e is not None:
-                out = e if out is None else out | e
+                out = e if out is None else (out & e if common else out | e)
         return out
     return None
 

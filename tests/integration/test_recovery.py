@@ -1,0 +1,103 @@
+"""Recovery: worker loss, driver killed then resumed, changed inputs refused."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import dask
+import numpy as np
+import pytest
+
+import tilearray as ta
+
+N, TILE = 1536, 128
+
+
+def _inputs(tmp_path):
+    a = ta.random((N, N), tmp_path / "a.zarr", tile=(TILE, TILE), seed=1)
+    b = ta.random((N, N), tmp_path / "b.zarr", tile=(TILE, TILE), seed=2)
+    return a, b
+
+
+def _done(path):
+    d = os.path.join(path, "tilearray.done")
+    return len(os.listdir(d)) if os.path.isdir(d) else 0
+
+
+@pytest.mark.timeout(300)
+def test_driver_killed_then_resumed(tmp_path):
+    a, b = _inputs(tmp_path)
+    out = str(tmp_path / "c.zarr")
+    script = textwrap.dedent(f"""
+        import tilearray as ta
+        if __name__ == "__main__":
+            with ta.Engine(n_workers=1, threads_per_worker=1, memory_per_worker="600MiB",
+                           quiet=True):
+                a, b = ta.open({str(tmp_path / "a.zarr")!r}), ta.open({str(tmp_path / "b.zarr")!r})
+                (a @ b).to_zarr({out!r}, tile=({TILE}, {TILE}))
+    """)
+    (tmp_path / "job.py").write_text(script)
+    env = {**os.environ, "DASK_TILEARRAY__MEMORY__WORKER_BASELINE": "444MiB"}  # small blocks
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "job.py")], env=env,
+                            start_new_session=True)
+    deadline = time.time() + 120
+    while _done(out) < 8 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    done_before = _done(out)
+    total = (N // TILE) ** 2
+    assert 0 < done_before < total, "the job must be killed mid-way"
+    with pytest.raises(ta.IncompleteOutputError, match="resume=True"):
+        ta.open(out)
+    with pytest.raises(ta.StorageError, match="already exists"):
+        (a @ b).to_zarr(out)
+    # resume under the same budget (so the same blocks) as the killed job
+    with ta.Engine(n_workers=1, memory_per_worker="600MiB", quiet=True) as eng, \
+            dask.config.set({"tilearray.memory.worker-baseline": "444MiB"}):
+        n_blocks = (a @ b).plan(out, tile=(TILE, TILE)).stages[0].tasks
+        c = (a @ b).to_zarr(out, resume=True)
+        assert c.stats.skipped_units == done_before
+        # only blocks with a missing unit ran: at most the missing units' blocks
+        per_block = total // n_blocks
+        assert 0 < c.stats.tasks <= n_blocks - done_before // per_block
+        x, y = a.compute(engine=eng), b.compute(engine=eng)
+        np.testing.assert_allclose(c.compute(engine=eng), x @ y, rtol=1e-9)
+
+
+@pytest.mark.timeout(120)
+def test_resume_with_changed_input_or_expression_refused(tmp_path, engine):
+    a, b = _inputs(tmp_path)
+    out = tmp_path / "c.zarr"
+    (a @ b).to_zarr(out)
+    with pytest.raises(ta.StorageError, match="different expression"):
+        (a @ b.T).to_zarr(out, resume=True)
+    ta.random((N, N), tmp_path / "b.zarr", tile=(TILE, TILE), seed=3, overwrite=True)
+    with pytest.raises(ta.StorageError, match="changed"):
+        (a @ ta.open(tmp_path / "b.zarr")).to_zarr(out, resume=True)
+
+
+@pytest.mark.timeout(300)
+def test_worker_killed_mid_matmul(tmp_path):
+    a, b = _inputs(tmp_path)
+    out = str(tmp_path / "c.zarr")
+    with ta.Engine(n_workers=2, threads_per_worker=1, memory_per_worker="600MiB",
+                   quiet=True) as eng:
+        with dask.config.set({"tilearray.memory.worker-baseline": "444MiB"}):
+            pids = eng.client.run(os.getpid)
+            result = {}
+            t = threading.Thread(target=lambda: result.update(c=(a @ b).to_zarr(out)))
+            t.start()
+            deadline = time.time() + 60
+            while _done(out) < 4 and time.time() < deadline:
+                time.sleep(0.01)
+            os.kill(next(iter(pids.values())), signal.SIGKILL)
+            t.join(timeout=240)
+        c = result["c"]
+        assert c.stats.task_retries >= 1
+        x, y = a.compute(engine=eng), b.compute(engine=eng)
+        np.testing.assert_allclose(c.compute(engine=eng), x @ y, rtol=1e-9)
