@@ -17,13 +17,21 @@ class CorruptChunkError(StorageError):
     def __init__(self, path: str, tile: tuple[int, ...], reason: str):
         self.path = path
         self.tile = tuple(tile)
+        self.reason = reason
         super().__init__(
             f"corrupt chunk in {path!r} at tile index {self.tile}: {reason}"
         )
 
+    def __reduce__(self):  # survives the trip from a worker process
+        return (type(self), (self.path, self.tile, self.reason))
+
 
 class IncompleteOutputError(StorageError):
     """An output array whose job did not finish writing every unit."""
+
+
+class OutputLockedError(StorageError):
+    """Another job is writing the same output."""
 
 
 class PlanningError(TilearrayError, ValueError):

@@ -474,17 +474,21 @@ def _to_zarr(x: TiledArray, path, tile, shard, overwrite, resume, engine) -> Til
             f"{str(ref)!r} already exists; pass overwrite=True to replace it "
             "(or resume=True to finish an interrupted run of the same expression)"
         )
-    else:
+    low = lower(node, engine.budget(), ref, out_grid, skip)  # refuse before touching disk
+    if existing is not None:
+        sarray.acquire_lock(ref)  # refuses while another live job writes it
+    if existing is None or overwrite:
         create(ref.store, node.shape, node.dtype, out_grid.tile, shard=shard, overwrite=True,
                attributes={"tilearray": {"fingerprint": fp, "expression": str(node)}})
-    low = lower(node, engine.budget(), ref, out_grid, skip)
-    _create_temporaries(low)
+        sarray.acquire_lock(ref)
     try:
+        _create_temporaries(low)
         _, stats = engine.run(low.graph, low.keys, description=f"-> {os.path.basename(str(path))}")
+        stats.skipped_units = len(skip)
+        mark_complete(ref, {"fingerprint": fp})
     finally:
         _cleanup(low)
-    stats.skipped_units = len(skip)
-    mark_complete(ref, {"fingerprint": fp})
+        sarray.release_lock(ref)
     out = TiledArray(_source(ref))
     out.stats = stats
     x.stats = stats

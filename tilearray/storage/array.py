@@ -22,7 +22,7 @@ from zarr.errors import ArrayNotFoundError, ContainsGroupError, NodeTypeValidati
 from zarr.storage import LocalStore
 
 from .. import _config
-from ..errors import IncompleteOutputError, StorageError
+from ..errors import IncompleteOutputError, OutputLockedError, StorageError
 from .geometry import Grid
 
 ATTR_KEY = "tilearray"
@@ -83,6 +83,25 @@ class ArrayRef:
     def set_key(self, key: str, value: bytes) -> None:
         buf = default_buffer_prototype().buffer.from_bytes(value)
         sync(self.store.set(self._key(key), buf))
+
+    def set_key_exclusive(self, key: str, value: bytes) -> bool:
+        """Create ``key`` only if absent; False when it already exists."""
+        buf = default_buffer_prototype().buffer.from_bytes(value)
+        full = self._key(key)
+        if sync(self.store.exists(full)):
+            return False
+        try:
+            sync(self.store.set_if_not_exists(full, buf))
+        except (FileExistsError, NotImplementedError):
+            return False
+        return True
+
+    def get_key(self, key: str) -> bytes | None:
+        buf = sync(self.store.get(self._key(key), default_buffer_prototype()))
+        return None if buf is None else buf.to_bytes()
+
+    def delete_key(self, key: str) -> None:
+        sync(self.store.delete(self._key(key)))
 
     def has_key(self, key: str) -> bool:
         return sync(self.store.exists(self._key(key)))
@@ -238,8 +257,8 @@ def create(
         raise StorageError(
             f"{loc!r} already exists; pass overwrite=True to replace it ({e})"
         ) from None
-    except PermissionError as e:
-        raise StorageError(f"cannot create {loc!r}: {e}") from None
+    except (PermissionError, OSError, ValueError) as e:
+        raise StorageError(f"cannot create {loc!r}: {type(e).__name__}: {e}") from None
     return arr
 
 
@@ -291,3 +310,57 @@ def mark_complete(ref: ArrayRef, extra: dict | None = None) -> None:
 def is_complete(ref: ArrayRef) -> bool:
     arr = zarr.open_array(ref.store, path=ref.path or None, mode="r")
     return info_attrs(arr).get("complete", True)
+
+
+# -- single-writer lock -----------------------------------------------------------------
+
+LOCK_KEY = "tilearray.lock"
+
+
+def acquire_lock(ref: ArrayRef) -> None:
+    """Record this process as the output's only writer.
+
+    A lock held by a live process refuses the second job; a lock whose
+    process is gone (same host) is stale and taken over. Locks from another
+    host are never guessed stale: remove ``<output>/tilearray.lock`` by hand.
+    """
+    import json
+    import socket
+
+    me = {"host": socket.gethostname(), "pid": os.getpid()}
+    for _ in range(2):
+        if ref.set_key_exclusive(LOCK_KEY, json.dumps(me).encode()):
+            return
+        raw = ref.get_key(LOCK_KEY)
+        try:
+            owner = json.loads(raw or b"{}")
+        except ValueError:
+            owner = {}
+        if owner.get("host") == me["host"] and not _pid_alive(owner.get("pid")):
+            ref.delete_key(LOCK_KEY)  # stale: its writer died
+            continue
+        raise OutputLockedError(
+            f"{str(ref)!r} is being written by another job (pid {owner.get('pid')} on "
+            f"{owner.get('host')}); wait for it, or if that job is gone remove "
+            f"{str(ref)}/{LOCK_KEY}"
+        )
+    raise OutputLockedError(f"could not lock {str(ref)!r} for writing")
+
+
+def release_lock(ref: ArrayRef) -> None:
+    try:
+        ref.delete_key(LOCK_KEY)
+    except Exception:  # best effort; a stale lock is detected next time
+        pass
+
+
+def _pid_alive(pid) -> bool:
+    if not isinstance(pid, int):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

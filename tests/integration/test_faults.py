@@ -1,0 +1,96 @@
+"""Faults on purpose: corrupt inputs, failing stores, locked and read-only outputs."""
+
+import json
+import os
+import socket
+
+import numpy as np
+import pytest
+from zarr.storage import LocalStore
+
+import tilearray as ta
+from tilearray.engine.nodes import Source
+from tilearray.storage import ArrayRef
+from tilearray.testing import FailingStore, counts, reset_counts
+
+
+def _wrapped(path, store):
+    a = ta.open(path)
+    return ta.TiledArray(Source(a.shape, a.dtype, ArrayRef(store), a.grid))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_corrupt_input_fails_job_cleanly(engine, tmp_path, rng, damage):
+    x = rng.standard_normal((64, 64))
+    a = ta.from_numpy(x, tmp_path / "a.zarr", tile=(16, 16))
+    victim = tmp_path / "a.zarr" / "c" / "2" / "1"
+    data = bytearray(victim.read_bytes())
+    if damage == "flip":
+        data[len(data) // 3] ^= 0x55
+    else:
+        data = data[: len(data) // 3]
+    victim.write_bytes(bytes(data))
+    with pytest.raises(ta.CorruptChunkError) as e:
+        (a @ a).to_zarr(tmp_path / "c.zarr")
+    assert e.value.tile == (2, 1) and "a.zarr" in str(e.value)
+    with pytest.raises(ta.IncompleteOutputError):
+        ta.open(tmp_path / "c.zarr")
+    with pytest.raises(ta.CorruptChunkError, match=r"\(2, 1\)"):
+        a.sum(axis=0).compute()
+
+
+@pytest.mark.timeout(120)
+def test_transient_read_failures_retried_in_job(thread_engine, tmp_path, rng):
+    x = rng.standard_normal((60, 50))
+    ta.from_numpy(x, tmp_path / "a.zarr", tile=(20, 25))
+    reset_counts("job-flaky")
+    store = FailingStore(LocalStore(str(tmp_path / "a.zarr")), "job-flaky", "c/1/", 2)
+    a = _wrapped(tmp_path / "a.zarr", store)
+    gram = a.T @ a
+    np.testing.assert_allclose(gram.compute(engine=thread_engine), x.T @ x, rtol=1e-10)
+    assert counts("job-flaky")["failures"] >= 2
+    assert gram.stats.read_retries >= 1
+    s = a.sum(axis=1)
+    reset_counts("job-flaky")
+    np.testing.assert_allclose(s.compute(engine=thread_engine), x.sum(1))
+    # concurrent chunk reads of one request may fail together and share a retry
+    assert 1 <= s.stats.read_retries <= counts("job-flaky")["failures"]
+
+
+@pytest.mark.timeout(120)
+def test_permanent_read_failure_names_key(thread_engine, tmp_path, rng):
+    ta.from_numpy(rng.standard_normal((40, 40)), tmp_path / "a.zarr", tile=(20, 20))
+    store = FailingStore(LocalStore(str(tmp_path / "a.zarr")), "job-dead", "c/1/1", None)
+    a = _wrapped(tmp_path / "a.zarr", store)
+    with pytest.raises(ta.StorageError, match="c/1/1"):
+        a.sum().compute(engine=thread_engine)
+
+
+@pytest.mark.timeout(120)
+def test_second_writer_refused_stale_lock_taken_over(engine, tmp_path, rng):
+    x = rng.standard_normal((30, 30))
+    a = ta.from_numpy(x, tmp_path / "a.zarr", tile=(10, 10))
+    out = tmp_path / "c.zarr"
+    (a * 2).to_zarr(out)
+    lock = out / "tilearray.lock"
+    # a live writer (this very process stands in for another job)
+    lock.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getppid()}))
+    with pytest.raises(ta.OutputLockedError, match=str(os.getppid())):
+        (a * 3).to_zarr(out, overwrite=True)
+    np.testing.assert_allclose(ta.open(out).compute(), 2 * x)  # untouched
+    # a dead writer's lock is stale
+    lock.write_text(json.dumps({"host": socket.gethostname(), "pid": 2**22 + 12345}))
+    c = (a * 3).to_zarr(out, overwrite=True)
+    np.testing.assert_allclose(c.compute(), 3 * x)
+    assert not lock.exists()
+
+
+@pytest.mark.timeout(120)
+def test_read_only_output_store_clear_error(engine, tmp_path, rng):
+    x = rng.standard_normal((20, 20))
+    a = ta.from_numpy(x, tmp_path / "a.zarr", tile=(10, 10))
+    ro = LocalStore(str(tmp_path / "ro.zarr"), read_only=True)
+    with pytest.raises(ta.StorageError, match="ro.zarr"):
+        (a + 1).to_zarr(ro)
+    np.testing.assert_array_equal(ta.open(tmp_path / "a.zarr").compute(), x)  # inputs intact
