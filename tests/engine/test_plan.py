@@ -46,7 +46,7 @@ def test_plan_reports_and_prints(tmp_path, rng):
 
 def test_plan_refuses_and_names_budget_that_fits(tmp_path, rng):
     a = ta.from_numpy(rng.standard_normal((600, 600)), tmp_path / "a.zarr", tile=(600, 600))
-    tiny = ta.Budget(300 * 2**20 + 400_000 * 8, n_workers=1, threads_per_worker=1)
+    tiny = ta.Budget(64 * 2**20, 1, 1, baseline=40 * 2**20, fraction=0.75)
     with pytest.raises(ta.PlanningError, match=r"memory_per_worker >= [\d.]+ MiB"):
         (a @ a).plan(budget=tiny)
 

@@ -155,6 +155,10 @@ class Engine:
                     "distributed.scheduler.allowed-failures": _config.get("scheduler.allowed-failures"),
                     "distributed.worker.memory.spill": False,
                     "distributed.worker.memory.target": False,
+                    # A fixed mmap threshold stops glibc from raising it after
+                    # large frees, so panel-sized buffers go back to the OS
+                    # when freed instead of piling up in the heap.
+                    "distributed.nanny.pre-spawn-environ.MALLOC_MMAP_THRESHOLD_": 1 << 20,
                 }):
                     self.cluster = LocalCluster(
                         n_workers=n,

@@ -18,7 +18,7 @@ class Budget:
     """Whole worker process limit (dask's ``memory_limit``), in bytes."""
     n_workers: int = 1
     threads_per_worker: int = 1
-    baseline: int = 256 * 2**20
+    baseline: int = 160 * 2**20
     """Resident memory of an idle worker, reserved first, in bytes."""
     fraction: float = 0.75
     """Share of ``memory_per_worker`` the planner may fill."""

@@ -452,6 +452,10 @@ def _to_zarr(x: TiledArray, path, tile, shard, overwrite, resume, engine) -> Til
     engine = engine or cluster.current_engine()
     ref = ArrayRef.from_location(path)
     out_grid = _output_grid(node, tile, shard)
+    if any(str(leaf.ref) == str(ref) for leaf in _source_nodes(node)):
+        raise StorageError(
+            f"{str(ref)!r} is an input of the expression; write the result elsewhere"
+        )
     fp = _fingerprint(node)
     skip: set = set()
     existing = _existing(ref)

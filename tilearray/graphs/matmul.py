@@ -71,9 +71,17 @@ def load_order(a_panels: tuple[Range, ...], b_panels: tuple[Range, ...]) -> list
 
 
 def matmul_block(
-    a_spec, b_spec, rows: Range, cols: Range, a_panels, b_panels, dtype, deps=()
+    a_spec, b_spec, rows: Range, cols: Range, a_panels, b_panels, dtype, deps=(),
+    read_bytes: int | None = None,
 ) -> tuple[np.ndarray, dict]:
     """Compute output block ``rows x cols`` of ``A @ B`` over the given K panels.
+
+    With ``read_bytes=None`` the next panel is read on a background thread
+    while BLAS works (one panel in flight). With a byte bound, panels are read
+    in place of the previous one, unit band by unit band, so only one band's
+    decode buffers exist at a time: less memory, so larger blocks and fewer
+    bytes read, for no overlap within the task (on a machine whose cores are
+    all busy with BLAS, decode and BLAS do not overlap anyway).
 
     Returns the block (Fortran-ordered) and the task's measured I/O stats.
     """
@@ -87,12 +95,14 @@ def matmul_block(
     def load(item):
         side, i = item
         if side == "a":
-            return evaluate(a_spec, rows, a_panels[i], deps, stats)
-        return evaluate(b_spec, b_panels[i], cols, deps, stats)
+            return evaluate(a_spec, rows, a_panels[i], deps, stats, max_bytes=read_bytes)
+        return evaluate(b_spec, b_panels[i], cols, deps, stats, max_bytes=read_bytes)
 
     order = iter(load_order(a_panels, b_panels))
     t_wait = t_blas = 0.0
     with ThreadPoolExecutor(1, thread_name_prefix="tilearray-prefetch") as pool:
+        if read_bytes is not None:
+            pool = _Inline()
         pending = [None]
 
         def take():
@@ -133,9 +143,26 @@ def matmul_block(
     return acc, out
 
 
-def matmul_store(a_spec, b_spec, rows, cols, a_panels, b_panels, dtype, out_ref, deps=()):
+class _Inline:
+    """A stand-in executor that runs a load only when its result is taken."""
+
+    def submit(self, fn, *args):
+        return _Deferred(fn, args)
+
+
+class _Deferred:
+    def __init__(self, fn, args):
+        self.fn, self.args = fn, args
+
+    def result(self):
+        return self.fn(*self.args)
+
+
+def matmul_store(a_spec, b_spec, rows, cols, a_panels, b_panels, dtype, out_ref, deps=(),
+                 read_bytes=None):
     """Compute one output block and write it whole; return ``(None, stats)``."""
-    acc, st = matmul_block(a_spec, b_spec, rows, cols, a_panels, b_panels, dtype, deps)
+    acc, st = matmul_block(a_spec, b_spec, rows, cols, a_panels, b_panels, dtype, deps,
+                           read_bytes)
     io = IOStats()
     write_block(out_ref, rows, cols, acc, io)
     st["bytes_written"] = io.bytes_written

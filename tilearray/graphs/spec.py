@@ -149,25 +149,27 @@ def _edges(spec, axis: int, common: bool = False):
     return None
 
 
-def evaluate(spec, rows: Range, cols: Range, deps: list, stats: IOStats, _seen=None) -> Any:
+def evaluate(spec, rows: Range, cols: Range, deps: list, stats: IOStats, _seen=None,
+             max_bytes: int | None = None) -> Any:
     """Compute region ``rows x cols`` of a spec on the worker.
 
     A stored array that appears several times (``a * a``, ``a - a.mean(0)``)
-    is read once per region.
+    is read once per region. ``max_bytes`` bounds each read request (and so
+    the decode buffers alive at once).
     """
     seen = {} if _seen is None else _seen
     if isinstance(spec, Read):
         key = (spec, rows, cols)
         if key not in seen:
-            seen[key] = read_region(spec.ref, rows, cols, stats)
+            seen[key] = read_region(spec.ref, rows, cols, stats, max_bytes=max_bytes)
         return seen[key]
     if isinstance(spec, Trans):
-        return evaluate(spec.x, cols, rows, deps, stats, seen).T
+        return evaluate(spec.x, cols, rows, deps, stats, seen, max_bytes).T
     if isinstance(spec, Slice):
         (r0, c0), (rs, cs) = spec.start, spec.step
         rr = (r0 + rows[0] * rs, r0 + (rows[1] - 1) * rs + 1) if rows[1] > rows[0] else (r0, r0)
         cc = (c0 + cols[0] * cs, c0 + (cols[1] - 1) * cs + 1) if cols[1] > cols[0] else (c0, c0)
-        block = evaluate(spec.x, rr, cc, deps, stats, seen)
+        block = evaluate(spec.x, rr, cc, deps, stats, seen, max_bytes)
         return block[::rs, ::cs] if (rs, cs) != (1, 1) else block
     if isinstance(spec, Const):
         return spec.value
@@ -181,7 +183,7 @@ def evaluate(spec, rows: Range, cols: Range, deps: list, stats: IOStats, _seen=N
             return np.asarray(v).reshape(-1, 1)[rows[0] : rows[1], :]
         return v
     if isinstance(spec, Op):
-        args = [evaluate(a, rows, cols, deps, stats, seen) for a in spec.args]
+        args = [evaluate(a, rows, cols, deps, stats, seen, max_bytes) for a in spec.args]
         return func(spec.name)(*args, **dict(spec.kwargs))
     raise TypeError(f"unknown spec node {spec!r}")
 

@@ -34,7 +34,8 @@ SUPPORTED_KINDS = "biuf"  # bool, signed/unsigned integers, floats
 def _as_store(where: str | os.PathLike | Store) -> Store:
     if isinstance(where, Store):
         return where
-    return LocalStore(os.fspath(where))
+    # absolute: workers (and resume fingerprints) must not depend on a cwd
+    return LocalStore(os.path.abspath(os.fspath(where)))
 
 
 def describe(store: Store, path: str = "") -> str:

@@ -45,18 +45,23 @@ def plan_reads(
 
     The region is widened to unit boundaries (a unit is never split between
     reads). One request covers it, or, when ``max_bytes`` is given, bands of
-    whole unit-rows no larger than that (at least one unit-row each).
+    whole units no larger than that (at least one unit each): bands of
+    unit-rows when the region spans several, else bands of unit-columns.
+    Bounding a request bounds the decode buffers alive while it is read.
     """
     r_units = grid.units_touching(0, rows)
     c_units = grid.units_touching(1, cols)
     if not r_units or not c_units:
         return []
-    c0, c1 = grid.unit_range(1, c_units[0])[0], grid.unit_range(1, c_units[-1])[1]
+    axis = 0 if len(r_units) > 1 else 1
+    along, across = (r_units, c_units) if axis == 0 else (c_units, r_units)
+    a0 = grid.unit_range(1 - axis, across[0])[0]
+    a1 = grid.unit_range(1 - axis, across[-1])[1]
     bands: list[list[int]] = [[]]
     band_bytes = 0
-    for i in r_units:
-        r0, r1 = grid.unit_range(0, i)
-        b = (r1 - r0) * (c1 - c0) * itemsize
+    for i in along:
+        lo, hi = grid.unit_range(axis, i)
+        b = (hi - lo) * (a1 - a0) * itemsize
         if max_bytes is not None and bands[-1] and band_bytes + b > max_bytes:
             bands.append([])
             band_bytes = 0
@@ -64,9 +69,14 @@ def plan_reads(
         band_bytes += b
     out = []
     for band in bands:
-        r0, r1 = grid.unit_range(0, band[0])[0], grid.unit_range(0, band[-1])[1]
-        gets = sum(grid.store_gets_per_unit(i, j) for i in band for j in c_units)
-        out.append(ReadRequest((r0, r1), (c0, c1), gets, (r1 - r0) * (c1 - c0) * itemsize))
+        lo, hi = grid.unit_range(axis, band[0])[0], grid.unit_range(axis, band[-1])[1]
+        if axis == 0:
+            rr, cc = (lo, hi), (a0, a1)
+            gets = sum(grid.store_gets_per_unit(i, j) for i in band for j in across)
+        else:
+            rr, cc = (a0, a1), (lo, hi)
+            gets = sum(grid.store_gets_per_unit(i, j) for i in across for j in band)
+        out.append(ReadRequest(rr, cc, gets, (rr[1] - rr[0]) * (cc[1] - cc[0]) * itemsize))
     return out
 
 
@@ -156,9 +166,10 @@ def read_region(
         data = _read_request(arr, ref, grid, reqs[0], stats)
     else:
         r0, c0 = reqs[0].rows[0], reqs[0].cols[0]
-        data = np.empty((reqs[-1].rows[1] - r0, reqs[0].cols[1] - c0), dtype=arr.dtype)
+        data = np.empty((reqs[-1].rows[1] - r0, reqs[-1].cols[1] - c0), dtype=arr.dtype)
         for req in reqs:
-            data[req.rows[0] - r0 : req.rows[1] - r0] = _read_request(arr, ref, grid, req, stats)
+            data[req.rows[0] - r0 : req.rows[1] - r0, req.cols[0] - c0 : req.cols[1] - c0] = \
+                _read_request(arr, ref, grid, req, stats)
     r0, c0 = reqs[0].rows[0], reqs[0].cols[0]
     return data[rows[0] - r0 : rows[1] - r0, cols[0] - c0 : cols[1] - c0]
 

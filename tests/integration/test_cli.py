@@ -1,0 +1,414 @@
+"""End-to-end tests of the command line: `python -m tilearray ...` in a subprocess."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+pytestmark = pytest.mark.timeout(120)
+
+JOB = ["--workers", "1", "--memory-per-worker", "1GiB", "--quiet"]
+
+
+def cli(*args, cwd, timeout=100):
+    """Run `python -m tilearray ARGS` in ``cwd``; returns the CompletedProcess."""
+    return subprocess.run(
+        [sys.executable, "-m", "tilearray", *map(str, args)],
+        cwd=cwd, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def ok(proc):
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    assert "Traceback" not in proc.stderr
+    return proc
+
+
+def one_line_error(proc, code=1):
+    """Exit ``code`` with exactly one `tilearray: error:` line and no traceback."""
+    assert proc.returncode == code, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    assert "Traceback" not in proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("tilearray: error: ")]
+    assert len(errors) == 1, proc.stderr
+    return errors[0]
+
+
+def read(path):
+    return zarr.open_array(str(path), mode="r")[...]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """a.zarr 300x200 (tile 64), b.zarr 200x150 (tile 64, shard 128), made by the CLI."""
+    d = tmp_path_factory.mktemp("cli")
+    ok(cli("random", "a.zarr", "--shape", 300, 200, "--tile", 64, 64, "--seed", 0, cwd=d))
+    ok(cli("random", "b.zarr", "--shape", 200, 150, "--tile", 64, 64, "--shard", 128, 128,
+           "--seed", 1, cwd=d))
+    return d
+
+
+@pytest.fixture
+def work(data, tmp_path):
+    """A fresh directory holding links to the module's inputs."""
+    for name in ("a.zarr", "b.zarr"):
+        (tmp_path / name).symlink_to(data / name, target_is_directory=True)
+    return tmp_path
+
+
+# -- random and info -----------------------------------------------------------------
+
+
+def test_random_writes_reproducible_values(data, tmp_path):
+    a = read(data / "a.zarr")
+    assert a.shape == (300, 200) and a.dtype == np.float64
+    assert 0.8 < a.std() < 1.2  # standard normal
+    p = ok(cli("random", "again.zarr", "--shape", 300, 200, "--tile", 64, 64, "--seed", 0,
+               cwd=tmp_path))
+    assert "random (300, 200) float64" in p.stdout
+    np.testing.assert_array_equal(read(tmp_path / "again.zarr"), a)
+    ok(cli("random", "other.zarr", "--shape", 300, 200, "--tile", 64, 64, "--seed", 7,
+           "--dtype", "float32", cwd=tmp_path))
+    other = read(tmp_path / "other.zarr")
+    assert other.dtype == np.float32 and not np.allclose(other, a)
+
+
+def test_random_refuses_existing_output_unless_overwrite(work):
+    before = read(work / "a.zarr")
+    err = one_line_error(cli("random", "a.zarr", "--shape", 10, 10, "--tile", 8, 8, cwd=work))
+    assert "already exists" in err and "--overwrite" in err
+    np.testing.assert_array_equal(read(work / "a.zarr"), before)
+
+    ok(cli("random", "c.zarr", "--shape", 20, 20, "--tile", 8, 8, cwd=work))
+    ok(cli("random", "c.zarr", "--shape", 30, 10, "--tile", 8, 8, "--overwrite", cwd=work))
+    assert read(work / "c.zarr").shape == (30, 10)
+
+
+def test_info(data):
+    p = ok(cli("info", "a.zarr", "b.zarr", cwd=data))
+    out = p.stdout
+    assert "<TiledArray" in out
+    assert "shape:       300 x 200" in out and "shape:       200 x 150" in out
+    assert "tile:        64 x 64" in out
+    assert "I/O unit:    128 x 128 (shard of 2 x 2 tiles)" in out
+    assert "5 x 4 tiles, 5 x 4 = 20 I/O units" in out
+    assert "complete:    yes" in out
+
+    p = ok(cli("info", "--json", "a.zarr", "b.zarr", cwd=data))
+    a, b = (json.loads(line) for line in p.stdout.splitlines())
+    assert a["shape"] == [300, 200] and a["dtype"] == "float64" and a["zarr_format"] == 3
+    assert a["tile"] == a["io_unit"] == [64, 64] and not a["sharded"]
+    assert a["tile_grid"] == [5, 4] and a["units"] == 20 and a["nbytes"] == 300 * 200 * 8
+    assert a["complete"] and a["units_done"] == 20 and a["stored_bytes"] > 0
+    assert b["io_unit"] == [128, 128] and b["sharded"] and b["unit_grid"] == [2, 2]
+
+
+def test_info_reports_incomplete_output(tmp_path):
+    from tilearray.storage import create
+
+    create(tmp_path / "half.zarr", (100, 100), "float64", (50, 50))  # never completed
+    p = ok(cli("info", "half.zarr", cwd=tmp_path))
+    assert "complete:    NO: 0 of 4 I/O units written" in p.stdout and "--resume" in p.stdout
+    info = json.loads(ok(cli("info", "--json", "half.zarr", cwd=tmp_path)).stdout)
+    assert info["complete"] is False and info["units_done"] == 0
+
+
+def test_info_missing_path_fails(tmp_path):
+    err = one_line_error(cli("info", "nope.zarr", cwd=tmp_path))
+    assert "nope.zarr" in err
+
+
+# -- plan ----------------------------------------------------------------------------
+
+
+def test_plan_prints_without_running(data):
+    p = ok(cli("plan", "a.zarr @ b.zarr", "--memory-per-worker", "1GiB", "--workers", 2,
+               cwd=data))
+    assert p.stdout.startswith("tilearray plan: (open(")
+    assert "-> (300, 150) float64" in p.stdout
+    assert "2 worker(s) x 1 thread(s), 1.00 GiB per worker" in p.stdout
+    assert "matmul" in p.stdout and "total:" in p.stdout and "I/O lower bound" in p.stdout
+
+    p = ok(cli("plan", "a.zarr.T @ a.zarr", "-o", "gram.zarr", cwd=data))
+    assert "-> (200, 200) float64 into" in p.stdout
+    assert not (data / "gram.zarr").exists()  # planning writes nothing
+
+    p = ok(cli("plan", "(a.zarr - 1) * 2 / a.zarr", cwd=data))
+    assert "-> (300, 200) float64" in p.stdout and "map" in p.stdout
+    p = ok(cli("plan", "- 'a.zarr'.T @ (a.zarr / 2)", cwd=data))
+    assert "-> (200, 200)" in p.stdout
+
+
+@pytest.mark.parametrize("expr", [
+    "", "a.zarr @", "(a.zarr @ b.zarr", "a.zarr b.zarr", "a.zarr)", "2 + 3", ".T",
+    "a.zarr @ 2", "'a.zarr", "__import__('os').system('true')",
+])
+def test_plan_bad_expression_is_usage_error(data, expr):
+    err = one_line_error(cli("plan", expr, cwd=data), code=2)
+    assert "bad expression" in err or "no Zarr array" in err
+
+
+def test_plan_expression_is_not_evaluated_as_python(data):
+    # Everything that is not an operator is a path: no code runs.
+    err = one_line_error(cli("plan", "open('a.zarr') @ b.zarr", cwd=data), code=2)
+    assert "bad expression" in err
+
+
+def test_plan_errors_from_tilearray_exit_1(data):
+    err = one_line_error(cli("plan", "a.zarr @ a.zarr", cwd=data))
+    assert "not aligned" in err and "(300, 200)" in err
+    err = one_line_error(cli("plan", "nope.zarr @ b.zarr", cwd=data))
+    assert "nope.zarr" in err
+    err = one_line_error(cli("plan", "a.zarr*2", cwd=data))
+    assert "spaces around the operators" in err
+
+
+# -- matmul --------------------------------------------------------------------------
+
+
+def test_matmul_matches_numpy(work):
+    p = ok(cli("matmul", "a.zarr", "b.zarr", "-o", "c.zarr", *JOB, cwd=work))
+    a, b = read(work / "a.zarr"), read(work / "b.zarr")
+    np.testing.assert_allclose(read(work / "c.zarr"), a @ b, rtol=1e-10, atol=1e-10)
+    summary = p.stdout.strip().splitlines()
+    assert len(summary) == 1
+    assert summary[0].startswith("tilearray: matmul a.zarr @ b.zarr -> c.zarr (300, 150) float64")
+    assert "| plan " in summary[0] and "task(s), peak/task" in summary[0]
+    assert "| ran " in summary[0] and "tasks in" in summary[0] and "peak worker memory" in summary[0]
+    assert "block/s" not in p.stderr  # --quiet: no progress bar
+    info = json.loads(ok(cli("info", "--json", "c.zarr", cwd=work)).stdout)
+    assert info["complete"] and "@" in info["expression"]
+
+
+def test_matmul_transposes_and_output_layout(work):
+    a, b = read(work / "a.zarr"), read(work / "b.zarr")
+    ok(cli("matmul", "a.zarr", "a.zarr", "--transpose-a", "-o", "gram.zarr",
+           "--tile", 32, 32, "--shard", 64, 64, *JOB, cwd=work))
+    np.testing.assert_allclose(read(work / "gram.zarr"), a.T @ a, rtol=1e-10, atol=1e-9)
+    info = json.loads(ok(cli("info", "--json", "gram.zarr", cwd=work)).stdout)
+    assert info["tile"] == [32, 32] and info["io_unit"] == [64, 64]
+
+    ok(cli("matmul", "b.zarr", "b.zarr", "--transpose-b", "-o", "bbt.zarr", *JOB, cwd=work))
+    np.testing.assert_allclose(read(work / "bbt.zarr"), b @ b.T, rtol=1e-10, atol=1e-9)
+
+
+def test_matmul_existing_output_overwrite_and_resume(work):
+    ok(cli("matmul", "a.zarr", "b.zarr", "-o", "c.zarr", *JOB, cwd=work))
+    err = one_line_error(cli("matmul", "a.zarr", "b.zarr", "-o", "c.zarr", *JOB, cwd=work))
+    assert "already exists" in err and "--overwrite" in err and "--resume" in err
+
+    p = ok(cli("matmul", "a.zarr", "b.zarr", "-o", "c.zarr", "--resume", *JOB, cwd=work))
+    assert "already complete" in p.stdout
+
+    # a different job into the same output cannot be resumed into it
+    err = one_line_error(cli("matmul", "b.zarr", "b.zarr", "--transpose-b", "-o", "c.zarr",
+                             "--resume", *JOB, cwd=work))
+    assert "cannot resume" in err
+
+    ok(cli("matmul", "b.zarr", "b.zarr", "--transpose-b", "-o", "c.zarr", "--overwrite", *JOB,
+           cwd=work))
+    b = read(work / "b.zarr")
+    np.testing.assert_allclose(read(work / "c.zarr"), b @ b.T, rtol=1e-10, atol=1e-9)
+
+
+def test_matmul_mismatched_shapes_fails_with_one_line(work):
+    p = cli("matmul", "a.zarr", "a.zarr", "-o", "bad.zarr", *JOB, cwd=work)
+    err = one_line_error(p)
+    assert "not aligned" in err and "(300, 200)" in err
+    assert p.stderr.strip() == err  # nothing else: it fails before any cluster starts
+    assert not (work / "bad.zarr").exists()
+
+
+def test_debug_shows_the_traceback(work):
+    p = cli("matmul", "a.zarr", "a.zarr", "-o", "bad.zarr", "--debug", *JOB, cwd=work)
+    assert p.returncode == 1
+    assert "Traceback" in p.stderr and "PlanningError" in p.stderr
+    assert p.stderr.strip().splitlines()[-1].startswith("tilearray: error: matmul: shapes")
+
+
+def test_matmul_missing_input_fails(work):
+    err = one_line_error(cli("matmul", "a.zarr", "missing.zarr", "-o", "c.zarr", *JOB,
+                             cwd=work))
+    assert "missing.zarr" in err and "does not exist" in err
+
+
+def test_failure_while_running_exits_1_and_leaves_output_incomplete(data, tmp_path):
+    shutil.copytree(data / "a.zarr", tmp_path / "bad.zarr")
+    chunk = tmp_path / "bad.zarr" / "c" / "1" / "1"
+    assert chunk.is_file()
+    raw = bytearray(chunk.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # flip bits: the crc32c check must catch it
+    chunk.write_bytes(bytes(raw))
+    os.symlink(data / "b.zarr", tmp_path / "b.zarr", target_is_directory=True)
+    err = one_line_error(cli("matmul", "bad.zarr", "b.zarr", "-o", "c.zarr", *JOB,
+                             cwd=tmp_path))
+    assert "bad.zarr" in err
+    info = json.loads(ok(cli("info", "--json", "c.zarr", cwd=tmp_path)).stdout)
+    assert info["complete"] is False
+
+
+# -- reduce --------------------------------------------------------------------------
+
+
+def test_reduce_to_zarr_matches_numpy(work):
+    a = read(work / "a.zarr")
+    p = ok(cli("reduce", "a.zarr", "--op", "mean", "--axis", 0, "-o", "m.zarr", *JOB,
+               cwd=work))
+    assert p.stdout.startswith("tilearray: mean(axis=0) of a.zarr -> m.zarr (200,) float64")
+    np.testing.assert_allclose(read(work / "m.zarr"), a.mean(axis=0), rtol=1e-12, atol=1e-14)
+
+    ok(cli("reduce", "a.zarr", "--op", "std", "--axis", 1, "--ddof", 1, "-o", "s.zarr", *JOB,
+           cwd=work))
+    np.testing.assert_allclose(read(work / "s.zarr"), a.std(axis=1, ddof=1), rtol=1e-12)
+
+    err = one_line_error(cli("reduce", "a.zarr", "--op", "sum", "-o", "m.zarr", *JOB,
+                             cwd=work))
+    assert "already exists" in err
+    ok(cli("reduce", "a.zarr", "--op", "max", "--axis", "none", "-o", "m.zarr", "--overwrite",
+           *JOB, cwd=work))
+    assert read(work / "m.zarr") == pytest.approx(a.max())
+
+
+def test_reduce_prints_values(work):
+    a = read(work / "a.zarr")
+    p = ok(cli("reduce", "a.zarr", "--op", "sum", *JOB, cwd=work))
+    assert float(p.stdout) == pytest.approx(a.sum(), rel=1e-12)
+    assert "tilearray: sum(axis=none) of a.zarr" in p.stderr  # summary off stdout
+
+    p = ok(cli("reduce", "a.zarr", "--op", "norm", "--axis", 1, *JOB, cwd=work))
+    values = np.array([float(v) for v in p.stdout.split()])
+    np.testing.assert_allclose(values, np.linalg.norm(a, axis=1), rtol=1e-12)
+
+    p = ok(cli("reduce", "a.zarr", "--op", "argmax", "--axis", 0, *JOB, cwd=work))
+    assert [int(v) for v in p.stdout.split()] == list(a.argmax(axis=0))
+
+
+# -- usage ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [
+    [],
+    ["bogus"],
+    ["matmul", "a.zarr", "b.zarr"],                                   # no -o
+    ["reduce", "a.zarr", "--op", "median"],
+    ["reduce", "a.zarr", "--op", "sum", "--axis", "2"],
+    ["reduce", "a.zarr", "--op", "sum", "--ddof", "1"],
+    ["matmul", "a.zarr", "b.zarr", "-o", "x.zarr", "--memory-per-worker", "lots"],
+    ["matmul", "a.zarr", "b.zarr", "-o", "x.zarr", "--workers", "0"],
+    ["matmul", "a.zarr", "b.zarr", "-o", "x.zarr", "--resume", "--overwrite"],
+    ["matmul", "a.zarr", "b.zarr", "-o", "a.zarr", "--overwrite"],   # output is an input
+    ["matmul", "a.zarr", "b.zarr", "-o", "x.zarr", "--mpi", "--workers", "2"],
+    ["random", "r.zarr", "--shape", "10", "-1"],
+    ["random", "r.zarr", "--shape", "10", "10", "--dtype", "nope"],
+    ["random", "r.zarr"],                                             # no --shape
+    ["info"],
+])
+def test_bad_usage_exits_2(work, args):
+    p = cli(*args, cwd=work)
+    assert p.returncode == 2, p.stderr
+    assert "Traceback" not in p.stderr
+    assert "error:" in p.stderr.strip().splitlines()[-1]
+    assert not (work / "x.zarr").exists() and not (work / "r.zarr").exists()
+    assert read(work / "a.zarr").shape == (300, 200)  # the input survived
+
+
+def test_help_and_version(tmp_path):
+    p = ok(cli("--help", cwd=tmp_path))
+    for cmd in ("info", "random", "plan", "matmul", "reduce"):
+        assert cmd in p.stdout
+    p = ok(cli("matmul", "--help", cwd=tmp_path))
+    assert "--memory-per-worker" in p.stdout and "--scheduler-address" in p.stdout
+    assert "tilearray" in ok(cli("--version", cwd=tmp_path)).stdout
+
+
+def test_console_script(tmp_path):
+    script = Path(sys.executable).parent / "tilearray"
+    if not script.exists():
+        pytest.skip("console script not installed in this environment")
+    p = subprocess.run([str(script), "--version"], capture_output=True, text=True,
+                       timeout=60, cwd=tmp_path)
+    assert p.returncode == 0 and "tilearray" in p.stdout
+    p = subprocess.run([str(script), "info", "nope.zarr"], capture_output=True, text=True,
+                       timeout=60, cwd=tmp_path)
+    assert p.returncode == 1 and p.stderr.startswith("tilearray: error: ")
+
+
+def test_existing_scheduler(work):
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp",
+                      dashboard_address=":0", memory_limit="1GiB") as cluster:
+        p = ok(cli("matmul", "a.zarr", "b.zarr", "-o", "c.zarr", "--quiet",
+                   "--scheduler-address", cluster.scheduler_address, cwd=work))
+        assert "| ran " in p.stdout
+        a, b = read(work / "a.zarr"), read(work / "b.zarr")
+        np.testing.assert_allclose(read(work / "c.zarr"), a @ b, rtol=1e-10, atol=1e-10)
+    err = one_line_error(cli("reduce", "a.zarr", "--op", "sum", "--quiet",
+                             "--scheduler-address", "tcp://127.0.0.1:1",
+                             "--connect-timeout", 2, cwd=work))
+    assert "could not connect" in err
+
+
+def test_mpi_flag_uses_engine_mpi_and_exits_quietly_off_the_client_rank(work, monkeypatch,
+                                                                         capsys):
+    """In-process, with Engine.mpi faked: under mpirun only the client rank runs
+    the job; on scheduler and worker ranks Engine.mpi() returns None."""
+    import tilearray as ta
+    from tilearray.cli import main
+
+    calls = []
+
+    def not_the_client(cls, **kwargs):
+        calls.append(kwargs)
+        return None
+
+    monkeypatch.setattr(ta.Engine, "mpi", classmethod(not_the_client))
+    out = work / "c.zarr"
+    args = ["matmul", str(work / "a.zarr"), str(work / "b.zarr"), "-o", str(out), "--mpi",
+            "--memory-per-worker", "1GiB", "--quiet"]
+    assert main(args) == 0
+    assert calls == [{"memory_per_worker": 2**30, "quiet": True}]
+    assert not out.exists()
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == ""
+
+    def the_client(cls, **kwargs):
+        calls.append(kwargs)
+        return ta.Engine(n_workers=1, threads_per_worker=1, memory_per_worker="1GiB",
+                         processes=False, quiet=True)
+
+    monkeypatch.setattr(ta.Engine, "mpi", classmethod(the_client))
+    assert main([*args, "--threads-per-worker", "1"]) == 0
+    assert calls[-1] == {"memory_per_worker": 2**30, "threads_per_worker": 1, "quiet": True}
+    a, b = read(work / "a.zarr"), read(work / "b.zarr")
+    np.testing.assert_allclose(read(out), a @ b, rtol=1e-10, atol=1e-10)
+    assert capsys.readouterr().out.startswith("tilearray: matmul ")
+
+
+@pytest.mark.mpi
+def test_mpi_matmul_under_the_launcher(work):
+    """`--mpi` for real: 3 ranks (scheduler, client, one worker) via tilearray's launcher."""
+    pytest.importorskip("mpi4py")
+    pytest.importorskip("dask_mpi")
+    def mpi(*args):
+        cmd = [sys.executable, "-m", "tilearray.engine.mpi", "-n", "3", "--timeout", "100",
+               "--", sys.executable, "-m", "tilearray", *args, "--mpi",
+               "--memory-per-worker", "1GiB", "--quiet"]
+        return subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=110)
+
+    p = mpi("matmul", "a.zarr", "b.zarr", "-o", "c.zarr")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count("tilearray: matmul a.zarr @ b.zarr -> c.zarr") == 1  # client rank only
+    a, b = read(work / "a.zarr"), read(work / "b.zarr")
+    np.testing.assert_allclose(read(work / "c.zarr"), a @ b, rtol=1e-10, atol=1e-10)
+
+    # bad input: every rank fails the same check before booting the cluster, and exits 1
+    p = mpi("reduce", "missing.zarr", "--op", "sum")
+    assert p.returncode == 1, p.stderr
+    assert "Traceback" not in p.stderr and "missing.zarr" in p.stderr

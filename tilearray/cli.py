@@ -1,0 +1,895 @@
+"""The ``tilearray`` command line (also ``python -m tilearray``).
+
+Commands::
+
+    tilearray info PATH [PATH ...] [--json]
+    tilearray random PATH --shape M N [--tile R C] [--shard R C] [--dtype D] [--seed S]
+    tilearray plan EXPR [-o OUT] [--tile R C] [--shard R C]
+    tilearray matmul A B -o C [--transpose-a] [--transpose-b] [--tile R C] [--shard R C]
+    tilearray reduce A --op mean [--axis 0|1|none] [-o OUT]
+
+``plan`` takes a small expression over array paths: ``@``, ``+``, ``-``,
+``*``, ``/``, a ``.T`` suffix for the transpose, parentheses and numbers,
+e.g. ``"a.zarr.T @ a.zarr"`` or ``"(a.zarr - b.zarr) * 0.5"``. ``+ - * /``
+must be separated from paths by spaces (paths contain ``-`` and ``/``);
+quote a path that contains spaces, ``@`` or parentheses.
+
+Exit status: 0 success, 1 the job failed (any error raised while opening,
+planning or running), 2 bad usage (unknown options, malformed values or
+expressions, conflicting options), 130 interrupted. Errors print one line,
+``tilearray: error: <message>``, on stderr; ``--debug`` adds the traceback.
+Progress goes to stderr; results and the one-line summary to stdout (the
+summary goes to stderr when ``reduce`` prints values on stdout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import re
+import sys
+import time
+import traceback
+
+PROG = "tilearray"
+
+REDUCTIONS = ("sum", "mean", "min", "max", "var", "std", "prod", "any", "all",
+              "argmin", "argmax", "norm")
+"""The usual ``--op`` choices, listed first; the engine's other reductions
+(``nansum``, ``nanmean``, ``count_nonzero``, ...) are accepted too."""
+
+
+def _reductions() -> tuple[str, ...]:
+    try:
+        from tilearray.graphs.reduction import OPS
+    except ImportError:  # pragma: no cover
+        OPS = ()
+    return REDUCTIONS + tuple(op for op in OPS if op not in REDUCTIONS)
+
+
+class UsageError(Exception):
+    """Bad command-line input found after argparse (exit status 2)."""
+
+
+# -- argument types -------------------------------------------------------------------
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
+def _pos_int(text: str) -> int:
+    v = _nonneg_int(text)
+    if v == 0:
+        raise argparse.ArgumentTypeError("must be > 0, got 0")
+    return v
+
+
+def _bytes(text: str) -> int:
+    from dask.utils import parse_bytes
+
+    try:
+        v = int(parse_bytes(text))
+    except (ValueError, TypeError):
+        raise argparse.ArgumentTypeError(
+            f"not a byte size: {text!r} (use e.g. 1GiB, 512MiB, 2e9)"
+        ) from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return v
+
+
+def _dtype(text: str):
+    import numpy as np
+
+    try:
+        return np.dtype(text)
+    except TypeError:
+        raise argparse.ArgumentTypeError(f"not a NumPy dtype: {text!r}") from None
+
+
+def _axis(text: str):
+    t = text.strip().lower()
+    if t in ("none", "all"):
+        return None
+    if t in ("0", "1"):
+        return int(t)
+    raise argparse.ArgumentTypeError(f"axis must be 0, 1 or none, got {text!r}")
+
+
+def _ord(text: str):
+    t = text.strip().lower()
+    if t in ("fro", "none"):
+        return None if t == "none" else "fro"
+    if t in ("inf", "+inf", "-inf"):
+        return float("-inf") if t.startswith("-") else float("inf")
+    try:
+        v = float(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a norm order: {text!r}") from None
+    return int(v) if v.is_integer() else v
+
+
+# -- the tiny expression language of `plan` ---------------------------------------------
+
+
+class ExpressionError(ValueError):
+    """A malformed ``plan`` expression (a usage error)."""
+
+
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_OPS = ("+", "-", "*", "/")
+
+
+def tokenize(text: str) -> list[tuple[str, str, int]]:
+    """Split an expression into ``(kind, text, column)`` tokens.
+
+    Kinds: ``path``, ``num``, ``op`` (``@ + - * /``), ``(``, ``)``, ``T``.
+    ``@`` and parentheses split anywhere; ``+ - * /`` only as separate words.
+    """
+    out: list[tuple[str, str, int]] = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c.isspace():
+            i += 1
+        elif c in "()":
+            out.append((c, c, i))
+            i += 1
+        elif c == "@":
+            out.append(("op", "@", i))
+            i += 1
+        elif c in "'\"":
+            j = text.find(c, i + 1)
+            if j < 0:
+                raise ExpressionError(f"unterminated quote at column {i + 1}")
+            out.append(("path", text[i + 1 : j], i))
+            i = j + 1
+        else:
+            j = i
+            while j < n and not text[j].isspace() and text[j] not in "()@'\"":
+                j += 1
+            word = text[i:j]
+            if word in _OPS:
+                out.append(("op", word, i))
+            else:
+                transposes = 0
+                while word.endswith(".T"):
+                    word, transposes = word[:-2], transposes + 1
+                if word:
+                    out.append(("num" if _NUMBER.fullmatch(word) else "path", word, i))
+                out.extend(("T", ".T", i) for _ in range(transposes))
+            i = j
+    return out
+
+
+class _Parser:
+    """Recursive descent with Python's precedence: ``* / @`` over ``+ -``;
+    unary minus over those; ``.T`` binds tightest.
+
+    Parsing builds a small tree of tuples and checks it without touching any
+    file, so a malformed expression is a usage error even when its paths do
+    not exist: ``("path", p)``, ``("num", v)``, ``("T", x)``, ``("neg", x)``,
+    ``("bin", op, left, right)``.
+    """
+
+    def __init__(self, text: str):
+        self.text = text
+        self.tokens = tokenize(text)
+        self.pos = 0
+
+    def parse(self):
+        if not self.tokens:
+            raise ExpressionError("empty expression")
+        tree = self.expr()
+        if self.pos < len(self.tokens):
+            kind, tok, col = self.tokens[self.pos]
+            raise ExpressionError(f"unexpected {tok!r} at column {col + 1}")
+        if _is_number(tree):
+            raise ExpressionError("the expression has no arrays in it")
+        return tree
+
+    def peek(self):
+        if self.pos < len(self.tokens):
+            return self.tokens[self.pos]
+        return (None, None, len(self.text))
+
+    def take(self):
+        tok = self.peek()
+        self.pos += 1
+        return tok
+
+    def expr(self):
+        left = self.term()
+        while self.peek()[0] == "op" and self.peek()[1] in "+-":
+            left = ("bin", self.take()[1], left, self.term())
+        return left
+
+    def term(self):
+        left = self.unary()
+        while self.peek()[0] == "op" and self.peek()[1] in "*/@":
+            op = self.take()[1]
+            right = self.unary()
+            if op == "@" and (_is_number(left) or _is_number(right)):
+                raise ExpressionError("@ needs arrays on both sides, not numbers")
+            left = ("bin", op, left, right)
+        return left
+
+    def unary(self):
+        kind, tok, _ = self.peek()
+        if kind == "op" and tok in "+-":
+            self.take()
+            value = self.unary()
+            return ("neg", value) if tok == "-" else value
+        return self.postfix()
+
+    def postfix(self):
+        value = self.atom()
+        while self.peek()[0] == "T":
+            self.take()
+            if _is_number(value):
+                raise ExpressionError("cannot transpose a number (.T)")
+            value = ("T", value)
+        return value
+
+    def atom(self):
+        kind, tok, col = self.take()
+        if kind == "(":
+            value = self.expr()
+            if self.take()[0] != ")":
+                raise ExpressionError(f"unbalanced parenthesis at column {col + 1}")
+            return value
+        if kind == "num":
+            return ("num", int(tok) if re.fullmatch(r"[+-]?[0-9]+", tok) else float(tok))
+        if kind == "path":
+            return ("path", tok)
+        if kind is None:
+            raise ExpressionError("expression ends early: expected a path, number or '('")
+        raise ExpressionError(f"expected a path, number or '(' at column {col + 1}, got {tok!r}")
+
+
+def _is_number(tree) -> bool:
+    if tree[0] == "num":
+        return True
+    if tree[0] == "path":
+        return False
+    if tree[0] in ("T", "neg"):
+        return _is_number(tree[1])
+    return _is_number(tree[2]) and _is_number(tree[3])
+
+
+def _evaluate(tree, opener):
+    kind = tree[0]
+    if kind == "path":
+        return opener(tree[1])
+    if kind == "num":
+        return tree[1]
+    if kind == "T":
+        return _evaluate(tree[1], opener).T
+    if kind == "neg":
+        return -_evaluate(tree[1], opener)
+    op, left, right = tree[1], _evaluate(tree[2], opener), _evaluate(tree[3], opener)
+    if op == "+":
+        return left + right
+    if op == "-":
+        return left - right
+    if op == "*":
+        return left * right
+    if op == "/":
+        if isinstance(right, int | float) and isinstance(left, int | float) and not right:
+            raise ExpressionError("division by zero")
+        return left / right
+    return left @ right
+
+
+def parse_expression(text: str, opener=None):
+    """Build the lazy TiledArray for a ``plan`` expression.
+
+    Raises :class:`ExpressionError` for malformed text before opening
+    anything; then opens each distinct path once (metadata only).
+    """
+    tree = _Parser(text).parse()
+    cache: dict = {}
+
+    def default_opener(path):
+        if path not in cache:
+            cache[path] = _open(path)
+        return cache[path]
+
+    return _evaluate(tree, opener or default_opener)
+
+
+def _open(path: str):
+    import tilearray as ta
+    from tilearray.errors import StorageError
+
+    full = _abs(path)
+    try:
+        return ta.open(full)
+    except StorageError as e:
+        if not os.path.exists(full) and re.search(r"[-+*/]", path):
+            raise StorageError(
+                f"{e} (in expressions, put spaces around the operators + - * /)"
+            ) from None
+        raise
+
+
+# -- shared helpers ---------------------------------------------------------------------
+
+
+def _flops(n: int) -> str:
+    for unit, scale in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n} FLOP"
+
+
+def _plan_summary(plan) -> str:
+    from dask.utils import format_bytes
+
+    s = (f"plan {plan.tasks} task(s), peak/task {format_bytes(plan.peak_task_memory)}, "
+         f"read {format_bytes(plan.bytes_read)}")
+    if plan.bytes_written:
+        s += f", write {format_bytes(plan.bytes_written)}"
+    if plan.flops:
+        s += f", {_flops(plan.flops)}"
+    return s
+
+
+def _run_summary(stats) -> str:
+    if stats is None:
+        return "nothing to run: the output was already complete"
+    s = f"ran {stats}"
+    if stats.skipped_units:
+        s += f", {stats.skipped_units} unit(s) already done (resumed)"
+    return s
+
+
+def _summary(what: str, plan, stats) -> str:
+    parts = [f"{PROG}: {what}"]
+    if plan is not None:
+        parts.append(_plan_summary(plan))
+    parts.append(_run_summary(stats))
+    return " | ".join(parts)
+
+
+def _abs(path: str) -> str:
+    """Absolute path: workers of an external (or MPI) cluster may run elsewhere
+    than this process's working directory."""
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def _same_path(a: str, b: str) -> bool:
+    return os.path.realpath(_abs(a)) == os.path.realpath(_abs(b))
+
+
+def _check_output(args, output: str, inputs) -> None:
+    """Refuse, before any work, outputs that exist (unless asked) or are inputs."""
+    for p in inputs:
+        if _same_path(output, p):
+            raise UsageError(f"output {output!r} is also an input; write to another path")
+    if os.path.lexists(_abs(output)) and not (
+        getattr(args, "overwrite", False) or getattr(args, "resume", False)
+    ):
+        from tilearray.errors import StorageError
+
+        hint = " (or --resume to finish an interrupted run)" if hasattr(args, "resume") else ""
+        raise StorageError(f"{output!r} already exists; pass --overwrite to replace it{hint}")
+
+
+def _explicit_cluster(args) -> bool:
+    return any(getattr(args, k, None) not in (None, False) for k in
+               ("workers", "threads_per_worker", "memory_per_worker", "scheduler_address", "mpi"))
+
+
+def _check_cluster_args(args) -> None:
+    if args.mpi and args.scheduler_address:
+        raise UsageError("--mpi and --scheduler-address cannot be used together")
+    remote = "--mpi" if args.mpi else "--scheduler-address" if args.scheduler_address else None
+    if remote and args.workers is not None:
+        raise UsageError(f"--workers sizes a local cluster; it cannot be used with {remote}")
+    if args.scheduler_address and args.threads_per_worker is not None:
+        raise UsageError("--threads-per-worker sizes a local cluster; it cannot be used with "
+                         "--scheduler-address")
+
+
+@contextlib.contextmanager
+def _engine(args):
+    """The Engine for a job: dask-mpi, an existing scheduler, or a LocalCluster.
+
+    Yields None on MPI ranks that are not the client (they serve the cluster).
+    """
+    import tilearray as ta
+    from tilearray.errors import ClusterError
+
+    _check_cluster_args(args)
+    if args.mpi:
+        try:
+            kw = {k: v for k, v in (("memory_per_worker", args.memory_per_worker),
+                                    ("threads_per_worker", args.threads_per_worker),
+                                    ("quiet", args.quiet or None))
+                  if v is not None}
+            engine = ta.Engine.mpi(**kw)
+        except ImportError as e:
+            raise ClusterError(f"--mpi is not available: {e}") from e
+        if engine is None:  # scheduler or worker rank: its part is done
+            yield None
+            return
+        if args.quiet:
+            engine.quiet = True
+        with engine:
+            yield engine
+    elif args.scheduler_address:
+        from distributed import Client
+
+        try:
+            client = Client(args.scheduler_address, timeout=args.connect_timeout,
+                            set_as_default=False)
+        except Exception as e:
+            raise ClusterError(
+                f"could not connect to the dask scheduler at {args.scheduler_address!r}: {e}"
+            ) from e
+        try:
+            with ta.Engine(client=client, memory_per_worker=args.memory_per_worker,
+                           quiet=args.quiet) as engine:
+                yield engine
+        finally:
+            with contextlib.suppress(Exception):
+                client.close()
+    else:
+        with ta.Engine(n_workers=args.workers, threads_per_worker=args.threads_per_worker,
+                       memory_per_worker=args.memory_per_worker, quiet=args.quiet) as engine:
+            yield engine
+
+
+def _local_budget(args):
+    """The Budget a default local Engine would plan with, without starting it."""
+    import psutil
+
+    from tilearray import Budget, _config
+
+    threads = args.threads_per_worker or 1
+    n = args.workers or max((os.cpu_count() or 1) // threads, 1)
+    mem = args.memory_per_worker
+    if mem is None:
+        mem = min(_config.get_bytes("memory.default-per-worker"),
+                  int(psutil.virtual_memory().total * 0.8 / n))
+    return Budget.from_config(mem, n, threads)
+
+
+def _log(args, *lines) -> None:
+    if args.debug:
+        for line in lines:
+            print(line, file=sys.stderr)
+
+
+# -- commands -------------------------------------------------------------------------
+
+
+def cmd_info(args) -> int:
+    from dask.utils import format_bytes
+
+    import tilearray as ta
+    from tilearray.storage import ArrayRef, done_units, info_attrs
+
+    for k, path in enumerate(args.paths):
+        full = _abs(path)
+        x = ta.open(full, allow_incomplete=True)
+        g = x.grid
+        ref = ArrayRef.from_location(full)
+        z = ref.open()
+        meta = info_attrs(z)
+        complete = bool(meta.get("complete", True))
+        done = g.n_units if complete else len(done_units(ref))
+        stored = _disk_usage(full)
+        info = {
+            "path": path,
+            "shape": list(x.shape),
+            "dtype": str(x.dtype),
+            "zarr_format": z.metadata.zarr_format,
+            "tile": list(g.tile),
+            "io_unit": list(g.unit),
+            "sharded": g.sharded,
+            "tile_grid": list(g.tile_grid),
+            "unit_grid": list(g.unit_grid),
+            "units": g.n_units,
+            "nbytes": x.nbytes,
+            "stored_bytes": stored,
+            "tilearray_output": bool(meta),
+            "complete": complete,
+            "units_done": done,
+            "expression": meta.get("expression"),
+        }
+        if args.json:
+            print(json.dumps(info))
+            continue
+        if k:
+            print()
+        ratio = f", {x.nbytes / stored:.2f}x compression" if stored and complete else ""
+        unit = (f"{g.unit[0]} x {g.unit[1]} (shard of {g.unit[0] // g.tile[0]} x "
+                f"{g.unit[1] // g.tile[1]} tiles)" if g.sharded
+                else f"{g.unit[0]} x {g.unit[1]} (one chunk, unsharded)")
+        if complete:
+            status = "yes" if meta else "yes (not written by tilearray)"
+        else:
+            status = (f"NO: {done} of {g.n_units} I/O units written; rerun the job that writes "
+                      "it with --resume to finish it")
+        print(repr(x))
+        print(f"  path:        {path}")
+        print(f"  shape:       {x.shape[0]} x {x.shape[1]}")
+        print(f"  dtype:       {x.dtype} (Zarr v{info['zarr_format']})")
+        print(f"  tile:        {g.tile[0]} x {g.tile[1]}")
+        print(f"  I/O unit:    {unit}")
+        print(f"  grids:       {g.tile_grid[0]} x {g.tile_grid[1]} tiles, "
+              f"{g.unit_grid[0]} x {g.unit_grid[1]} = {g.n_units} I/O units")
+        print(f"  bytes:       {format_bytes(x.nbytes)} in memory"
+              + (f", {format_bytes(stored)} on disk{ratio}" if stored is not None else ""))
+        print(f"  complete:    {status}")
+        if meta.get("expression"):
+            print(f"  expression:  {meta['expression']}")
+    return 0
+
+
+def _disk_usage(path: str) -> int | None:
+    if not os.path.isdir(path):
+        return None
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(OSError):
+                total += os.stat(os.path.join(dirpath, f)).st_size
+    return total
+
+
+def cmd_random(args) -> int:
+    import tilearray as ta
+
+    if os.path.lexists(_abs(args.path)) and not args.overwrite:
+        from tilearray.errors import StorageError
+
+        raise StorageError(f"{args.path!r} already exists; pass --overwrite to replace it")
+    shape, tile = tuple(args.shape), tuple(args.tile)
+    shard = tuple(args.shard) if args.shard else None
+    t0 = time.perf_counter()
+    kw = dict(tile=tile, shard=shard, dtype=args.dtype, seed=args.seed,
+              overwrite=args.overwrite)
+    if _explicit_cluster(args):
+        with _engine(args) as engine:
+            if engine is None:
+                return 0
+            x = ta.random(shape, _abs(args.path), engine=engine, **kw)
+            stats = engine.last_run
+    else:  # no cluster asked for: local threads, no cluster start-up
+        _check_cluster_args(args)
+        x = ta.random(shape, _abs(args.path), **kw)
+        stats = None
+    elapsed = time.perf_counter() - t0
+    g = x.grid
+    run = f"ran {stats}" if stats is not None else \
+        f"wrote {g.n_units} I/O unit(s) in {elapsed:.1f} s"
+    print(f"{PROG}: random {x.shape} {x.dtype} seed {args.seed} -> {args.path} "
+          f"(tile {g.tile}, I/O unit {g.unit}) | {run}")
+    return 0
+
+
+def cmd_plan(args) -> int:
+    from tilearray.engine.tiled import TiledArray
+
+    _check_cluster_args(args)
+    try:
+        expr = parse_expression(args.expression)
+    except ExpressionError as e:
+        raise UsageError(f"bad expression {args.expression!r}: {e}") from None
+    if not isinstance(expr, TiledArray):  # defensive: the parser returns arrays only
+        raise UsageError(f"bad expression {args.expression!r}")
+    kw = dict(tile=tuple(args.tile) if args.tile else None,
+              shard=tuple(args.shard) if args.shard else None)
+    out = _abs(args.output) if args.output else None
+    if args.scheduler_address:
+        with _engine(args) as engine:
+            plan = expr.plan(out, engine=engine, **kw)
+    else:
+        plan = expr.plan(out, budget=_local_budget(args), **kw)
+    print(plan)
+    return 0
+
+
+def cmd_matmul(args) -> int:
+    import tilearray as ta
+
+    _check_cluster_args(args)
+    _check_output(args, args.output, [args.a, args.b])
+    a = _open(args.a)
+    b = _open(args.b)
+    if args.transpose_a:
+        a = a.T
+    if args.transpose_b:
+        b = b.T
+    expr = ta.matmul(a, b)
+    kw = dict(tile=tuple(args.tile) if args.tile else None,
+              shard=tuple(args.shard) if args.shard else None)
+    out = _abs(args.output)
+    with _engine(args) as engine:
+        if engine is None:
+            return 0
+        plan = expr.plan(out, engine=engine, **kw)
+        _log(args, str(plan))
+        result = expr.to_zarr(out, overwrite=args.overwrite, resume=args.resume,
+                              engine=engine, **kw)
+        stats = getattr(result, "stats", None) or expr.stats
+    ta_, tb_ = (".T" if args.transpose_a else ""), (".T" if args.transpose_b else "")
+    lhs = f"{args.a}{ta_} @ {args.b}{tb_}"
+    print(_summary(f"matmul {lhs} -> {args.output} {result.shape} {result.dtype}", plan, stats))
+    return 0
+
+
+def _reduction(x, args):
+    import tilearray as ta
+
+    if args.op == "norm":
+        return ta.linalg.norm(x, ord=args.ord, axis=args.axis)
+    if args.ord is not None:
+        raise UsageError("--ord applies to --op norm only")
+    if args.op in ("var", "std"):
+        return getattr(x, args.op)(axis=args.axis, ddof=args.ddof)
+    if args.ddof:
+        raise UsageError("--ddof applies to --op var and std only")
+    return x._reduce(args.op, axis=args.axis)
+
+
+def _format_values(value) -> list[str]:
+    import numpy as np
+
+    v = np.asarray(value)
+    return [str(e) for e in v.reshape(-1)] if v.ndim else [str(v[()])]
+
+
+def cmd_reduce(args) -> int:
+    _check_cluster_args(args)
+    if args.output:
+        if args.resume and os.path.lexists(_abs(args.output)):
+            raise UsageError("a reduction's output is written in one piece, so there is "
+                             "nothing to resume; pass --overwrite to recompute it")
+        _check_output(args, args.output, [args.a])
+    x = _open(args.a)
+    expr = _reduction(x, args)
+    axis = "none" if args.axis is None else args.axis
+    what = f"{args.op}(axis={axis}) of {args.a}"
+    with _engine(args) as engine:
+        if engine is None:
+            return 0
+        plan = expr.plan(engine=engine)
+        _log(args, str(plan))
+        if args.output:
+            value = expr.to_zarr(_abs(args.output), overwrite=args.overwrite,
+                                 engine=engine)
+        else:
+            value = expr.compute(engine=engine)
+        stats = expr.stats
+    import numpy as np
+
+    v = np.asarray(value)
+    if args.output:
+        print(_summary(f"{what} -> {args.output} {v.shape} {v.dtype}", plan, stats))
+    else:
+        print("\n".join(_format_values(v)))
+        sys.stdout.flush()
+        print(_summary(f"{what} = {v.shape} {v.dtype}", plan, stats), file=sys.stderr)
+    return 0
+
+
+# -- the parser -------------------------------------------------------------------------
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("tilearray")
+    except Exception:
+        return "unknown"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    g = common.add_argument_group("output and diagnostics")
+    g.add_argument("--quiet", "-q", action="store_true",
+                   help="no progress bar")
+    g.add_argument("--debug", action="store_true",
+                   help="show the full traceback of errors, the plan, and tilearray logs")
+
+    budget = argparse.ArgumentParser(add_help=False)
+    c = budget.add_argument_group("cluster")
+    c.add_argument("--memory-per-worker", type=_bytes, metavar="BYTES",
+                   help="memory limit of each worker process, e.g. 2GiB; tasks are planned "
+                        "to fit (default: tilearray.memory.default-per-worker, capped by RAM)")
+    c.add_argument("--workers", type=_pos_int, metavar="N",
+                   help="workers of the local cluster (default: one per core)")
+    c.add_argument("--threads-per-worker", type=_pos_int, metavar="N",
+                   help="threads per worker (default 1)")
+    c.add_argument("--scheduler-address", metavar="ADDR",
+                   help="use the running dask cluster at this scheduler address "
+                        "(e.g. tcp://host:8786) instead of starting one")
+    c.add_argument("--connect-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="how long to wait for --scheduler-address (default 30)")
+
+    cluster = argparse.ArgumentParser(add_help=False, parents=[budget])
+    cluster.add_argument("--mpi", action="store_true",
+                         help="boot the cluster over the MPI ranks with dask-mpi "
+                              "(run under mpirun; rank 0 scheduler, rank 1 client, "
+                              "others workers)")
+
+    def output_opts(p, resume=True):
+        m = p.add_mutually_exclusive_group()
+        m.add_argument("--overwrite", action="store_true",
+                       help="replace the output if it exists")
+        if resume:
+            m.add_argument("--resume", action="store_true",
+                           help="finish an interrupted run of the same job into the same "
+                                "output, skipping I/O units already written")
+
+    def layout_opts(p, what):
+        p.add_argument("--tile", type=_pos_int, nargs=2, metavar=("R", "C"),
+                       help=f"tile (Zarr chunk) of {what}")
+        p.add_argument("--shard", type=_pos_int, nargs=2, metavar=("R", "C"),
+                       help=f"shard (I/O unit) of {what}, a multiple of the tile")
+
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Out-of-core tiled matrix compute on Zarr v3 with dask.distributed.",
+        epilog="Exit status: 0 success, 1 the job failed, 2 bad usage. "
+               "See 'tilearray COMMAND --help'.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("info", parents=[common], help="describe stored arrays",
+                       description="Shape, dtype, tile, I/O unit, grids, bytes and "
+                                   "completion of Zarr arrays.")
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.set_defaults(func=cmd_info, parser=p)
+
+    p = sub.add_parser("random", parents=[common, cluster], help="write a random matrix",
+                       description="Write a reproducible random matrix (standard normal for "
+                                   "floats). Uses local threads unless a cluster option is "
+                                   "given.")
+    p.add_argument("path", metavar="PATH")
+    p.add_argument("--shape", type=_nonneg_int, nargs=2, metavar=("M", "N"), required=True)
+    p.add_argument("--tile", type=_pos_int, nargs=2, metavar=("R", "C"), default=[1024, 1024],
+                   help="tile (Zarr chunk), default 1024 1024")
+    p.add_argument("--shard", type=_pos_int, nargs=2, metavar=("R", "C"),
+                   help="shard (I/O unit), a multiple of the tile (default: unsharded)")
+    p.add_argument("--dtype", type=_dtype, default="float64", help="default float64")
+    p.add_argument("--seed", type=int, default=0, help="default 0")
+    output_opts(p, resume=False)
+    p.set_defaults(func=cmd_random, parser=p)
+
+    p = sub.add_parser("plan", parents=[common, budget], help="plan an expression (no I/O)",
+                       description="Print the plan of an expression over array paths without "
+                                   "running it: tasks, peak memory per task, bytes, FLOPs. "
+                                   "Operators: @ + - * /, suffix .T, parentheses, numbers; "
+                                   "put spaces around + - * /. No cluster is started unless "
+                                   "--scheduler-address is given.",
+                       epilog='examples: tilearray plan "a.zarr @ b.zarr"; '
+                              'tilearray plan "a.zarr.T @ a.zarr" --memory-per-worker 4GiB')
+    p.add_argument("expression", metavar="EXPR")
+    p.add_argument("-o", "--output", metavar="PATH",
+                   help="plan writing to this path (nothing is written)")
+    layout_opts(p, "the output")
+    p.set_defaults(func=cmd_plan, parser=p, mpi=False)
+
+    p = sub.add_parser("matmul", parents=[common, cluster], help="C = A @ B into Zarr",
+                       description="Multiply two stored matrices out of core and write the "
+                                   "product as a Zarr v3 array.")
+    p.add_argument("a", metavar="A")
+    p.add_argument("b", metavar="B")
+    p.add_argument("-o", "--output", metavar="C", required=True)
+    p.add_argument("--transpose-a", action="store_true", help="use A.T")
+    p.add_argument("--transpose-b", action="store_true", help="use B.T")
+    layout_opts(p, "C")
+    output_opts(p)
+    p.set_defaults(func=cmd_matmul, parser=p)
+
+    p = sub.add_parser("reduce", parents=[common, cluster], help="reduce along an axis",
+                       description="Reduce a stored matrix along axis 0 (per column), 1 (per "
+                                   "row) or none (to a scalar). Writes a small Zarr array with "
+                                   "-o, else prints the values, one per line.")
+    p.add_argument("a", metavar="A")
+    p.add_argument("--op", choices=_reductions(), required=True, metavar="OP",
+                   help="one of: " + ", ".join(_reductions()))
+    p.add_argument("--axis", type=_axis, default=None, metavar="{0,1,none}",
+                   help="default none")
+    p.add_argument("--ddof", type=_nonneg_int, default=0, help="for var and std (default 0)")
+    p.add_argument("--ord", type=_ord, default=None,
+                   help="for norm: fro (default), 1, -1, inf, -inf, or p along an axis")
+    p.add_argument("-o", "--output", metavar="OUT")
+    output_opts(p)
+    p.set_defaults(func=cmd_reduce, parser=p)
+    return parser
+
+
+# -- entry point ------------------------------------------------------------------------
+
+
+def _one_line(e: BaseException) -> str:
+    from tilearray.errors import TilearrayError
+
+    msg = " ".join(str(e).split())
+    if not isinstance(e, TilearrayError):
+        msg = f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+    return msg or type(e).__name__
+
+
+_QUIET_ENV = {
+    # distributed's own log lines (worker "Compute Failed" tracebacks, shutdown
+    # chatter) would bury the one-line error; worker processes inherit this.
+    "DASK_LOGGING__DISTRIBUTED": "critical",
+}
+
+
+@contextlib.contextmanager
+def _logging(debug: bool):
+    """Quiet by default: warnings only from tilearray, nothing from distributed
+    (the error that stops a job is reported once, by us). ``--debug`` shows
+    tilearray's debug log and distributed's own logging."""
+    if debug:
+        logging.basicConfig(level=logging.INFO, format=f"{PROG}: %(name)s: %(message)s")
+        logging.getLogger("tilearray").setLevel(logging.DEBUG)
+        yield
+        return
+    import dask
+
+    saved = {k: os.environ.get(k) for k in _QUIET_ENV}
+    for k, v in _QUIET_ENV.items():
+        os.environ.setdefault(k, v)
+    try:
+        # this process: applies if distributed is first imported below
+        with dask.config.set({"logging.distributed": os.environ["DASK_LOGGING__DISTRIBUTED"]}):
+            yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status (0, 1, 2 or 130)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version, or a usage error (already printed)
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    try:
+        with _logging(args.debug):
+            return int(args.func(args) or 0)
+    except UsageError as e:
+        print(f"{PROG}: error: {e} (see '{PROG} {args.command} --help')", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        if args.debug:
+            traceback.print_exc()
+        hint = " (rerun with --resume to continue)" if args.command == "matmul" else ""
+        print(f"{PROG}: error: interrupted{hint}", file=sys.stderr)
+        return 130
+    except Exception as e:
+        if args.debug:
+            traceback.print_exc()
+        sys.stdout.flush()
+        print(f"{PROG}: error: {_one_line(e)}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m tilearray.cli`
+    sys.exit(main())
