@@ -285,7 +285,9 @@ class TiledArray:
         """Run and write the result as a Zarr v3 array at ``path``.
 
         Each output I/O unit is written whole by one task and then marked
-        done; the array is marked complete only when all are. With
+        done; the array is marked complete only when all are. Returns a
+        TiledArray over the output; for a reduction's vector or scalar (which
+        is computed in memory) the NumPy value, also stored at ``path``. With
         ``resume=True`` an interrupted run of the *same* expression on the same
         inputs continues, skipping done units; anything else already at
         ``path`` is refused unless ``overwrite=True``.
@@ -447,8 +449,13 @@ def _modification_state(ref: ArrayRef):
 def _to_zarr(x: TiledArray, path, tile, shard, overwrite, resume, engine) -> TiledArray:
     node = x._node
     if node.small or node.ndim != 2:
+        # a reduction's vector/scalar: computed in memory, stored as a plain Zarr array
+        if os.path.exists(os.fspath(path)) and not overwrite:
+            raise StorageError(
+                f"{os.fspath(path)!r} already exists; pass overwrite=True to replace it"
+            )
         value = np.asarray(x.compute(engine=engine))
-        return _write_small(value, path, overwrite)
+        return _write_small(value, path, overwrite=True)
     engine = engine or cluster.current_engine()
     ref = ArrayRef.from_location(path)
     out_grid = _output_grid(node, tile, shard)
