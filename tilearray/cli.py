@@ -866,6 +866,13 @@ def _logging(debug: bool):
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (0, 1, 2 or 130)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["mpirun"]:
+        # `tilearray mpirun -n N -- script.py ...`: launch on MPI ranks, exit with
+        # the client rank's status (a dead worker rank does not end the job)
+        from .engine.mpi import main as mpirun_main
+
+        return mpirun_main(argv[1:])
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -155,10 +155,6 @@ class Engine:
                     "distributed.scheduler.allowed-failures": _config.get("scheduler.allowed-failures"),
                     "distributed.worker.memory.spill": False,
                     "distributed.worker.memory.target": False,
-                    # A fixed mmap threshold stops glibc from raising it after
-                    # large frees, so panel-sized buffers go back to the OS
-                    # when freed instead of piling up in the heap.
-                    "distributed.nanny.pre-spawn-environ.MALLOC_MMAP_THRESHOLD_": 1 << 20,
                 }):
                     self.cluster = LocalCluster(
                         n_workers=n,
@@ -286,7 +282,9 @@ class Engine:
         return self.client.run(_blas_info)
 
     @classmethod
-    def mpi(cls, **kwargs) -> Engine:  # implemented with the MPI issue
+    def mpi(cls, **kwargs) -> Engine:
+        """Boot a cluster across MPI ranks with dask-mpi (see :mod:`tilearray.engine.mpi`);
+        returns the engine on the client rank (rank 1)."""
         from .mpi import start
 
         return start(cls, **kwargs)

@@ -1,0 +1,208 @@
+"""Batch jobs under mpiexec: dask-mpi boot, results vs NumPy, exit status, clean
+stderr, a worker rank SIGKILLed mid-matmul, a script without a __main__ guard.
+
+Each job runs 4 ranks (scheduler, client, 2 workers) of tests/mpi/jobs.py with
+the venv's mpiexec (MPICH hydra from the ``mpich`` wheel), either plainly or
+through the launcher ``python -m tilearray.engine.mpi``.
+"""
+
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import tilearray as ta
+
+pytest.importorskip("mpi4py")
+pytest.importorskip("dask_mpi")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+JOBS = os.path.join(HERE, "jobs.py")
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+needs_mpiexec = pytest.mark.skipif(not os.access(MPIEXEC, os.X_OK),
+                                   reason=f"no mpiexec next to {sys.executable}")
+
+
+def _run(cmd, cwd, timeout, env=None, on_start=None):
+    """Run ``cmd`` in its own session; kill the whole job if it outlives ``timeout``."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        if on_start is not None:
+            on_start(proc)
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        sys.stderr.write(f"--- job stdout\n{out}\n--- job stderr\n{err}\n")
+        raise
+    return proc.returncode, out, err, time.monotonic() - t0
+
+
+def mpiexec(job, d, timeout=120, **kw):
+    return _run([MPIEXEC, "-n", "4", sys.executable, JOBS, job, str(d)], d, timeout, **kw)
+
+
+def launcher(job, d, timeout=120, **kw):
+    cmd = [sys.executable, "-m", "tilearray.engine.mpi", "-n", "4", "--timeout", str(timeout),
+           JOBS, job, str(d)]
+    return _run(cmd, d, timeout + 30, **kw)
+
+
+def _stored(path):
+    return ta.open(path).to_dask().compute(scheduler="threads")
+
+
+@pytest.fixture
+def small(tmp_path):
+    rng = np.random.default_rng(7)
+    a, b = rng.standard_normal((600, 500)), rng.standard_normal((500, 400))
+    ta.from_numpy(a, tmp_path / "a.zarr", tile=(128, 128))
+    ta.from_numpy(b, tmp_path / "b.zarr", tile=(128, 128))
+    return tmp_path, a, b
+
+
+@pytest.mark.mpi
+@needs_mpiexec
+@pytest.mark.timeout(150)
+def test_matmul_and_reductions_vs_numpy(small):
+    d, a, b = small
+    rc, out, err, _ = mpiexec("e2e", d)
+    assert rc == 0, err
+    assert "Traceback" not in err, err
+    info = json.loads((d / "engine.json").read_text())
+    assert info["memory_per_worker"] == 2**30  # the planner budgets with what was asked
+    assert info["worker_memory_limits"] == [2**30, 2**30]
+    assert info["n_workers"] == 2 and info["threads_per_worker"] == 1
+    assert info["is_default"]
+    np.testing.assert_allclose(_stored(d / "c.zarr"), a @ b, rtol=1e-10, atol=1e-10)
+    r = np.load(d / "reductions.npz")
+    np.testing.assert_allclose(r["sum0"], a.sum(axis=0), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(r["std1"], a.std(axis=1), rtol=1e-10)
+
+
+@pytest.mark.mpi
+@needs_mpiexec
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("how, job, expected", [
+    ("mpiexec", "fail", 1),
+    ("launcher", "fail", 1),
+    ("launcher", "exit3", 3),
+])
+def test_client_status_is_the_job_status(tmp_path, how, job, expected):
+    rc, out, err, elapsed = (mpiexec if how == "mpiexec" else launcher)(job, tmp_path)
+    assert rc == expected, err
+    if job == "fail":
+        assert "ValueError: boom from the client rank" in err
+        assert err.count("Traceback") == 1, err  # the client's, nothing from shutdown
+    else:
+        assert "Traceback" not in err, err
+    assert elapsed < 90  # the cluster shut down at once, no waiting for a timeout
+
+
+@pytest.mark.mpi
+@needs_mpiexec
+@pytest.mark.timeout(150)
+def test_script_without_main_guard(small):
+    d, a, _ = small
+    cmd = [MPIEXEC, "-n", "4", sys.executable, os.path.join(HERE, "unguarded_job.py"), str(d)]
+    rc, out, err, elapsed = _run(cmd, d, 120)
+    assert rc == 0, err
+    assert "Traceback" not in err, err
+    assert elapsed < 60  # the client did not wait 60 s for workers that never came
+    np.testing.assert_allclose(np.load(d / "sum.npy"), a.sum(axis=0), rtol=1e-10)
+
+
+def _baseline_for_many_tasks(a, b, tile, lo=20, hi=200):
+    """worker-baseline (MiB) for which ``a @ b`` under the kill job's budget
+    (600 MiB x 2 workers x 1 thread) has ``lo..hi`` tasks."""
+    import dask
+
+    from tilearray.engine.plan import Budget
+
+    for mib in range(300, 450):
+        with dask.config.set({"tilearray.memory.worker-baseline": f"{mib}MiB"}):
+            try:
+                tasks = (a @ b).plan(budget=Budget.from_config(600 * 2**20, 2, 1),
+                                     tile=(tile, tile)).stages[0].tasks
+            except ta.PlanningError:
+                break
+        if lo <= tasks <= hi:
+            return f"{mib}MiB"
+    pytest.fail("no worker-baseline gives a matmul of many small blocks")
+
+
+@pytest.mark.mpi
+@needs_mpiexec
+@pytest.mark.timeout(200)
+def test_worker_rank_sigkilled_mid_matmul(tmp_path):
+    n, tile = 1536, 128
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
+    ta.from_numpy(a, tmp_path / "a.zarr", tile=(tile, tile))
+    ta.from_numpy(b, tmp_path / "b.zarr", tile=(tile, tile))
+    # a baseline leaving little room per task: many small blocks, so that the
+    # kill lands mid-way (the job plans with the same budget, so the same blocks)
+    baseline = _baseline_for_many_tasks(ta.open(tmp_path / "a.zarr"),
+                                        ta.open(tmp_path / "b.zarr"), tile)
+    env = {**os.environ, "DASK_TILEARRAY__MEMORY__WORKER_BASELINE": baseline}
+    done_dir = tmp_path / "c.zarr" / "tilearray.done"
+    total = (n // tile) ** 2
+    killed = {}
+
+    def done():
+        return len(os.listdir(done_dir)) if done_dir.is_dir() else 0
+
+    def kill_a_rank(proc):
+        deadline = time.monotonic() + 120
+        pids = tmp_path / "pids.json"
+        while time.monotonic() < deadline and proc.poll() is None:
+            if pids.exists() and done() >= 4:
+                victim = json.loads(pids.read_text())["ranks"][0]
+                killed["done"] = done()
+                os.kill(victim, signal.SIGKILL)
+                killed["pid"] = victim
+                return
+            time.sleep(0.01)
+
+    rc, out, err, _ = launcher("kill", tmp_path, timeout=150, env=env, on_start=kill_a_rank)
+    assert "pid" in killed, f"no rank was killed\n{err}"
+    assert killed["done"] < total, "the kill must land mid-matmul"
+    assert rc == 0, err
+    assert "mpiexec ended with status" in err  # the rank's death was seen, and survived
+    after = json.loads((tmp_path / "after.json").read_text())
+    assert after["workers_left"] == 1
+    np.testing.assert_allclose(_stored(tmp_path / "c.zarr"), a @ b, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.mpi
+@needs_mpiexec
+@pytest.mark.timeout(60)
+def test_too_few_ranks(tmp_path):
+    code = "import tilearray as ta\nif __name__ == '__main__':\n    ta.Engine.mpi()\n"
+    rc, out, err, _ = _run([MPIEXEC, "-n", "2", sys.executable, "-c", code], tmp_path, 45)
+    assert rc != 0
+    assert "needs at least 3 MPI ranks" in err
+
+
+def test_launcher_flavor():
+    from tilearray.engine.mpi import find_mpiexec, mpi_flavor
+
+    if not os.access(MPIEXEC, os.X_OK):
+        pytest.skip("no mpiexec")
+    assert find_mpiexec() == MPIEXEC
+    assert mpi_flavor(MPIEXEC) == "hydra"
+
+
+def test_engine_mpi_in_a_reimporting_child_is_refused(monkeypatch):
+    # what a multiprocessing child re-importing an unguarded script would hit
+    monkeypatch.setattr(multiprocessing, "parent_process", lambda: object())
+    with pytest.raises(ta.ClusterError, match='__name__ == "__main__"'):
+        ta.Engine.mpi()
