@@ -47,7 +47,7 @@ code("""
 rng = np.random.default_rng(0)
 loadings = rng.standard_normal((N_FACTORS, N_CHANNELS)) * np.array([[6.0], [4.0], [3.0], [2.0]])
 offsets = rng.uniform(-5, 5, N_CHANNELS)
-chunk = 65_536
+chunk = 16_384
 F = da.random.RandomState(1).standard_normal((N_ROWS, N_FACTORS), chunks=(chunk, N_FACTORS))
 noise = da.random.RandomState(2).standard_normal((N_ROWS, N_CHANNELS), chunks=(chunk, N_CHANNELS))
 X_dask = (F @ loadings + noise + offsets).astype("float32")

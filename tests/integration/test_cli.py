@@ -24,6 +24,18 @@ def cli(*args, cwd, timeout=100):
     )
 
 
+def cli_here(*args, cwd, capsys, monkeypatch):
+    """Like :func:`cli` but in this process: for the many cases that fail before
+    any cluster starts (a subprocess would spend its time importing)."""
+    from tilearray.cli import main
+
+    monkeypatch.chdir(cwd)
+    capsys.readouterr()
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out, err)
+
+
 def ok(proc):
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     assert "Traceback" not in proc.stderr
@@ -149,8 +161,9 @@ def test_plan_prints_without_running(data):
     "", "a.zarr @", "(a.zarr @ b.zarr", "a.zarr b.zarr", "a.zarr)", "2 + 3", ".T",
     "a.zarr @ 2", "'a.zarr", "__import__('os').system('true')",
 ])
-def test_plan_bad_expression_is_usage_error(data, expr):
-    err = one_line_error(cli("plan", expr, cwd=data), code=2)
+def test_plan_bad_expression_is_usage_error(data, expr, capsys, monkeypatch):
+    err = one_line_error(cli_here("plan", expr, cwd=data, capsys=capsys,
+                                  monkeypatch=monkeypatch), code=2)
     assert "bad expression" in err or "no Zarr array" in err
 
 
@@ -309,8 +322,8 @@ def test_reduce_prints_values(work):
     ["random", "r.zarr"],                                             # no --shape
     ["info"],
 ])
-def test_bad_usage_exits_2(work, args):
-    p = cli(*args, cwd=work)
+def test_bad_usage_exits_2(work, args, capsys, monkeypatch):
+    p = cli_here(*args, cwd=work, capsys=capsys, monkeypatch=monkeypatch)
     assert p.returncode == 2, p.stderr
     assert "Traceback" not in p.stderr
     assert "error:" in p.stderr.strip().splitlines()[-1]

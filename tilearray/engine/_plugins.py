@@ -21,3 +21,47 @@ class BlasLimit(WorkerPlugin):
 
         # kept on the worker so the limit stays in force for its lifetime
         worker._tilearray_blas_limit = threadpool_limits(limits=self.blas_threads)
+
+
+class PeakMemory(WorkerPlugin):
+    """Samples the worker process's RSS every few milliseconds and keeps the
+    peak, so short spikes (a block being encoded and written) are not missed
+    by a sampler polling from the client."""
+
+    name = "tilearray-peak-memory"
+
+    def __init__(self, interval: float = 0.01):
+        self.interval = interval
+
+    def setup(self, worker):
+        import threading
+
+        import psutil
+
+        proc = psutil.Process()
+        state = {"peak": proc.memory_info().rss}
+        stop = threading.Event()
+
+        def sample():
+            while not stop.wait(self.interval):
+                rss = proc.memory_info().rss
+                if rss > state["peak"]:
+                    state["peak"] = rss
+
+        threading.Thread(target=sample, daemon=True, name="tilearray-rss").start()
+        worker._tilearray_rss = (state, stop, proc)
+
+    def teardown(self, worker):
+        rss = getattr(worker, "_tilearray_rss", None)
+        if rss is not None:
+            rss[1].set()
+
+
+def take_peak(dask_worker) -> int:
+    """Peak RSS since the last call (0 without the plugin); resets the peak."""
+    rss = getattr(dask_worker, "_tilearray_rss", None)
+    if rss is None:
+        return 0
+    state, _, proc = rss
+    peak, state["peak"] = state["peak"], proc.memory_info().rss
+    return peak

@@ -28,6 +28,7 @@ log = logging.getLogger("tilearray")
 
 _current: list[Engine] = []
 _default: Engine | None = None
+_active: Engine | None = None  # the most recently created engine, until closed
 _lock = threading.Lock()
 
 
@@ -120,6 +121,10 @@ class Engine:
         Workers as processes (default) or threads of this process.
     quiet : bool
         No progress bar.
+    set_as_default : bool
+        Like a dask ``Client``, a new engine is used by every later
+        ``compute()`` / ``to_zarr()`` until it is closed (a ``with`` block
+        nests its engine on top).
     """
 
     def __init__(
@@ -132,6 +137,7 @@ class Engine:
         processes: bool = True,
         quiet: bool = False,
         dashboard: bool = False,
+        set_as_default: bool = True,
     ):
         self.quiet = quiet
         self._owns = client is None
@@ -150,6 +156,9 @@ class Engine:
             else:
                 mem = parse_bytes(memory_per_worker) if isinstance(memory_per_worker, str) else int(memory_per_worker)
             blas = max(cores // (n * threads), 1)
+            # distributed's nanny writes its pre-spawn settings (OMP/MKL/OPENBLAS
+            # threads = 1, ...) into this process's environment; keep ours
+            self._environ = dict(os.environ)
             try:
                 with dask.config.set({
                     "distributed.scheduler.allowed-failures": _config.get("scheduler.allowed-failures"),
@@ -171,9 +180,20 @@ class Engine:
 
             client.register_plugin(BlasLimit(blas), name=BlasLimit.name)
             self.blas_threads = blas
+            _restore_environ(self._environ)
         else:
             self.blas_threads = None
         self.client = client
+        self._closed = False
+        try:
+            from ._plugins import PeakMemory
+
+            client.register_plugin(PeakMemory(), name=PeakMemory.name)
+        except Exception:  # a cluster that refuses plugins: client-side sampling only
+            log.debug("could not register the peak-memory plugin", exc_info=True)
+        if set_as_default:
+            global _active
+            _active = self
         if dashboard and getattr(client, "dashboard_link", None):
             log.info("dask dashboard: %s", client.dashboard_link)
 
@@ -204,12 +224,18 @@ class Engine:
 
     def close(self) -> None:
         """Shut down the cluster if this engine started it."""
+        global _active
+        self._closed = True
+        if _active is self:
+            _active = None
         if self._owns:
             with contextlib.suppress(Exception):
                 self.client.close()
             with contextlib.suppress(Exception):
                 if self.cluster is not None:
                     self.cluster.close()
+            if getattr(self, "_environ", None) is not None:
+                _restore_environ(self._environ)
         self._owns = False
 
     def __repr__(self) -> str:
@@ -230,6 +256,7 @@ class Engine:
 
         quiet = self.quiet if quiet is None else quiet
         t0 = time.perf_counter()
+        _worker_peaks(self.client)  # reset the in-worker peaks
         sampler = _MemorySampler(self.client)
         sampler.start()
         futures = self.client.get(graph, keys, sync=False)
@@ -253,6 +280,9 @@ class Engine:
             if bar is not None:
                 bar.close()
             peaks = sampler.stop()
+            for addr, rss in _worker_peaks(self.client).items():
+                if isinstance(rss, int):
+                    peaks[addr] = max(peaks.get(addr, 0), rss)
         stats = RunStats(wall_seconds=time.perf_counter() - t0)
         for _, st in values:
             for k in ("bytes_read", "bytes_written", "read_requests", "store_gets",
@@ -290,16 +320,33 @@ class Engine:
         return start(cls, **kwargs)
 
 
+def _restore_environ(saved: dict) -> None:
+    for k in set(os.environ) - set(saved):
+        del os.environ[k]
+    os.environ.update(saved)
+
+
+def _worker_peaks(client) -> dict:
+    from ._plugins import take_peak
+
+    try:
+        return client.run(take_peak, on_error="ignore")
+    except Exception:
+        return {}
+
+
 def current_engine(start: bool = True) -> Engine | None:
     """The innermost ``with Engine()``, else the default engine (started lazily)."""
     global _default
     if _current:
         return _current[-1]
+    if _active is not None:
+        return _active
     if not start:
         return _default
     with _lock:
         if _default is None:
-            _default = Engine()
+            _default = Engine(set_as_default=False)
             atexit.register(_close_default)
             log.info("started default %r", _default)
     return _default

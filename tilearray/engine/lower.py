@@ -150,8 +150,9 @@ class Lowerer:
         spec = self.spec(node, deps)
         m, n = node.shape
         dtype = np.dtype(node.dtype)
-        temps = n_temporaries(spec) * max(dtype.itemsize, 8) + dtype.itemsize
-        row_edges, col_edges, peak = self._fit_blocks(spec, node.shape, out_grid, temps)
+        temps = _op_temporaries(spec) * max(dtype.itemsize, 8)
+        row_edges, col_edges, peak = self._fit_blocks(spec, node.shape, out_grid, temps,
+                                                      dtype.itemsize)
         token = tokenize("map", spec, row_edges, col_edges, str(out), str(dtype))
         keys, blocks = [], []
         nbytes = nreq = gets = written = 0
@@ -177,11 +178,19 @@ class Lowerer:
             reads=nreq, store_gets=gets))
         return keys, blocks
 
-    def _fit_blocks(self, spec, shape, out_grid, temp_bytes_per_elem):
-        """Block edges whose every task fits: reads (compressed + decoded) and
-        temporaries of the largest block, shrinking the target until it fits."""
-        per_elem = _per_element(spec, np.dtype("u1")) + temp_bytes_per_elem
-        overhead = _io_overhead(spec, spec, out_grid, np.dtype("f8"))
+    def _fit_blocks(self, spec, shape, out_grid, temp_bytes_per_elem, out_itemsize=0):
+        """Block edges whose every task fits, shrinking the target until it does.
+
+        A task holds its reads compressed and decoded (``2b``), zarr's chunk
+        buffers in flight (at most ``async.concurrency`` chunks, never more
+        than the reads), the temporaries of its ops, and, when it stores, the
+        output block and its encoded chunks in flight.
+        """
+        per_elem = _per_element(spec, np.dtype("u1")) + temp_bytes_per_elem + 2 * out_itemsize
+        read_flight = _io_overhead(spec, spec, None, np.dtype("u1")) // 2
+        write_flight = 0
+        if out_grid is not None:
+            write_flight = _io_overhead(spec, spec, out_grid, np.dtype("u1")) // 2
         cap = min(self.budget.task_memory, _config.get_bytes("map.block-bytes"))
         while True:
             row_edges, col_edges = self._block_edges(spec, shape, out_grid, per_elem, cap)
@@ -190,7 +199,10 @@ class Lowerer:
                 for cols in intervals(col_edges):
                     b, _, _ = read_cost(spec, rows, cols)
                     size = (rows[1] - rows[0]) * (cols[1] - cols[0])
-                    peak = max(peak, _as_rss(2 * b + size * temp_bytes_per_elem + overhead))
+                    out = size * out_itemsize
+                    task = (2 * b + min(read_flight, b) + size * temp_bytes_per_elem
+                            + out + min(write_flight, out))
+                    peak = max(peak, _as_rss(task))
             if peak <= self.budget.task_memory or cap <= 1:
                 return row_edges, col_edges, peak
             smaller = cap // 2
@@ -216,7 +228,9 @@ class Lowerer:
         spec = self.spec(node.x, deps)
         m, n = node.x.shape
         in_dtype = np.dtype(node.x.dtype)
-        temps = (n_temporaries(spec) + 1) * max(in_dtype.itemsize, 8)
+        # op results, plus the float64 accumulation copy / (x - mean)**2 of var
+        extra = 2 if node.op in ("var", "std") else 1
+        temps = (_op_temporaries(spec) + extra) * max(in_dtype.itemsize, 8)
         row_edges, col_edges, peak = self._fit_blocks(spec, (m, n), None, temps)
         token = tokenize("reduce", node.op, node.axis, node.ddof, spec, row_edges, col_edges)
         name = f"reduce-{node.op}-{token}"
@@ -278,6 +292,7 @@ class Lowerer:
         fa = n_temporaries(a_spec) * max(_leaf_itemsize(a_spec), dtype.itemsize)
         fb = n_temporaries(b_spec) * max(_leaf_itemsize(b_spec), dtype.itemsize)
         band = _band_bytes(a_spec, b_spec, max(ka, kb))
+        gram = a_spec == Trans(b_spec) and a_k == b_k
         overhead = _io_overhead(a_spec, b_spec, out_grid, dtype)
 
         def memory(bm: int, bn: int, prefetch: bool) -> int:
@@ -286,8 +301,11 @@ class Lowerer:
             at the end the accumulator and its encoded copy being written."""
             acc = bm * bn * dtype.itemsize
             pa, pb = bm * ka * fa, kb * bn * fb
+            if gram and bm == m and bn == n:
+                pa = 0  # X.T @ X in one block: each panel serves as both operands
             reading = 2 * max(pa, pb) if prefetch else 2 * band
-            return _as_rss(acc + max(acc, pa + pb + reading) + overhead)
+            extra = min(overhead, acc + pa + pb)  # bounded by what is read and written
+            return _as_rss(acc + max(acc, pa + pb + reading) + extra)
 
         budget = self.budget.task_memory
         step = max(min(max_interval(rows_c), max_interval(cols_c)), 1)
@@ -354,7 +372,7 @@ class Lowerer:
                 for s, (k0, k1) in enumerate(intervals(k_split) if k > 0 else [(0, 0)]):
                     pa = tuple(p for p in intervals(a_k) if k0 <= p[0] < k1)
                     pb = tuple(p for p in intervals(b_k) if k0 <= p[0] < k1)
-                    for p in pa:
+                    for p in (() if gmm.is_gram(a_spec, b_spec, rows, cols, pa, pb) else pa):
                         b, r, g = read_cost(a_spec, rows, p)
                         nbytes, nreq, gets = nbytes + b, nreq + r, gets + g
                     for p in pb:
@@ -445,6 +463,13 @@ def _candidates(spec, axis: int, n: int, out_grid: Grid | None) -> tuple[int, ..
     if common and max_interval(common) <= 4 * max(max_interval(hard), max_interval(soft)):
         return common
     return hard
+
+
+def _op_temporaries(spec) -> int:
+    """Arrays a region evaluation makes beyond the reads themselves."""
+    from ..graphs.spec import leaves
+
+    return max(n_temporaries(spec) - len(leaves(spec)), 0)
 
 
 def _as_rss(allocated: int) -> int:

@@ -98,6 +98,8 @@ def matmul_block(
             return evaluate(a_spec, rows, a_panels[i], deps, stats, max_bytes=read_bytes)
         return evaluate(b_spec, b_panels[i], cols, deps, stats, max_bytes=read_bytes)
 
+    if is_gram(a_spec, b_spec, rows, cols, a_panels, b_panels):
+        return _gram_block(b_spec, rows, b_panels, acc, deps, stats, read_bytes)
     order = iter(load_order(a_panels, b_panels))
     t_wait = t_blas = 0.0
     with ThreadPoolExecutor(1, thread_name_prefix="tilearray-prefetch") as pool:
@@ -138,6 +140,38 @@ def matmul_block(
                 b_cur = take() if ib < len(b_panels) else None
             if ia == len(a_panels) or ib == len(b_panels):
                 break
+    out = stats.as_dict()
+    out.update(io_wait_seconds=t_wait, blas_seconds=t_blas, tasks=1)
+    return acc, out
+
+
+def is_gram(a_spec, b_spec, rows, cols, a_panels, b_panels) -> bool:
+    """``X.T @ X`` on a diagonal block: both operands are the same panels."""
+    from .spec import Trans
+
+    return (isinstance(a_spec, Trans) and a_spec.x == b_spec and tuple(rows) == tuple(cols)
+            and tuple(a_panels) == tuple(b_panels))
+
+
+def _gram_block(x_spec, cols, panels, acc, deps, stats, read_bytes):
+    """Diagonal block of ``X.T @ X``: each panel of X is read once and used as
+    both operands (``acc += P.T @ P``)."""
+    t_wait = t_blas = 0.0
+    with ThreadPoolExecutor(1, thread_name_prefix="tilearray-prefetch") as pool:
+        def load(i):
+            return evaluate(x_spec, panels[i], cols, deps, stats, max_bytes=read_bytes)
+
+        nxt = pool.submit(load, 0) if read_bytes is None else None
+        for i in range(len(panels)):
+            t0 = time.perf_counter()
+            p = nxt.result() if nxt is not None else load(i)
+            if read_bytes is None and i + 1 < len(panels):
+                nxt = pool.submit(load, i + 1)
+            t_wait += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            gemm_accumulate(acc, p.T, p)
+            t_blas += time.perf_counter() - t0
+            del p
     out = stats.as_dict()
     out.update(io_wait_seconds=t_wait, blas_seconds=t_blas, tasks=1)
     return acc, out
