@@ -164,6 +164,10 @@ class Engine:
                     "distributed.scheduler.allowed-failures": _config.get("scheduler.allowed-failures"),
                     "distributed.worker.memory.spill": False,
                     "distributed.worker.memory.target": False,
+                    # tasks are sized to fit before they run; pausing a worker
+                    # whose freed memory is slow to leave RSS could stall a
+                    # run, while the nanny's kill at 95% stays the safety net
+                    "distributed.worker.memory.pause": False,
                 }):
                     self.cluster = LocalCluster(
                         n_workers=n,

@@ -189,8 +189,8 @@ class Lowerer:
         per_elem = _per_element(spec, np.dtype("u1")) + temp_bytes_per_elem + 2 * out_itemsize
         read_flight = _io_overhead(spec, spec, None, np.dtype("u1")) // 2
         write_flight = 0
-        if out_grid is not None:
-            write_flight = _io_overhead(spec, spec, out_grid, np.dtype("u1")) // 2
+        if out_grid is not None:  # one output unit copied + encoded at a time
+            write_flight = 2 * out_grid.unit[0] * out_grid.unit[1] * max(out_itemsize, 1)
         cap = min(self.budget.task_memory, _config.get_bytes("map.block-bytes"))
         while True:
             row_edges, col_edges = self._block_edges(spec, shape, out_grid, per_elem, cap)
@@ -293,7 +293,8 @@ class Lowerer:
         fb = n_temporaries(b_spec) * max(_leaf_itemsize(b_spec), dtype.itemsize)
         band = _band_bytes(a_spec, b_spec, max(ka, kb))
         gram = a_spec == Trans(b_spec) and a_k == b_k
-        overhead = _io_overhead(a_spec, b_spec, out_grid, dtype)
+        out_unit = (out_grid.unit[0] * out_grid.unit[1] if out_grid is not None else 0) \
+            * dtype.itemsize
 
         def memory(bm: int, bn: int, prefetch: bool) -> int:
             """Peak of one task: accumulator, current panels, and either the
@@ -304,8 +305,8 @@ class Lowerer:
             if gram and bm == m and bn == n:
                 pa = 0  # X.T @ X in one block: each panel serves as both operands
             reading = 2 * max(pa, pb) if prefetch else 2 * band
-            extra = min(overhead, acc + pa + pb)  # bounded by what is read and written
-            return _as_rss(acc + max(acc, pa + pb + reading) + extra)
+            # writing: the block plus one unit copied and encoded at a time
+            return _as_rss(acc + max(2 * out_unit, pa + pb + reading))
 
         budget = self.budget.task_memory
         step = max(min(max_interval(rows_c), max_interval(cols_c)), 1)

@@ -20,7 +20,7 @@ class Budget:
     threads_per_worker: int = 1
     baseline: int = 160 * 2**20
     """Resident memory of an idle worker, reserved first, in bytes."""
-    fraction: float = 0.75
+    fraction: float = 0.8
     """Share of ``memory_per_worker`` the planner may fill."""
 
     @classmethod

@@ -222,6 +222,21 @@ class TiledArray:
     def all(self, axis=None, keepdims=False):
         return self._reduce("all", axis, keepdims)
 
+    def nansum(self, axis=None, keepdims=False):
+        return self._reduce("nansum", axis, keepdims)
+
+    def nanmean(self, axis=None, keepdims=False):
+        return self._reduce("nanmean", axis, keepdims)
+
+    def nanmin(self, axis=None, keepdims=False):
+        return self._reduce("nanmin", axis, keepdims)
+
+    def nanmax(self, axis=None, keepdims=False):
+        return self._reduce("nanmax", axis, keepdims)
+
+    def count_nonzero(self, axis=None, keepdims=False):
+        return self._reduce("count_nonzero", axis, keepdims)
+
     def argmin(self, axis=None, keepdims=False):
         return self._reduce("argmin", axis, keepdims)
 

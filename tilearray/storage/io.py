@@ -194,9 +194,13 @@ def write_block(
     if data.shape != expected:
         raise StorageError(f"block for {str(ref)!r} has shape {data.shape}, expected {expected}")
     try:
-        arr[rows[0] : rows[1], cols[0] : cols[1]] = data
+        # unit by unit: zarr copies and encodes what it is given at once, so
+        # this bounds the write's extra memory to about two units
         for i in grid.units_touching(0, rows):
+            r0, r1 = grid.unit_range(0, i)
             for j in grid.units_touching(1, cols):
+                c0, c1 = grid.unit_range(1, j)
+                arr[r0:r1, c0:c1] = data[r0 - rows[0] : r1 - rows[0], c0 - cols[0] : c1 - cols[0]]
                 mark_unit_done(ref, i, j)
     except OSError as e:
         raise StorageError(f"writing {str(ref)!r} rows {rows} cols {cols} failed: {e}") from e
