@@ -1,0 +1,436 @@
+"""Side-by-side out-of-core matmul: tilearray vs dask.array vs NumPy vs cubed.
+
+    python benchmarks/matmul.py --n 8192 --dtype float64 --memory-per-worker 1GiB \
+        --workers 2 [--data-dir DIR] [--engines tilearray,dask,numpy,cubed]
+
+Generates two n x n inputs once with ``ta.random`` (tile 2048x2048, zstd
+default) under ``--data-dir`` (reused when present with the same shape, dtype
+and tile), then runs C = A @ B -> Zarr with each engine, each on its own
+cluster (closed after), and prints one Markdown table on stdout:
+
+* wall time (s) and GFLOP/s (2 n^3 / wall) of read + multiply + write;
+* ratio to NumPy's multiply-only time (both operands in RAM, all cores);
+* peak RSS per worker, sampled every 0.2 s with psutil over the worker
+  processes (for NumPy: the process doing the work), plus getrusage's exact
+  lifetime peak (``ru_maxrss``) of the same processes;
+* bytes read: tilearray's measured ``RunStats.bytes_read`` (decoded bytes);
+  for the others a model from chunk counts (decoded bytes, stated in the row),
+  and its ratio to the I/O lower bound 2 m n k / sqrt(M / itemsize) *
+  itemsize with M = memory per worker;
+* rchar: bytes the workers really pulled through read syscalls (Linux
+  ``/proc/<pid>/io`` rchar, i.e. compressed chunk files, page-cache hits
+  included), a cross-check of the model;
+* check: the result matches ``A[rows, :] @ B[:, cols]`` computed with NumPy on
+  sampled blocks (and, for tilearray, NumPy's stored result on those blocks).
+
+The inputs sit in the page cache after generation (the machine has far more
+RAM than the data), so every engine reads from warm cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import sys
+import time
+import traceback
+
+import numpy as np
+
+# heavy modules (tilearray, dask, distributed, cubed, zarr) are imported
+# lazily: the NumPy baseline runs in a spawned child that re-imports this file.
+from _common import (
+    RSSSampler,
+    cubed_spec,
+    dgemm_gflops,
+    dir_size,
+    fmt_bytes,
+    fmt_num,
+    local_cluster,
+    log,
+    markdown_table,
+    max_rss_of_workers,
+    parse_bytes,
+    plan_zarr_concurrency,
+    read_chars,
+    run_in_child,
+    warm_workers,
+    worker_pids,
+)
+
+ENGINES = ("tilearray", "dask", "numpy", "cubed")
+
+
+# -- inputs ---------------------------------------------------------------------------
+
+
+def ensure_inputs(args) -> tuple[str, str]:
+    import tilearray as ta
+
+    d = os.path.join(args.data_dir, "inputs")
+    os.makedirs(d, exist_ok=True)
+    tile = (args.tile, args.tile)
+    paths = []
+    todo = []
+    for name, seed in (("a", 0), ("b", 1)):
+        p = os.path.join(d, f"{name}_n{args.n}_{args.dtype}_t{args.tile}.zarr")
+        paths.append(p)
+        try:
+            x = ta.open(p)
+            ok = (x.shape == (args.n, args.n) and x.dtype == np.dtype(args.dtype)
+                  and tuple(x.grid.tile) == tile)
+        except Exception:
+            ok = False
+        if ok:
+            log(f"reusing {p}")
+        else:
+            todo.append((p, seed))
+    if todo:
+        with ta.Engine(n_workers=args.workers, memory_per_worker=args.memory_per_worker,
+                       quiet=True):
+            for p, seed in todo:
+                t0 = time.perf_counter()
+                ta.random((args.n, args.n), p, tile=tile, dtype=args.dtype, seed=seed,
+                          overwrite=True)
+                log(f"generated {p} in {time.perf_counter() - t0:.1f} s")
+    return paths[0], paths[1]
+
+
+# -- engines --------------------------------------------------------------------------
+
+
+def run_tilearray(args, a_path, b_path, out_path) -> dict:
+    import tilearray as ta
+
+    with ta.Engine(n_workers=args.workers, memory_per_worker=args.memory_per_worker,
+                   quiet=True) as eng:
+        warm_workers(eng.client, ["tilearray.graphs.matmul", "tilearray.storage.io",
+                                  "scipy.linalg", "zarr", "numcodecs"])
+        log(f"tilearray BLAS per worker: {eng.blas_report()}")
+        pids = worker_pids(eng.client)
+        expr = ta.open(a_path) @ ta.open(b_path)
+        with plan_zarr_concurrency(args.plan_zarr_concurrency):
+            plan = expr.plan(out_path)
+            log("tilearray plan:\n" + str(plan))
+            rc0 = read_chars(eng.client)
+            with RSSSampler(pids) as rss:
+                t0 = time.perf_counter()
+                c = expr.to_zarr(out_path, overwrite=True)
+                wall = time.perf_counter() - t0
+        rc = read_chars(eng.client) - rc0
+        st = c.stats
+        log(f"tilearray stats: {st}; io_wait {st.io_wait_seconds:.1f} s, "
+            f"blas {st.blas_seconds:.1f} s (summed over tasks); engine's own peak "
+            f"{fmt_bytes(st.peak_worker_memory)}")
+        return dict(
+            wall=wall, peak_rss=rss.peak, ru_maxrss=max_rss_of_workers(eng.client),
+            bytes_read=st.bytes_read, bytes_src="measured, RunStats", rchar=rc,
+            notes=(f"plan: {fmt_bytes(plan.bytes_read)} read, peak/task "
+                   f"{fmt_bytes(plan.peak_task_memory)}; io_wait {st.io_wait_seconds:.0f} s, "
+                   f"BLAS {st.blas_seconds:.0f} s (task sums)"),
+        )
+
+
+def _dask_getters_fused(x) -> bool:
+    """True if dask fused the zarr getters into the matmul tasks (each chunk is
+    then read once per task that uses it, instead of once and shared)."""
+    import dask
+
+    (opt,) = dask.optimize(x)
+    names = {k[0] if isinstance(k, tuple) else k for k in dict(opt.__dask_graph__())}
+    return not any("from-zarr" in n and not n.startswith("original-") for n in names)
+
+
+def run_dask(args, a_path, b_path, out_path) -> dict:
+    import dask
+    import dask.array as da
+
+    cluster, client = local_cluster(args.workers, args.memory_per_worker)
+    try:
+        warm_workers(client, ["dask.array", "zarr", "numcodecs", "numpy"])
+        pids = worker_pids(client)
+        A, B = da.from_zarr(a_path), da.from_zarr(b_path)
+        C = A @ B
+        fused = _dask_getters_fused(C)
+        n, c = args.n, args.tile
+        s = np.dtype(args.dtype).itemsize
+        passes = math.ceil(n / c) if fused else 1
+        model = 2 * n * n * s * passes
+        log(f"dask: {len(dict(C.__dask_graph__()))} tasks before optimisation; getters "
+            f"{'fused into the per-(i,j,k) products' if fused else 'separate'} -> "
+            f"each input read {passes}x")
+        rc0 = read_chars(client)
+        with RSSSampler(pids) as rss, dask.config.set(scheduler=client):
+            t0 = time.perf_counter()
+            C.to_zarr(out_path, overwrite=True)
+            wall = time.perf_counter() - t0
+        rc = read_chars(client) - rc0
+        return dict(
+            wall=wall, peak_rss=rss.peak, ru_maxrss=max_rss_of_workers(client),
+            bytes_read=model,
+            bytes_src=f"model: 2n²·s × {passes} (getters {'fused' if fused else 'shared'})",
+            rchar=rc, notes=f"chunks {c}x{c}, dask default spill/pause thresholds",
+        )
+    finally:
+        client.close()
+        cluster.close()
+
+
+def _numpy_child(a_path, b_path, out_path, tile, repeats=1):
+    """Runs in a fresh process: load both with zarr, multiply, store with zarr.
+    The multiply is repeated ``repeats`` times into the same output (no extra
+    memory); ``mul`` is the fastest, ``wall`` counts the first."""
+    import zarr
+    from threadpoolctl import threadpool_info
+
+    t0 = time.perf_counter()
+    A = zarr.open_array(a_path, mode="r")[...]
+    B = zarr.open_array(b_path, mode="r")[...]
+    t1 = time.perf_counter()
+    C = A @ B
+    t2 = time.perf_counter()
+    muls = [t2 - t1]
+    for _ in range(repeats - 1):
+        t = time.perf_counter()
+        np.matmul(A, B, out=C)
+        muls.append(time.perf_counter() - t)
+    t2b = time.perf_counter()
+    z = zarr.create_array(out_path, shape=C.shape, dtype=C.dtype, chunks=(tile, tile),
+                          overwrite=True)
+    z[...] = C
+    t3 = time.perf_counter()
+    blas = [(i.get("internal_api"), i.get("num_threads")) for i in threadpool_info()]
+    return dict(load=t1 - t0, mul=min(muls), muls=muls, store=t3 - t2b,
+                wall=(t1 - t0) + muls[0] + (t3 - t2b), blas=blas)
+
+
+def run_numpy(args, a_path, b_path, out_path) -> dict:
+    r = run_in_child(_numpy_child, a_path, b_path, out_path, args.tile, args.numpy_repeats)
+    s = np.dtype(args.dtype).itemsize
+    log(f"numpy: load {r['load']:.1f} s, multiply {[round(m, 1) for m in r['muls']]} s, "
+        f"store {r['store']:.1f} s;"
+        f" BLAS {r['blas']}")
+    return dict(
+        wall=r["wall"], mul=r["mul"], peak_rss=r["peak_rss"], ru_maxrss=r["ru_maxrss"],
+        bytes_read=2 * args.n * args.n * s, bytes_src="model: 2n²·s (one pass)",
+        rchar=r["read_chars"],
+        notes=(f"1 process, all cores; load {r['load']:.1f} s + multiply {r['muls'][0]:.1f} s"
+               f" + store {r['store']:.1f} s"),
+    )
+
+
+def run_cubed(args, a_path, b_path, out_path) -> dict:
+    import cubed
+    import cubed.array_api as xp
+
+    work = os.path.join(args.data_dir, "cubed-work")
+    shutil.rmtree(work, ignore_errors=True)
+    cluster, client = local_cluster(args.workers, args.memory_per_worker)
+    try:
+        warm_workers(client, ["cubed", "zarr", "numcodecs", "numpy"])
+        pids = worker_pids(client)
+        spec = cubed_spec(cluster, client, work, args.memory_per_worker)
+        A = cubed.from_zarr(a_path, spec=spec)
+        B = cubed.from_zarr(b_path, spec=spec)
+        store = cubed.to_zarr(xp.matmul(A, B), out_path, compute=False)
+        fp = store.plan()
+        ops = [(d.get("op_name"), d["primitive_op"].num_tasks,
+                fmt_bytes(d["primitive_op"].projected_mem))
+               for _, d in fp.dag.nodes(data=True)
+               if d.get("type") == "op" and d.get("primitive_op") is not None]
+        inter = fp.total_intermediate_nbytes
+        log(f"cubed plan: {fp.num_tasks} tasks, max projected mem "
+            f"{fmt_bytes(fp.max_projected_mem)}, intermediates {fmt_bytes(inter)}; ops {ops}")
+        n, c = args.n, args.tile
+        s = np.dtype(args.dtype).itemsize
+        passes = math.ceil(n / c)
+        # blockwise partial products read each input chunk n/c times; partials
+        # not fused into the sum are written to work_dir and read back once
+        model = 2 * n * n * s * passes + inter
+        rc0 = read_chars(client)
+        with RSSSampler(pids) as rss:
+            t0 = time.perf_counter()
+            store.compute(_return_in_memory_array=False)
+            wall = time.perf_counter() - t0
+        rc = read_chars(client) - rc0
+        return dict(
+            wall=wall, peak_rss=rss.peak, ru_maxrss=max_rss_of_workers(client),
+            bytes_read=model,
+            bytes_src=f"model: 2n²·s × {passes} + intermediates {fmt_bytes(inter)}",
+            rchar=rc, notes=(f"allowed_mem {args.memory_per_worker}, dask executor, "
+                             f"{fp.num_tasks} tasks, projected {fmt_bytes(fp.max_projected_mem)}"
+                             "/task"),
+        )
+    finally:
+        client.close()
+        cluster.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+RUNNERS = {"tilearray": run_tilearray, "dask": run_dask, "numpy": run_numpy,
+           "cubed": run_cubed}
+
+
+# -- verification -----------------------------------------------------------------------
+
+
+def verify(args, a_path, b_path, outs: dict, n_blocks: int = 4, bs: int = 256) -> dict:
+    """Compare each engine's stored C with NumPy ``A[r,:] @ B[:,c]`` on sampled
+    blocks; tilearray is also compared with NumPy's stored result."""
+    import zarr
+
+    n = args.n
+    bs = min(bs, n)
+    rng = np.random.default_rng(12345)
+    A = zarr.open_array(a_path, mode="r")
+    B = zarr.open_array(b_path, mode="r")
+    eps = np.finfo(np.dtype(args.dtype)).eps
+    atol = eps * n * math.sqrt(n) * 4
+    rtol = 1e3 * eps
+    blocks = [(int(rng.integers(0, n - bs + 1)), int(rng.integers(0, n - bs + 1)))
+              for _ in range(n_blocks)]
+    blocks[0] = (n - bs, n - bs)  # include the last (possibly ragged) corner
+    refs = [A[r:r + bs, :] @ B[:, c:c + bs] for r, c in blocks]
+    res = {}
+    stored = {}
+    for eng, path in outs.items():
+        try:
+            z = zarr.open_array(path, mode="r")
+            stored[eng] = [z[r:r + bs, c:c + bs] for r, c in blocks]
+        except Exception as e:
+            res[eng] = f"cannot open result: {type(e).__name__}"
+    for eng, got in stored.items():
+        err = max(float(np.max(np.abs(g - ref))) for g, ref in zip(got, refs, strict=True))
+        ok = all(np.allclose(g, ref, rtol=rtol, atol=atol) for g, ref in
+                 zip(got, refs, strict=True))
+        txt = f"{'ok' if ok else 'MISMATCH'} (max err {err:.1e})"
+        if eng == "tilearray" and "numpy" in stored:
+            ok2 = all(np.allclose(g, h, rtol=rtol, atol=atol) for g, h in
+                      zip(got, stored["numpy"], strict=True))
+            txt += f"; vs NumPy {'ok' if ok2 else 'MISMATCH'}"
+        res[eng] = txt
+    log(f"verified {n_blocks} blocks of {bs}x{bs} (atol {atol:.1e}, rtol {rtol:.1e}): {res}")
+    return res
+
+
+# -- main -------------------------------------------------------------------------------
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--n", type=int, default=8192, help="matrix side (default 8192)")
+    p.add_argument("--dtype", default="float64", choices=["float32", "float64"])
+    p.add_argument("--memory-per-worker", default="1GiB")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--tile", type=int, default=2048, help="input tile/chunk side (2048)")
+    p.add_argument("--data-dir", default=os.path.join(
+        os.environ.get("TMPDIR", "/tmp"), "tilearray-bench"))
+    p.add_argument("--engines", default=",".join(ENGINES),
+                   help="comma-separated subset of " + ",".join(ENGINES))
+    p.add_argument("--numpy-repeats", type=int, default=2,
+                   help="time NumPy's multiply this many times, report the fastest "
+                        "as multiply-only (default 2; the machine is noisy)")
+    p.add_argument("--plan-zarr-concurrency", type=int, default=None, metavar="N",
+                   help="plan tilearray with zarr async.concurrency=N in this process "
+                        "(workaround for the planner's I/O-overhead over-estimate; workers "
+                        "keep zarr's default)")
+    p.add_argument("--keep-outputs", action="store_true", help="keep the result arrays")
+    args = p.parse_args(argv)
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    bad = [e for e in engines if e not in RUNNERS]
+    if bad:
+        p.error(f"unknown engine(s) {bad}; choose from {ENGINES}")
+
+    n = args.n
+    s = np.dtype(args.dtype).itemsize
+    M = parse_bytes(args.memory_per_worker)
+    flops = 2 * n**3
+    lower_bound = 2 * n**3 / math.sqrt(M / s) * s
+    log(f"matmul {n}x{n} {args.dtype}, {args.workers} workers x {args.memory_per_worker}, "
+        f"engines {engines}; data dir {args.data_dir}")
+
+    a_path, b_path = ensure_inputs(args)
+    cal_before = dgemm_gflops()
+    log(f"machine check: 1-thread dgemm 2048³ at {cal_before:.1f} GFLOP/s")
+    logical = 2 * n * n * s
+    on_disk = dir_size(a_path) + dir_size(b_path)
+    out_dir = os.path.join(args.data_dir, "out")
+    os.makedirs(out_dir, exist_ok=True)
+
+    results, outs = {}, {}
+    for eng in engines:
+        out_path = os.path.join(out_dir, f"c_{eng}_n{n}_{args.dtype}.zarr")
+        shutil.rmtree(out_path, ignore_errors=True)
+        log(f"--- {eng} ---")
+        try:
+            results[eng] = RUNNERS[eng](args, a_path, b_path, out_path)
+            outs[eng] = out_path
+            log(f"{eng}: {results[eng]['wall']:.1f} s")
+        except Exception as e:
+            traceback.print_exc(file=sys.stderr)
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            results[eng] = {"error": f"{type(e).__name__}: {first}"[:160]}
+            log(f"{eng} FAILED: {results[eng]['error']}")
+
+    checks = verify(args, a_path, b_path, outs) if outs else {}
+    cal_after = dgemm_gflops()
+    log(f"machine check: 1-thread dgemm 2048³ at {cal_after:.1f} GFLOP/s")
+    numpy_mul = results.get("numpy", {}).get("mul")
+
+    rows = []
+    for eng in engines:
+        r = results[eng]
+        if "error" in r:
+            rows.append([eng, "FAILED", None, None, None, None, None, None, None, None,
+                         r["error"]])
+            continue
+        rows.append([
+            eng,
+            fmt_num(r["wall"], ".1f"),
+            fmt_num(flops / r["wall"] / 1e9, ".2f"),
+            fmt_num(r["wall"] / numpy_mul, ".1f") if numpy_mul else None,
+            fmt_bytes(r["peak_rss"]),
+            fmt_bytes(r["ru_maxrss"]),
+            f"{fmt_bytes(r['bytes_read'])} ({r['bytes_src']})",
+            fmt_num(r["bytes_read"] / lower_bound, ".2f"),
+            fmt_bytes(r["rchar"]) if r.get("rchar", -1) >= 0 else None,
+            checks.get(eng),
+            r.get("notes", ""),
+        ])
+    if numpy_mul:
+        rows.append(["numpy (multiply only)", fmt_num(numpy_mul, ".1f"),
+                     fmt_num(flops / numpy_mul / 1e9, ".2f"), "1.0", None, None, None, None,
+                     None, None, f"operands already in RAM; fastest of "
+                     f"{args.numpy_repeats} multiplies, all cores"])
+
+    print(f"### matmul {n}x{n} @ {n}x{n} {args.dtype}: {args.workers} workers x 1 thread, "
+          f"{args.memory_per_worker} per worker, tiles {args.tile}x{args.tile}\n")
+    print(f"- FLOPs 2n³ = {flops / 1e9:,.1f} G; inputs {fmt_bytes(logical)} logical, "
+          f"{fmt_bytes(on_disk)} on disk (zstd); I/O lower bound 2n³/√(M/s)·s with M = "
+          f"{args.memory_per_worker}: {fmt_bytes(lower_bound)}")
+    print(f"- machine check (shared host): 1-thread dgemm 2048³ at {cal_before:.1f} GFLOP/s "
+          f"before the runs, {cal_after:.1f} after")
+    if args.plan_zarr_concurrency is not None:
+        print(f"- tilearray planned with zarr async.concurrency={args.plan_zarr_concurrency} "
+              "(--plan-zarr-concurrency workaround; execution unchanged)")
+    print("- peak RSS: max over worker processes sampled every 0.2 s (NumPy: its own "
+          "process); ru_maxrss: exact lifetime peak of the same processes")
+    print("- bytes read are decoded bytes; rchar = bytes through read syscalls (compressed "
+          "files, page cache included)\n")
+    print(markdown_table(
+        ["engine", "wall (s)", "GFLOP/s", "× NumPy mul", "peak RSS/worker", "ru_maxrss",
+         "bytes read", "read / LB", "rchar", "check", "notes"], rows))
+    sys.stdout.flush()
+
+    if not args.keep_outputs:
+        for path in outs.values():
+            shutil.rmtree(path, ignore_errors=True)
+    failed = [e for e in engines if "error" in results[e] and e != "cubed"]
+    bad_check = [e for e, t in checks.items() if "MISMATCH" in t or "cannot" in t]
+    return 1 if failed or bad_check else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
