@@ -264,19 +264,27 @@ class Engine:
         sampler = _MemorySampler(self.client)
         sampler.start()
         futures = self.client.get(graph, keys, sync=False)
+        keep: set = set()  # keys listed twice must not be released early
+        seen: set = set()
+        for f in futures:
+            (keep if f.key in seen else seen).add(f.key)
         bar = None
         if not quiet:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=len(futures), desc=description, unit="block", file=sys.stderr,
                        leave=True, dynamic_ncols=True)
+        index = {f.key: i for i, f in enumerate(futures)}
+        values = [None] * len(futures)
         try:
+            # gather each result as it completes and release it, so results
+            # (blocks of a compute()) never pile up in worker memory
             for fut in as_completed(futures, loop=self.client.loop):
-                if fut.status == "error":
-                    fut.result()  # raises the task's exception
+                values[index[fut.key]] = fut.result()  # raises the task's exception
                 if bar is not None:
                     bar.update(1)
-            values = self.client.gather(futures)
+                if fut.key not in keep:
+                    fut.release()
         except BaseException:
             self.client.cancel(futures)
             raise
@@ -298,7 +306,8 @@ class Engine:
         stats.peak_worker_memory = max(peaks.values(), default=0)
         stats.task_retries = self._suspicious()
         for f in futures:  # release, not cancel: a later run may reuse these keys
-            f.release()
+            if f.key in keep:
+                f.release()
         self.last_run = stats
         return [v for v, _ in values], stats
 

@@ -12,6 +12,7 @@ import itertools
 import math
 import os
 import tempfile
+import uuid
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,7 +27,7 @@ from ..graphs import reduction as gred
 from ..graphs.blocks import group_edges, intervals, max_interval, split_points, tree
 from ..graphs.spec import Const, Dep, Op, Read, Slice, Trans, n_temporaries, read_cost, unit_edges
 from ..storage import ArrayRef, Grid
-from .nodes import Elemwise, MatMul, Node, Reduce, SliceNode, Source, Transpose
+from .nodes import Elemwise, MatMul, Node, Reduce, SliceNode, Source, Transpose, structure
 from .plan import Budget, Plan, Stage
 
 MIN_PANEL = 512  # elements: K panels narrower than this waste BLAS efficiency
@@ -67,6 +68,7 @@ class Lowerer:
         self._small: dict[int, str] = {}
         self._temps: dict[int, Read] = {}
         self.temp_dir = temp_dir
+        self.run_id = uuid.uuid4().hex
 
     # -- specs ------------------------------------------------------------------
     def spec(self, node: Node, deps: list):
@@ -100,7 +102,8 @@ class Lowerer:
     def _materialise(self, node: MatMul) -> Read:
         if id(node) in self._temps:
             return self._temps[id(node)]
-        token = tokenize(str(node), node.shape, str(node.dtype))
+        # unique per run: concurrent runs never share (or delete) a temporary
+        token = tokenize(structure(node), self.run_id)
         base = self.temp_dir or _config.get("temporary-directory") or tempfile.gettempdir()
         ref = ArrayRef.from_location(os.path.join(base, f"tilearray-tmp-{token}.zarr"))
         from .tiled import _leaf_tile
@@ -125,7 +128,7 @@ class Lowerer:
             key = self.reduce(node)
         elif isinstance(node, Reduce):
             inner = self.small(node.x)
-            key = "small-" + tokenize(str(node), inner)
+            key = "small-" + tokenize(structure(node), inner)
             kwargs = {"axis": node.axis, "keepdims": node.keepdims}
             if node.op in ("var", "std"):
                 kwargs["ddof"] = node.ddof
@@ -133,7 +136,7 @@ class Lowerer:
             self._stage_small(str(node))
         elif isinstance(node, Elemwise):
             args = [self.small(a) if isinstance(a, Node) else a for a in node.args]
-            key = "small-" + tokenize(str(node), args)
+            key = "small-" + tokenize(structure(node), args)
             self.graph[key] = (gel.small_op, node.name, node.kwargs, *args)
             self._stage_small(str(node))
         else:
@@ -153,7 +156,7 @@ class Lowerer:
         temps = _op_temporaries(spec) * max(dtype.itemsize, 8)
         row_edges, col_edges, peak = self._fit_blocks(spec, node.shape, out_grid, temps,
                                                       dtype.itemsize)
-        token = tokenize("map", spec, row_edges, col_edges, str(out), str(dtype))
+        token = tokenize("map", spec, row_edges, col_edges, str(out), str(dtype), deps)
         keys, blocks = [], []
         nbytes = nreq = gets = written = 0
         for i, rows in enumerate(intervals(row_edges)):
@@ -224,15 +227,25 @@ class Lowerer:
 
     # -- reductions -------------------------------------------------------------
     def reduce(self, node: Reduce) -> str:
+        m, n = node.x.shape
+        if m == 0 or n == 0:  # nothing to read: NumPy's answer for an empty array
+            kwargs = {"axis": node.axis, "keepdims": node.keepdims}
+            if node.op in ("var", "std"):
+                kwargs["ddof"] = node.ddof
+            key = "reduce-empty-" + tokenize(structure(node))
+            empty = np.empty(node.x.shape, dtype=node.x.dtype)
+            self.graph[key] = (gel.small_op, node.op, tuple(kwargs.items()), empty)
+            self._stage_small(str(node))
+            return key
         deps: list = []
         spec = self.spec(node.x, deps)
-        m, n = node.x.shape
         in_dtype = np.dtype(node.x.dtype)
         # op results, plus the float64 accumulation copy / (x - mean)**2 of var
         extra = 2 if node.op in ("var", "std") else 1
         temps = (_op_temporaries(spec) + extra) * max(in_dtype.itemsize, 8)
         row_edges, col_edges, peak = self._fit_blocks(spec, (m, n), None, temps)
-        token = tokenize("reduce", node.op, node.axis, node.ddof, spec, row_edges, col_edges)
+        token = tokenize("reduce", node.op, node.axis, node.ddof, spec, row_edges, col_edges,
+                         deps)
         name = f"reduce-{node.op}-{token}"
         parts = {}
         nbytes = nreq = gets = 0
@@ -343,7 +356,7 @@ class Lowerer:
         threads = self.budget.total_threads
         split_every = int(_config.get("reduction.split-every"))
         k_split = (0, k)
-        if n_of(best) < threads and k > 0:
+        if 0 < n_of(best) < threads and k > 0:
             # too few blocks for the workers: split K (tree-summing partial
             # blocks) if the sums fit, else use smaller blocks
             acc = max_interval(best[0]) * max_interval(best[1]) * dtype.itemsize
@@ -361,7 +374,7 @@ class Lowerer:
         if len(k_split) > 2:  # panels never straddle a split point
             a_k = tuple(sorted(set(a_k) | set(k_split)))
             b_k = tuple(sorted(set(b_k) | set(k_split)))
-        token = tokenize("matmul", a_spec, b_spec, row_edges, col_edges, k_split, str(out))
+        token = tokenize("matmul", a_spec, b_spec, row_edges, col_edges, k_split, str(out), deps)
         name = "matmul-" + token
         keys, blocks = [], []
         nbytes = nreq = gets = written = 0

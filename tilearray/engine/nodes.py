@@ -49,7 +49,9 @@ class SliceNode(Node):
     step: tuple = (1, 1)
 
     def __str__(self) -> str:
-        return f"{_paren(self.x)}[{self.start}::{self.step}]"
+        (r0, c0), (rs, cs) = self.start, self.step
+        return (f"{_paren(self.x)}[{r0}:{r0 + self.shape[0] * rs}:{rs}, "
+                f"{c0}:{c0 + self.shape[1] * cs}:{cs}]")
 
 
 @dataclass(frozen=True, eq=False)
@@ -94,6 +96,7 @@ class Reduce(Node):
 
     def __str__(self) -> str:
         extra = f", ddof={self.ddof}" if self.ddof else ""
+        extra += ", keepdims=True" if self.keepdims else ""
         return f"{_paren(self.x)}.{self.op}(axis={self.axis}{extra})"
 
 
@@ -111,3 +114,22 @@ def _fmt(x: Any) -> str:
 
 def _paren(x: Node) -> str:
     return str(x)
+
+
+def structure(x):
+    """A hashable description of every field of an expression tree: the
+    identity used for temporaries, graph keys and resume fingerprints."""
+    if isinstance(x, Node):
+        fields = [type(x).__name__, tuple(x.shape), str(np.dtype(x.dtype))]
+        for name in ("ref", "start", "step", "name", "op", "axis", "keepdims", "ddof"):
+            if hasattr(x, name):
+                v = getattr(x, name)
+                fields.append((name, str(v) if name == "ref" else v))
+        for name in ("x", "a", "b"):
+            if isinstance(getattr(x, name, None), Node):
+                fields.append(structure(getattr(x, name)))
+        if isinstance(x, Elemwise):
+            fields.append(tuple(structure(a) for a in x.args))
+            fields.append(tuple((k, repr(v)) for k, v in x.kwargs))
+        return tuple(fields)
+    return ("const", type(x).__name__, repr(x))

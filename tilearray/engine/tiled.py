@@ -20,7 +20,7 @@ from ..storage import ArrayRef, Grid, create, done_units, grid_of, mark_complete
 from ..storage import array as sarray
 from . import cluster
 from .lower import Lowered, Lowerer
-from .nodes import Elemwise, MatMul, Node, Reduce, SliceNode, Source, Transpose
+from .nodes import Elemwise, MatMul, Node, Reduce, SliceNode, Source, Transpose, structure
 
 log = logging.getLogger("tilearray")
 
@@ -155,6 +155,8 @@ class TiledArray:
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         if method != "__call__" or kwargs.get("out") is not None or ufunc.nout != 1:
             return NotImplemented
+        if ufunc is np.matmul:
+            return matmul(*inputs)
         return _elemwise(ufunc.__name__, *inputs, **kwargs)
 
     def __matmul__(self, other) -> TiledArray:
@@ -431,7 +433,7 @@ def _leaf_tile(node, axis: int, default: int = 1024) -> int:
 
 def _fingerprint(node) -> str:
     """Token of the expression and the state of every input it reads."""
-    parts = [str(node), tuple(node.shape), str(node.dtype)]
+    parts = [structure(node)]
     for leaf in _source_nodes(node):
         parts.append((str(leaf.ref), leaf.shape, str(leaf.dtype), _modification_state(leaf.ref)))
     return tokenize(*parts)
@@ -474,9 +476,18 @@ def _to_zarr(x: TiledArray, path, tile, shard, overwrite, resume, engine) -> Til
     engine = engine or cluster.current_engine()
     ref = ArrayRef.from_location(path)
     out_grid = _output_grid(node, tile, shard)
-    if any(str(leaf.ref) == str(ref) for leaf in _source_nodes(node)):
+    out_loc = str(ref).rstrip("/")
+    for leaf in _source_nodes(node):
+        loc = str(leaf.ref).rstrip("/")
+        if loc == out_loc or loc.startswith(out_loc + "/"):
+            raise StorageError(
+                f"{str(ref)!r} holds an input of the expression ({loc!r}); write the result "
+                "elsewhere"
+            )
+    if _existing(ref) is None and _has_data(ref):
         raise StorageError(
-            f"{str(ref)!r} is an input of the expression; write the result elsewhere"
+            f"{str(ref)!r} exists and is not a Zarr array (a group, or other files); refusing "
+            "to replace it — choose another path or remove it first"
         )
     fp = _fingerprint(node)
     skip: set = set()
@@ -519,6 +530,18 @@ def _to_zarr(x: TiledArray, path, tile, shard, overwrite, resume, engine) -> Til
     out.stats = stats
     x.stats = stats
     return out
+
+
+def _has_data(ref: ArrayRef) -> bool:
+    """True when anything at all is stored under ``ref``."""
+    root = getattr(ref.store, "root", None)
+    if root is not None:
+        path = os.path.join(str(root), ref.path)
+        return os.path.exists(path) and (not os.path.isdir(path) or bool(os.listdir(path)))
+    try:
+        return bool(ref.list_keys(""))
+    except Exception:
+        return False
 
 
 def _existing(ref: ArrayRef):

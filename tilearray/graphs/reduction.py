@@ -116,12 +116,20 @@ def merge(op: str, p, q):
         return (n, mean, m2)
     if op in ARG:
         (va, ia), (vb, ib) = p, q
+        na, nb = _isnan(va), _isnan(vb)
         if op == "argmin":
-            take_b = (vb < va) | (np.isnan(vb) & ~np.isnan(va))
+            take_b = (vb < va) | (nb & ~na)
         else:
-            take_b = (vb > va) | (np.isnan(vb) & ~np.isnan(va))
+            take_b = (vb > va) | (nb & ~na)
+        # ties (equal values, or both NaN): the first occurrence in flat order
+        take_b |= ((vb == va) | (na & nb)) & (ib < ia)
         return (np.where(take_b, vb, va), np.where(take_b, ib, ia))
     raise ValueError(f"unknown reduction {op!r}")
+
+
+def _isnan(v):
+    v = np.asarray(v)
+    return np.isnan(v) if v.dtype.kind in "fc" else np.zeros(v.shape, dtype=bool)
 
 
 def finalize(op: str, p, out_dtype, ddof: int = 0):
