@@ -41,7 +41,7 @@ def test_driver_killed_then_resumed(tmp_path):
                 (a @ b).to_zarr({out!r}, tile=({TILE}, {TILE}))
     """)
     (tmp_path / "job.py").write_text(script)
-    env = {**os.environ, "DASK_TILEARRAY__MEMORY__WORKER_BASELINE": "444MiB"}  # small blocks
+    env = {**os.environ, "DASK_TILEARRAY__MEMORY__WORKER_BASELINE": "474MiB"}  # small blocks
     proc = subprocess.Popen([sys.executable, str(tmp_path / "job.py")], env=env,
                             start_new_session=True)
     deadline = time.time() + 120
@@ -58,7 +58,7 @@ def test_driver_killed_then_resumed(tmp_path):
         (a @ b).to_zarr(out)
     # resume under the same budget (so the same blocks) as the killed job
     with ta.Engine(n_workers=1, memory_per_worker="600MiB", quiet=True) as eng, \
-            dask.config.set({"tilearray.memory.worker-baseline": "444MiB"}):
+            dask.config.set({"tilearray.memory.worker-baseline": "474MiB"}):
         n_blocks = (a @ b).plan(out, tile=(TILE, TILE)).stages[0].tasks
         c = (a @ b).to_zarr(out, resume=True)
         assert c.stats.skipped_units == done_before
@@ -87,7 +87,7 @@ def test_worker_killed_mid_matmul(tmp_path):
     out = str(tmp_path / "c.zarr")
     with ta.Engine(n_workers=2, threads_per_worker=1, memory_per_worker="600MiB",
                    quiet=True) as eng:
-        with dask.config.set({"tilearray.memory.worker-baseline": "444MiB"}):
+        with dask.config.set({"tilearray.memory.worker-baseline": "474MiB"}):
             pids = eng.client.run(os.getpid)
             result = {}
             t = threading.Thread(target=lambda: result.update(c=(a @ b).to_zarr(out)))

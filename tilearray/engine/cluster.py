@@ -283,7 +283,9 @@ class Engine:
                 values[index[fut.key]] = fut.result()  # raises the task's exception
                 if bar is not None:
                     bar.update(1)
-                if fut.key not in keep:
+                if fut.key not in keep and values[index[fut.key]][0] is not None:
+                    # a data-carrying result (a compute() block): free it on the
+                    # worker now; stats-only results stay until retries are counted
                     fut.release()
         except BaseException:
             self.client.cancel(futures)
@@ -306,8 +308,7 @@ class Engine:
         stats.peak_worker_memory = max(peaks.values(), default=0)
         stats.task_retries = self._suspicious()
         for f in futures:  # release, not cancel: a later run may reuse these keys
-            if f.key in keep:
-                f.release()
+            f.release()
         self.last_run = stats
         return [v for v, _ in values], stats
 
