@@ -14,7 +14,7 @@ def engine():
 @pytest.fixture(scope="session")
 def thread_engine():
     """In-process workers: counting store wrappers can be read from the test."""
-    with ta.Engine(n_workers=1, threads_per_worker=2, memory_per_worker="2GiB",
+    with ta.Engine(n_workers=1, threads_per_worker=2, memory_per_worker="4GiB",
                    processes=False, quiet=True) as e:
         yield e
 

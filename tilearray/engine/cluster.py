@@ -168,6 +168,9 @@ class Engine:
                     # whose freed memory is slow to leave RSS could stall a
                     # run, while the nanny's kill at 95% stays the safety net
                     "distributed.worker.memory.pause": False,
+                    # in-process workers have no nanny: measuring this whole
+                    # process against the limit would make them close themselves
+                    **({} if processes else {"distributed.worker.memory.terminate": False}),
                 }):
                     self.cluster = LocalCluster(
                         n_workers=n,
