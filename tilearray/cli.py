@@ -480,6 +480,7 @@ def cmd_info(args) -> int:
 
     import tilearray as ta
     from tilearray.storage import ArrayRef, done_units, info_attrs
+    from tilearray.storage.array import local_files_state
 
     for k, path in enumerate(args.paths):
         full = _abs(path)
@@ -490,7 +491,8 @@ def cmd_info(args) -> int:
         meta = info_attrs(z)
         complete = bool(meta.get("complete", True))
         done = g.n_units if complete else len(done_units(ref))
-        stored = _disk_usage(full)
+        state = local_files_state(ref)
+        stored = state[1] if state else None
         info = {
             "path": path,
             "shape": list(x.shape),
@@ -537,17 +539,6 @@ def cmd_info(args) -> int:
         if meta.get("expression"):
             print(f"  expression:  {meta['expression']}")
     return 0
-
-
-def _disk_usage(path: str) -> int | None:
-    if not os.path.isdir(path):
-        return None
-    total = 0
-    for dirpath, _, files in os.walk(path):
-        for f in files:
-            with contextlib.suppress(OSError):
-                total += os.stat(os.path.join(dirpath, f)).st_size
-    return total
 
 
 def cmd_random(args) -> int:

@@ -38,10 +38,6 @@ def _blas_info():
     return [(i.get("internal_api"), i.get("num_threads")) for i in threadpool_info()]
 
 
-def _rss() -> int:
-    return psutil.Process().memory_info().rss
-
-
 @dataclass
 class RunStats:
     """Measured figures of one run."""
@@ -71,35 +67,6 @@ class RunStats:
             f"{format_bytes(self.peak_worker_memory)}, retries: {self.task_retries} task(s), "
             f"{self.read_retries} read(s)"
         )
-
-
-class _MemorySampler(threading.Thread):
-    """Samples every worker's RSS while a run is in progress."""
-
-    def __init__(self, client, interval: float = 0.2):
-        super().__init__(daemon=True, name="tilearray-rss")
-        self.client, self.interval = client, interval
-        self.peak: dict[str, int] = {}
-        self._stop_event = threading.Event()
-
-    def run(self):
-        while not self._stop_event.is_set():
-            self.sample()
-            self._stop_event.wait(self.interval)
-
-    def sample(self):
-        try:
-            for addr, rss in self.client.run(_rss, on_error="ignore").items():
-                if isinstance(rss, int):
-                    self.peak[addr] = max(self.peak.get(addr, 0), rss)
-        except Exception:  # workers coming and going; sampling is best effort
-            pass
-
-    def stop(self) -> dict:
-        self._stop_event.set()
-        self.join(timeout=5)
-        self.sample()
-        return self.peak
 
 
 class Engine:
@@ -263,9 +230,7 @@ class Engine:
 
         quiet = self.quiet if quiet is None else quiet
         t0 = time.perf_counter()
-        _worker_peaks(self.client)  # reset the in-worker peaks
-        sampler = _MemorySampler(self.client)
-        sampler.start()
+        _worker_peaks(self.client)  # reset the in-worker peaks (PeakMemory plugin)
         futures = self.client.get(graph, keys, sync=False)
         keep: set = set()  # keys listed twice must not be released early
         seen: set = set()
@@ -296,10 +261,8 @@ class Engine:
         finally:
             if bar is not None:
                 bar.close()
-            peaks = sampler.stop()
-            for addr, rss in _worker_peaks(self.client).items():
-                if isinstance(rss, int):
-                    peaks[addr] = max(peaks.get(addr, 0), rss)
+            peaks = {addr: rss for addr, rss in _worker_peaks(self.client).items()
+                     if isinstance(rss, int)}
         stats = RunStats(wall_seconds=time.perf_counter() - t0)
         for _, st in values:
             for k in ("bytes_read", "bytes_written", "read_requests", "store_gets",

@@ -15,7 +15,7 @@ from .. import _config
 from ..errors import PlanningError, StorageError
 from ..graphs import elemwise as gel
 from ..graphs.reduction import NO_IDENTITY, OPS
-from ..graphs.spec import func, leaves
+from ..graphs.spec import func
 from ..storage import ArrayRef, Grid, create, done_units, grid_of, mark_complete, open_array
 from ..storage import array as sarray
 from . import cluster
@@ -435,7 +435,7 @@ def _fingerprint(node) -> str:
     """Token of the expression and the state of every input it reads."""
     parts = [structure(node)]
     for leaf in _source_nodes(node):
-        parts.append((str(leaf.ref), leaf.shape, str(leaf.dtype), _modification_state(leaf.ref)))
+        parts.append((str(leaf.ref), leaf.shape, str(leaf.dtype), sarray.local_files_state(leaf.ref)))
     return tokenize(*parts)
 
 
@@ -449,18 +449,6 @@ def _source_nodes(node):
     for a in getattr(node, "args", ()):
         if isinstance(a, Node):
             yield from _source_nodes(a)
-
-
-def _modification_state(ref: ArrayRef):
-    root = getattr(ref.store, "root", None)
-    if root is None:
-        return None
-    newest, total, count = 0, 0, 0
-    for dirpath, _, files in os.walk(os.path.join(str(root), ref.path)):
-        for f in files:
-            st = os.stat(os.path.join(dirpath, f))
-            newest, total, count = max(newest, st.st_mtime_ns), total + st.st_size, count + 1
-    return newest, total, count
 
 
 def _to_zarr(x: TiledArray, path, tile, shard, overwrite, resume, engine) -> TiledArray:
@@ -664,8 +652,4 @@ def from_dask(x, path, *, overwrite=False, shard=None) -> TiledArray:
     return open(path)
 
 
-def leaves_of(x: TiledArray):
-    return list(_source_nodes(x._node))
-
-
-__all__ = ["TiledArray", "from_dask", "from_numpy", "leaves", "matmul", "open", "random"]
+__all__ = ["TiledArray", "from_dask", "from_numpy", "matmul", "open", "random"]

@@ -313,6 +313,23 @@ def is_complete(ref: ArrayRef) -> bool:
     return info_attrs(arr).get("complete", True)
 
 
+def local_files_state(ref: ArrayRef) -> tuple[int, int, int] | None:
+    """``(newest mtime ns, total bytes, file count)`` of a local array's files
+    (None for stores that are not directories)."""
+    root = getattr(ref.store, "root", None)
+    if root is None:
+        return None
+    newest = total = count = 0
+    for dirpath, _, files in os.walk(os.path.join(str(root), ref.path)):
+        for f in files:
+            try:
+                st = os.stat(os.path.join(dirpath, f))
+            except OSError:
+                continue
+            newest, total, count = max(newest, st.st_mtime_ns), total + st.st_size, count + 1
+    return newest, total, count
+
+
 # -- single-writer lock -----------------------------------------------------------------
 
 LOCK_KEY = "tilearray.lock"
