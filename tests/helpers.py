@@ -16,3 +16,18 @@ def rand(rng, shape, dtype):
     if dtype.kind == "b":
         return rng.random(shape) < 0.5
     return rng.integers(-50, 50, size=shape).astype(dtype)
+
+
+def scrape(engine) -> dict:
+    """Scrape the scheduler's ``/metrics`` over HTTP: ``{series: value}``
+    for tilearray's series (labels kept in the series name)."""
+    import urllib.request
+
+    with urllib.request.urlopen(engine.metrics_url, timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("tilearray_"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out

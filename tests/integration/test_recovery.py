@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import tilearray as ta
+from helpers import scrape
 
 N, TILE = 1536, 128
 
@@ -99,5 +100,7 @@ def test_worker_killed_mid_matmul(tmp_path):
             t.join(timeout=240)
         c = result["c"]
         assert c.stats.task_retries >= 1
+        # the scheduler's metrics count the same reruns
+        assert scrape(eng)["tilearray_task_retries_total"] >= c.stats.task_retries
         x, y = a.compute(engine=eng), b.compute(engine=eng)
         np.testing.assert_allclose(c.compute(engine=eng), x @ y, rtol=1e-9)

@@ -57,6 +57,8 @@ class RunStats:
     blas_seconds: float = 0.0
     skipped_units: int = 0
     """Output units already done (resume) and not recomputed."""
+    units_written: int = 0
+    """Output (and temporary) I/O units written and marked done by this run."""
     per_worker_peak: dict = field(default_factory=dict)
 
     def __str__(self) -> str:
@@ -83,7 +85,11 @@ class Engine:
         ``tilearray.memory.default-per-worker``, capped by the machine.
     client : distributed.Client, optional
         Use this running cluster instead of starting one; the budget is read
-        from its workers.
+        from its workers (the one with the least memory per thread sets it).
+    adaptive : (int, int), optional
+        ``(minimum, maximum)`` workers: the embedded LocalCluster scales with
+        the work through dask's adaptive scaling (``cluster.adapt``); tasks
+        are planned for ``maximum`` workers of the same size.
     processes : bool
         Workers as processes (default) or threads of this process.
     quiet : bool
@@ -102,6 +108,7 @@ class Engine:
         client=None,
         *,
         processes: bool = True,
+        adaptive: tuple[int, int] | None = None,
         quiet: bool = False,
         dashboard: bool = False,
         set_as_default: bool = True,
@@ -111,12 +118,22 @@ class Engine:
         self.cluster = None
         self.last_run: RunStats | None = None
         self._memory_override = memory_per_worker
+        self._spec = None  # (memory, threads, max workers) of a cluster we start
+        if client is not None and adaptive is not None:
+            raise ClusterError("adaptive= applies to the embedded LocalCluster; scale an existing "
+                               "cluster with its own cluster.adapt()")
         if client is None:
             from distributed import Client, LocalCluster
 
             cores = os.cpu_count() or 1
             threads = int(threads_per_worker or 1)
             n = int(n_workers or max(cores // threads, 1))
+            if adaptive is not None:
+                lo, hi = (int(v) for v in adaptive)
+                if not 0 <= lo <= hi or hi < 1:
+                    raise ClusterError(f"adaptive=(minimum, maximum) needs 0 <= minimum <= maximum "
+                                       f"and maximum >= 1, got {adaptive!r}")
+                n = hi if n_workers is None else int(n_workers)
             if memory_per_worker is None:
                 mem = _config.get_bytes("memory.default-per-worker")
                 mem = min(mem, int(psutil.virtual_memory().total * 0.8 / n))
@@ -140,7 +157,7 @@ class Engine:
                     **({} if processes else {"distributed.worker.memory.terminate": False}),
                 }):
                     self.cluster = LocalCluster(
-                        n_workers=n,
+                        n_workers=n if adaptive is None else lo,
                         threads_per_worker=threads,
                         memory_limit=mem,
                         processes=processes,
@@ -150,6 +167,9 @@ class Engine:
                     client = Client(self.cluster, set_as_default=False)
             except Exception as e:
                 raise ClusterError(f"could not start a LocalCluster ({n} x {threads}): {e}") from e
+            self._spec = (mem, threads, n)
+            if adaptive is not None:
+                self.cluster.adapt(minimum=lo, maximum=hi)
             from ._plugins import BlasLimit
 
             client.register_plugin(BlasLimit(blas), name=BlasLimit.name)
@@ -160,11 +180,14 @@ class Engine:
         self.client = client
         self._closed = False
         try:
+            from . import metrics
             from ._plugins import PeakMemory
 
             client.register_plugin(PeakMemory(), name=PeakMemory.name)
-        except Exception:  # a cluster that refuses plugins: client-side sampling only
-            log.debug("could not register the peak-memory plugin", exc_info=True)
+            metrics.register(client)
+        except Exception:  # a cluster that refuses plugins runs without them
+            log.warning("could not register tilearray's worker/scheduler plugins "
+                        "(no peak-memory figures or metrics)", exc_info=True)
         if set_as_default:
             global _active
             _active = self
@@ -173,18 +196,31 @@ class Engine:
 
     # -- budget -----------------------------------------------------------------
     def budget(self) -> Budget:
-        """The planning budget: the smallest worker's memory and threads."""
+        """The planning budget, read from the cluster's workers.
+
+        Every task must fit any worker, so the worker with the least memory
+        per thread sets it (``Budget.worker`` names it). Workers without a
+        memory limit count as ``tilearray.memory.default-per-worker``.
+        """
         workers = self.client.scheduler_info(n_workers=-1).get("workers", {})
+        if self._spec is not None:  # our LocalCluster, possibly scaled down to none
+            mem, threads, n = self._spec
+            if len(workers) <= n:
+                return Budget.from_config(mem, n, threads)
         if not workers:
-            raise ClusterError("the cluster has no workers")
-        mem = min((w.get("memory_limit") or 0) for w in workers.values())
-        if self._memory_override is not None:
-            o = self._memory_override
-            mem = parse_bytes(o) if isinstance(o, str) else int(o)
-        if not mem:
-            mem = _config.get_bytes("memory.default-per-worker")
-        threads = max(w.get("nthreads", 1) for w in workers.values())
-        return Budget.from_config(mem, len(workers), threads)
+            raise ClusterError(
+                f"the cluster at {self.client.scheduler.address} has no workers; start some "
+                "(or wait for them) before planning")
+        override = self._memory_override
+        if override is not None:
+            override = parse_bytes(override) if isinstance(override, str) else int(override)
+        default = _config.get_bytes("memory.default-per-worker")
+        candidates = []
+        for addr, w in workers.items():
+            mem = override or w.get("memory_limit") or default
+            b = Budget.from_config(mem, len(workers), w.get("nthreads") or 1, worker=addr)
+            candidates.append((b.task_memory, addr, b))
+        return min(candidates, key=lambda c: (c[0], c[1]))[2]
 
     # -- context ----------------------------------------------------------------
     def __enter__(self) -> Engine:
@@ -220,17 +256,25 @@ class Engine:
         )
 
     # -- running ----------------------------------------------------------------
-    def run(self, graph: dict, keys: list, *, description: str = "tilearray", quiet=None):
+    def run(self, graph: dict, keys: list, *, description: str = "tilearray", quiet=None,
+            plan=None, units_total: int = 0, units_skipped: int = 0):
         """Run ``graph`` and gather ``keys`` (each a ``(value, stats)`` task).
 
         Shows progress, samples worker memory, and returns ``(values, RunStats)``.
         On failure every pending task is cancelled and the first error raised.
+        ``plan`` and the unit counts are reported to the scheduler's metrics.
         """
         from distributed import as_completed
+
+        from .metrics import job_event
 
         quiet = self.quiet if quiet is None else quiet
         t0 = time.perf_counter()
         _worker_peaks(self.client)  # reset the in-worker peaks (PeakMemory plugin)
+        job_event(self.client, "start", name=description, tasks=len(graph),
+                  units_total=int(units_total), units_skipped=int(units_skipped),
+                  **(_plan_figures(plan) if plan is not None else {}))
+        ok = False
         futures = self.client.get(graph, keys, sync=False)
         keep: set = set()  # keys listed twice must not be released early
         seen: set = set()
@@ -255,10 +299,12 @@ class Engine:
                     # a data-carrying result (a compute() block): free it on the
                     # worker now; stats-only results stay until retries are counted
                     fut.release()
+            ok = True
         except BaseException:
             self.client.cancel(futures)
             raise
         finally:
+            job_event(self.client, "end", ok=ok)
             if bar is not None:
                 bar.close()
             peaks = {addr: rss for addr, rss in _worker_peaks(self.client).items()
@@ -266,7 +312,7 @@ class Engine:
         stats = RunStats(wall_seconds=time.perf_counter() - t0)
         for _, st in values:
             for k in ("bytes_read", "bytes_written", "read_requests", "store_gets",
-                      "read_retries", "tasks"):
+                      "read_retries", "tasks", "units_written"):
                 setattr(stats, k, getattr(stats, k) + int(st.get(k, 0)))
             stats.io_wait_seconds += st.get("io_wait_seconds", 0.0)
             stats.blas_seconds += st.get("blas_seconds", 0.0)
@@ -287,6 +333,27 @@ class Engine:
         except Exception:
             return 0
 
+    @property
+    def metrics_url(self) -> str | None:
+        """The scheduler's Prometheus endpoint (dask's and tilearray's metrics)."""
+        from urllib.parse import urlparse
+
+        port = self.client.scheduler_info(n_workers=0).get("services", {}).get("dashboard")
+        if port is None:
+            return None
+        host = urlparse(self.client.scheduler.address).hostname or "127.0.0.1"
+        return f"http://{host}:{port}/metrics"
+
+    def metrics(self) -> dict:
+        """tilearray's figures as the scheduler holds them (what ``/metrics`` exports)."""
+        from .metrics import Metrics
+
+        def snap(dask_scheduler):
+            p = dask_scheduler.plugins.get(Metrics.name)
+            return p.snapshot() if p is not None else {}
+
+        return self.client.run_on_scheduler(snap)
+
     def blas_report(self) -> dict:
         """BLAS libraries and thread counts on each worker (threadpoolctl)."""
         return self.client.run(_blas_info)
@@ -298,6 +365,15 @@ class Engine:
         from .mpi import start
 
         return start(cls, **kwargs)
+
+
+def _plan_figures(plan) -> dict:
+    b = plan.budget
+    return {
+        "projected_task_memory": max((s.peak_task_memory for s in plan.stages), default=0),
+        "task_memory_budget": b.task_memory,
+        "memory_per_worker": b.memory_per_worker,
+    }
 
 
 def _restore_environ(saved: dict) -> None:

@@ -435,7 +435,9 @@ class Lowerer:
             raise PlanningError(
                 f"{what}: the smallest {kind} task needs {format_bytes(peak)} but the budget "
                 f"allows {format_bytes(budget)} per task ({format_bytes(self.budget.memory_per_worker)}"
-                f" per worker, {self.budget.threads_per_worker} thread(s)); it would fit with "
+                f" per worker, {self.budget.threads_per_worker} thread(s)"
+                + (f", the smallest worker {self.budget.worker}" if self.budget.worker else "")
+                + "); it would fit with "
                 f"memory_per_worker >= {format_bytes(need)}, or with smaller tiles/shards"
             )
 

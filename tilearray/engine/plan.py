@@ -12,25 +12,37 @@ from .. import _config
 
 @dataclass(frozen=True, slots=True)
 class Budget:
-    """Memory and parallelism the planner sizes tasks for."""
+    """Memory and parallelism the planner sizes tasks for.
+
+    An :class:`Engine` gives its own (``engine.budget()``); build one to plan
+    without a cluster, e.g. ``expr.plan(budget=ta.Budget.from_config(2**30,
+    4, 1))``. Frozen: change it with :func:`dataclasses.replace`.
+    """
 
     memory_per_worker: int
     """Whole worker process limit (dask's ``memory_limit``), in bytes."""
     n_workers: int = 1
+    """Workers that run tasks in parallel."""
     threads_per_worker: int = 1
+    """Tasks one worker runs at once; they share its memory."""
     baseline: int = 160 * 2**20
     """Resident memory of an idle worker, reserved first, in bytes."""
     fraction: float = 0.8
     """Share of ``memory_per_worker`` the planner may fill."""
+    worker: str | None = None
+    """On a cluster: the worker that sets the budget (least memory per thread)."""
 
     @classmethod
-    def from_config(cls, memory_per_worker: int, n_workers: int, threads_per_worker: int):
+    def from_config(cls, memory_per_worker: int, n_workers: int, threads_per_worker: int,
+                    worker: str | None = None):
+        """A budget with the baseline and target fraction from ``tilearray.memory.*``."""
         return cls(
             int(memory_per_worker),
             int(n_workers),
             int(threads_per_worker),
             _config.get_bytes("memory.worker-baseline"),
             float(_config.get("memory.target-fraction")),
+            worker,
         )
 
     @property
@@ -42,6 +54,7 @@ class Budget:
 
     @property
     def total_threads(self) -> int:
+        """Tasks the whole cluster runs at once."""
         return self.n_workers * self.threads_per_worker
 
     def worker_memory_for(self, task_memory: int) -> int:
@@ -73,45 +86,69 @@ class Stage:
 
 @dataclass(frozen=True)
 class Plan:
-    """What a run will do, projected before anything runs."""
+    """What a run will do, projected before anything runs.
+
+    Made by :meth:`TiledArray.plan` (and by every run, before it starts);
+    printable, with an HTML table in notebooks. Totals are summed over the
+    stages.
+
+    Examples
+    --------
+    >>> print((a @ b).plan())                          # doctest: +SKIP
+    """
 
     expression: str
+    """The expression, as text."""
     shape: tuple
+    """Result shape."""
     dtype: str
+    """Result dtype."""
     budget: Budget
+    """The budget the tasks were sized for."""
     stages: tuple[Stage, ...]
+    """The planned operations, in run order."""
     output: str | None = None
+    """Where the result is written (None: returned in memory)."""
 
     @property
     def tasks(self) -> int:
+        """Number of tasks."""
         return sum(s.tasks for s in self.stages)
 
     @property
     def peak_task_memory(self) -> int:
+        """Projected peak memory of the largest task, in bytes."""
         return max((s.peak_task_memory for s in self.stages), default=0)
 
     @property
     def bytes_read(self) -> int:
+        """Bytes read from storage (decoded size), in bytes."""
         return sum(s.bytes_read for s in self.stages)
 
     @property
     def bytes_written(self) -> int:
+        """Bytes written to storage (decoded size), in bytes."""
         return sum(s.bytes_written for s in self.stages)
 
     @property
     def flops(self) -> int:
+        """Floating-point operations (2 per multiply-add in a matmul)."""
         return sum(s.flops for s in self.stages)
 
     @property
     def reads(self) -> int:
+        """Planned read requests (whole I/O units or runs of them)."""
         return sum(s.reads for s in self.stages)
 
     @property
     def store_gets(self) -> int:
+        """Store requests those reads make."""
         return sum(s.store_gets for s in self.stages)
 
     @property
     def io_lower_bound(self) -> int | None:
+        """Hong-Kung lower bound on the matmul stages' reads, in bytes (None
+        without a matmul)."""
         bounds = [s.io_lower_bound for s in self.stages if s.io_lower_bound]
         return sum(bounds) if bounds else None
 
@@ -122,7 +159,8 @@ class Plan:
             + (f" into {self.output}" if self.output else ""),
             f"  budget: {b.n_workers} worker(s) x {b.threads_per_worker} thread(s), "
             f"{format_bytes(b.memory_per_worker)} per worker -> "
-            f"{format_bytes(b.task_memory)} per task",
+            f"{format_bytes(b.task_memory)} per task"
+            + (f" (set by worker {b.worker})" if b.worker else ""),
         ]
         for i, s in enumerate(self.stages, 1):
             line = (

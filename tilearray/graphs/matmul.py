@@ -200,6 +200,7 @@ def matmul_store(a_spec, b_spec, rows, cols, a_panels, b_panels, dtype, out_ref,
     io = IOStats()
     write_block(out_ref, rows, cols, acc, io)
     st["bytes_written"] = io.bytes_written
+    st["units_written"] = io.units_written
     return None, st
 
 
@@ -221,6 +222,7 @@ def store_partials(out_ref, rows, cols, *parts):
     io = IOStats()
     write_block(out_ref, rows, cols, acc, io)
     st["bytes_written"] = st.get("bytes_written", 0) + io.bytes_written
+    st["units_written"] = st.get("units_written", 0) + io.units_written
     return None, st
 
 

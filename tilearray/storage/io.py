@@ -91,6 +91,8 @@ class IOStats:
     store_gets: int = 0
     read_retries: int = 0
     read_seconds: float = 0.0
+    units_written: int = 0
+    """Output I/O units written whole and marked done."""
     extra: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
@@ -101,6 +103,7 @@ class IOStats:
             "store_gets": self.store_gets,
             "read_retries": self.read_retries,
             "read_seconds": self.read_seconds,
+            "units_written": self.units_written,
         }
 
 
@@ -202,6 +205,7 @@ def write_block(
                 c0, c1 = grid.unit_range(1, j)
                 arr[r0:r1, c0:c1] = data[r0 - rows[0] : r1 - rows[0], c0 - cols[0] : c1 - cols[0]]
                 mark_unit_done(ref, i, j)
+                stats.units_written += 1
     except OSError as e:
         raise StorageError(f"writing {str(ref)!r} rows {rows} cols {cols} failed: {e}") from e
     stats.bytes_written += data.nbytes

@@ -1,0 +1,67 @@
+"""tilearray's Prometheus metrics on the scheduler's /metrics, scraped over
+loopback while a job runs, and checked against the run's own figures."""
+
+import threading
+import time
+
+import dask
+import numpy as np
+import pytest
+
+import tilearray as ta
+from helpers import make, scrape
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_metrics_move_during_a_run_and_match_the_run(tmp_path, rng, engine):
+    a = rng.standard_normal((1000, 900))
+    b = rng.standard_normal((1000, 900))
+    A, B = make(tmp_path, "a", a, (100, 90)), make(tmp_path, "b", b, (100, 90), shard=(200, 180))
+    before = scrape(engine)
+    assert {"tilearray_bytes_read_total", "tilearray_units_written_total",
+            "tilearray_task_retries_total", "tilearray_job_units_remaining"} <= set(before)
+    seen_running = []
+    box = {}
+    with dask.config.set({"tilearray.map.block-bytes": "80kB"}):  # many small tasks
+        t = threading.Thread(target=lambda: box.update(out=(A * B - 1).to_zarr(tmp_path / "c.zarr")))
+        t.start()
+        while t.is_alive():
+            m = scrape(engine)
+            if m["tilearray_job_running"] == 1 and m["tilearray_units_written_total"] > \
+                    before["tilearray_units_written_total"]:
+                seen_running.append(m)
+            time.sleep(0.05)
+        t.join()
+    out = box["out"]
+    st = out.stats
+    after = scrape(engine)
+    np.testing.assert_allclose(out.compute(), a * b - 1)
+    # the counters moved while the job was still running ...
+    assert seen_running, "no scrape saw the job running with units written"
+    mid = seen_running[0]
+    assert 0 < mid["tilearray_job_units_done"] < mid["tilearray_job_units_total"] == 100
+    assert mid["tilearray_job_units_remaining"] == 100 - mid["tilearray_job_units_done"]
+    # ... and end equal to what the run measured
+    delta = {k: after[k] - before.get(k, 0) for k in after if k.endswith("_total")}
+    assert delta["tilearray_bytes_read_total"] == st.bytes_read == 2 * a.nbytes
+    assert delta["tilearray_bytes_written_total"] == st.bytes_written == a.nbytes
+    assert delta["tilearray_units_written_total"] == st.units_written == 100
+    assert delta["tilearray_tasks_total"] == st.tasks
+    assert delta["tilearray_jobs_total"] == 1 and delta["tilearray_jobs_failed_total"] == 0
+    assert after["tilearray_job_units_remaining"] == 0 and after["tilearray_job_running"] == 0
+    assert 0 < after["tilearray_task_memory_projected_bytes"] <= after["tilearray_task_memory_budget_bytes"]
+    peaks = {k: v for k, v in after.items() if k.startswith("tilearray_worker_peak_memory_bytes")}
+    assert peaks and all(0 < v <= 2**30 for v in peaks.values())
+    assert engine.metrics()["totals"]["units_written"] == after["tilearray_units_written_total"]
+
+
+def test_failed_job_is_counted(tmp_path, rng, engine):
+    a = make(tmp_path, "a", rng.standard_normal((200, 100)), (50, 50))
+    before = scrape(engine)
+    (tmp_path / "a" / "c" / "0" / "0").write_bytes(b"garbage")  # a corrupt chunk
+    with pytest.raises(ta.CorruptChunkError):
+        (a + 1).to_zarr(tmp_path / "out.zarr")
+    after = scrape(engine)
+    assert after["tilearray_jobs_failed_total"] == before["tilearray_jobs_failed_total"] + 1
+    assert after["tilearray_job_running"] == 0
