@@ -3,6 +3,8 @@
 Commands::
 
     tilearray info PATH [PATH ...] [--json]
+    tilearray info --scheduler-address ADDR [--json]     # cluster health
+    tilearray k8s-spec --name N --image IMG --workers N --memory-per-worker M [--job CMD]
     tilearray random PATH --shape M N [--tile R C] [--shard R C] [--dtype D] [--seed S]
     tilearray plan EXPR [-o OUT] [--tile R C] [--shard R C]
     tilearray matmul A B -o C [--transpose-a] [--transpose-b] [--tile R C] [--shard R C]
@@ -475,6 +477,76 @@ def _log(args, *lines) -> None:
 # -- commands -------------------------------------------------------------------------
 
 
+def _connect(args):
+    from distributed import Client
+
+    from tilearray.errors import ClusterError
+
+    try:
+        return Client(args.scheduler_address, timeout=args.connect_timeout,
+                      set_as_default=False)
+    except Exception as e:
+        raise ClusterError(
+            f"could not connect to the dask scheduler at {args.scheduler_address!r}: {e}"
+        ) from e
+
+
+def _short_python(v) -> str:
+    return ".".join(str(v).split(".")[:3]) if v else "not installed"
+
+
+def _print_health(h) -> None:
+    from dask.utils import format_bytes
+
+    status = "healthy" if h["healthy"] else "UNHEALTHY: " + "; ".join(h["problems"])
+    print(f"cluster {h['scheduler']}: {status}")
+    port = h["scheduler_http_port"]
+    http = f" (HTTP port {port}: /health, /metrics)" if port else ""
+    print(f"  scheduler:   {h['scheduler']}{http}")
+    print(f"  workers:     {h['n_workers']}, {h['threads']} thread(s), "
+          f"{format_bytes(h['memory_limit'])} memory limit in total")
+    for w in h["workers"]:
+        limit = w["memory_limit"]
+        mem = w["memory"]
+        used = (f"memory {format_bytes(mem)}" if mem is not None else "memory ?")
+        used += (f" of {format_bytes(limit)} ({100 * (mem or 0) / limit:.0f}%)" if limit
+                 else ", no memory limit")
+        name = f" ({w['name']})" if w["name"] != w["address"] else ""
+        http = f", HTTP port {w['http_port']}" if w["http_port"] else ""
+        print(f"    {w['address']}{name}: {w['nthreads']} thread(s), {used}{http}")
+    if not h["mismatches"]:
+        vs = ", ".join(f"{k} {_short_python(v) if k == 'python' else v or 'not installed'}"
+                       for k, v in h["versions"].items())
+        print(f"  versions:    match ({vs})")
+        return
+    print("  versions:    MISMATCH")
+    for m in h["mismatches"]:
+        parts = [f"{_short_python(v) if m['package'] == 'python' else v} on {', '.join(sides)}"
+                 for v, sides in m["versions"].items()]
+        print(f"    {m['package']}: " + "; ".join(parts))
+
+
+def _cluster_info(args) -> int:
+    from tilearray.deploy import cluster_health
+
+    client = _connect(args)
+    try:
+        h = cluster_health(client)
+    finally:
+        with contextlib.suppress(Exception):
+            client.close()
+    if args.json:
+        print(json.dumps(h))
+    else:
+        _print_health(h)
+    if h["healthy"]:
+        return 0
+    sys.stdout.flush()
+    print(f"{PROG}: error: cluster at {args.scheduler_address} is unhealthy: "
+          + "; ".join(h["problems"]), file=sys.stderr)
+    return 1
+
+
 def cmd_info(args) -> int:
     from dask.utils import format_bytes
 
@@ -482,6 +554,13 @@ def cmd_info(args) -> int:
     from tilearray.storage import ArrayRef, done_units, info_attrs
     from tilearray.storage.array import local_files_state
 
+    if not args.paths and not args.scheduler_address:
+        raise UsageError("give array PATHs, or --scheduler-address for a cluster's health")
+    exit_code = 0
+    if args.scheduler_address:
+        exit_code = _cluster_info(args)
+        if args.paths and not args.json:
+            print()
     for k, path in enumerate(args.paths):
         full = _abs(path)
         x = ta.open(full, allow_incomplete=True)
@@ -538,7 +617,7 @@ def cmd_info(args) -> int:
         print(f"  complete:    {status}")
         if meta.get("expression"):
             print(f"  expression:  {meta['expression']}")
-    return 0
+    return exit_code
 
 
 def cmd_random(args) -> int:
@@ -678,6 +757,41 @@ def cmd_reduce(args) -> int:
     return 0
 
 
+def cmd_k8s_spec(args) -> int:
+    import shlex
+
+    from tilearray import _config, deploy
+
+    memory = args.memory_per_worker or _config.get_bytes("memory.default-per-worker")
+    try:
+        spec = deploy.K8sSpec(
+            name=args.name, image=args.image, workers=args.workers, memory_per_worker=memory,
+            threads_per_worker=args.threads_per_worker, data_pvc=args.data_pvc,
+            data_path=args.data_path, scheduler_memory=args.scheduler_memory,
+            namespace=args.namespace)
+        spec.validate()
+        if args.job is not None:
+            try:
+                command = shlex.split(args.job)
+            except ValueError as e:
+                raise deploy.DeployError(f"bad --job command {args.job!r}: {e}") from None
+            manifest = deploy.job_manifest(spec, command)
+        else:
+            manifest = deploy.cluster_manifest(spec)
+    except deploy.DeployError as e:
+        raise UsageError(str(e)) from None
+    text = deploy.to_yaml(manifest)
+    if args.output in (None, "-"):
+        sys.stdout.write(text)
+    else:
+        with open(args.output, "w") as f:
+            f.write(text)
+        print(f"{PROG}: wrote {manifest['kind']} {spec.name!r} ({spec.workers} worker(s) x "
+              f"{spec.threads_per_worker} CPU, {deploy.k8s_quantity(memory)}) to {args.output}; "
+              f"apply with: kubectl apply -f {args.output}", file=sys.stderr)
+    return 0
+
+
 # -- the parser -------------------------------------------------------------------------
 
 
@@ -743,10 +857,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    p = sub.add_parser("info", parents=[common], help="describe stored arrays",
+    p = sub.add_parser("info", parents=[common], help="describe stored arrays or a cluster",
                        description="Shape, dtype, tile, I/O unit, grids, bytes and "
-                                   "completion of Zarr arrays.")
-    p.add_argument("paths", nargs="+", metavar="PATH")
+                                   "completion of Zarr arrays. With --scheduler-address: the "
+                                   "cluster's health (workers, threads, memory, and whether "
+                                   "python, dask, distributed, numpy, zarr and tilearray "
+                                   "versions match on this client, the scheduler and every "
+                                   "worker); exit status 1 when no worker is connected or "
+                                   "versions differ.")
+    p.add_argument("paths", nargs="*", metavar="PATH")
+    p.add_argument("--scheduler-address", metavar="ADDR",
+                   help="report the health of the dask cluster at this scheduler address")
+    p.add_argument("--connect-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="how long to wait for --scheduler-address (default 30)")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.set_defaults(func=cmd_info, parser=p)
 
@@ -806,6 +929,45 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", metavar="OUT")
     output_opts(p)
     p.set_defaults(func=cmd_reduce, parser=p)
+
+    p = sub.add_parser(
+        "k8s-spec", parents=[common], help="write a Kubernetes DaskCluster/DaskJob manifest",
+        description="Write a DaskCluster (or, with --job, a DaskJob) manifest for the "
+                    "dask-kubernetes operator, built with dask-kubernetes' own spec builder: "
+                    "worker memory request = limit = --memory-per-worker = the worker's "
+                    "--memory-limit, CPU request = limit = --threads-per-worker = its "
+                    "--nthreads, /health liveness and readiness probes, and the Zarr data "
+                    "volume (--data-pvc) mounted at --data-path in every pod. Needs the "
+                    "deploy extra: pip install 'tilearray[deploy]'. Nothing is sent to a "
+                    "cluster.",
+        epilog="example: tilearray k8s-spec --name mm --image registry/tilearray:0.1.0 "
+               "--workers 8 --memory-per-worker 8GiB --threads-per-worker 2 --data-pvc zarr "
+               "--job 'tilearray matmul a.zarr b.zarr -o c.zarr --resume "
+               "--scheduler-address $(DASK_SCHEDULER_ADDRESS)' -o job.yaml")
+    p.add_argument("--name", default="tilearray", help="resource name (default tilearray)")
+    p.add_argument("--image", default="tilearray:latest",
+                   help="image with tilearray installed, for scheduler, workers and job "
+                        "(default tilearray:latest; see deploy/kubernetes/Dockerfile)")
+    p.add_argument("--workers", type=_pos_int, default=2, metavar="N",
+                   help="worker pods (default 2)")
+    p.add_argument("--memory-per-worker", type=_bytes, metavar="BYTES",
+                   help="memory of each worker, e.g. 8GiB (default "
+                        "tilearray.memory.default-per-worker)")
+    p.add_argument("--threads-per-worker", type=_pos_int, default=1, metavar="N",
+                   help="threads = CPU cores of each worker (default 1)")
+    p.add_argument("--scheduler-memory", type=_bytes, default=2 * 2**30, metavar="BYTES",
+                   help="memory of the scheduler and of the job runner (default 2GiB)")
+    p.add_argument("--data-pvc", metavar="CLAIM",
+                   help="PersistentVolumeClaim with the Zarr arrays (ReadWriteMany when "
+                        "workers span nodes); default: no volume")
+    p.add_argument("--data-path", default="/data", metavar="PATH",
+                   help="mount path of --data-pvc in every container (default /data)")
+    p.add_argument("--namespace", help="metadata.namespace (default: kubectl's)")
+    p.add_argument("--job", metavar="CMD",
+                   help="write a DaskJob whose runner pod runs this command (one shell-quoted "
+                        "string; $(DASK_SCHEDULER_ADDRESS) is set by the operator)")
+    p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    p.set_defaults(func=cmd_k8s_spec, parser=p)
     return parser
 
 
