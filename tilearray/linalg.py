@@ -4,17 +4,42 @@ from __future__ import annotations
 
 import numpy as np
 
-from .engine.tiled import TiledArray, _elemwise, _reduce
+from .engine.tiled import HANDLED, TiledArray, _elemwise, _reduce
 from .errors import PlanningError
 
 
 def norm(x: TiledArray, ord=None, axis=None, keepdims=False) -> TiledArray:
-    """Matrix or vector norm, like :func:`numpy.linalg.norm`.
+    """Matrix or vector norm, like :func:`numpy.linalg.norm` (lazy).
 
-    ``axis=None``: Frobenius (``None``/``"fro"``), 1, -1, inf, -inf matrix
-    norms (the spectral norm ``2`` needs an SVD and is refused).
-    ``axis=0|1``: vector norms of each column/row: ``None``/2, 1, inf,
-    -inf, 0 and any other p.
+    Built from fused elementwise operations and tree reductions, so the
+    matrix is read once. ``np.linalg.norm(x, ...)`` on a TiledArray calls it.
+
+    Parameters
+    ----------
+    x : TiledArray
+    ord : {None, "fro", 1, -1, inf, -inf, 0, 2, float}
+        ``axis=None``: Frobenius (``None``/``"fro"``), 1, -1, inf, -inf
+        matrix norms (the spectral norm ``2`` needs an SVD and is refused).
+        ``axis=0|1``: vector norms of each column / row: ``None``/2, 1, inf,
+        -inf, 0 (count of non-zeros) and any other p.
+    axis : {None, 0, 1}
+    keepdims : bool
+
+    Returns
+    -------
+    TiledArray
+        A small lazy result (0-d for ``axis=None``): ``.compute()`` or
+        ``float(...)``.
+
+    Raises
+    ------
+    PlanningError
+        An unsupported ``ord``.
+
+    Examples
+    --------
+    >>> float(ta.linalg.norm(a))                       # doctest: +SKIP
+    >>> ta.linalg.norm(a, axis=0).compute()            # column norms  # doctest: +SKIP
     """
     a = abs(x)
     if axis is None:
@@ -44,3 +69,6 @@ def norm(x: TiledArray, ord=None, axis=None, keepdims=False) -> TiledArray:
     if isinstance(ord, int | float):
         return _elemwise("power", _reduce("sum", a**ord, axis, keepdims, 0), 1.0 / ord)
     raise PlanningError(f"norm: invalid ord {ord!r}")
+
+
+HANDLED[np.linalg.norm] = norm  # np.linalg.norm(a) on a TiledArray

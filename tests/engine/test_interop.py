@@ -45,3 +45,250 @@ def test_repr_html(tmp_path, rng):
     html = a._repr_html_()
     assert "<svg" in html and "(20, 20)" in html
     assert "shape=(40, 40)" in repr(a)
+
+
+# -- xarray: outputs as members of a Zarr group ---------------------------------------
+
+
+def test_group_members_open_in_xarray(engine, tmp_path, rng):
+    import warnings
+
+    import xarray as xr
+
+    x, y = rng.standard_normal((40, 30)), rng.standard_normal((30, 20))
+    g = tmp_path / "results.zarr"
+    a = ta.from_numpy(x, g, name="A", tile=(16, 16))
+    b = ta.random((30, 20), g, name="B", tile=(16, 16), seed=3)
+    y = np.asarray(b)
+    assert a.dims == ("A_row", "A_col") and b.dims == ("B_row", "B_col")
+    c = (a @ b).to_zarr(g, name="C")
+    m = a.mean(axis=0).to_zarr(g, name="colmean")
+    gram = (a.T @ a).to_zarr(g, name="G", tile=(10, 10))
+    assert c.dims == ("A_row", "B_col") and gram.dims == ("G_row", "G_col")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # consolidated: no fallback warning
+        ds = xr.open_zarr(g)
+    assert set(ds.data_vars) == {"A", "B", "C", "colmean", "G"}
+    assert ds.C.dims == ("A_row", "B_col") and ds.colmean.dims == ("A_col",)
+    np.testing.assert_allclose(ds.C.values, x @ y)
+    np.testing.assert_allclose(ds.colmean.values, x.mean(axis=0))
+    np.testing.assert_allclose(m, x.mean(axis=0))
+    np.testing.assert_allclose(ds.G.values, x.T @ x)
+    np.testing.assert_array_equal(ds.A.values, x)  # zeros are not masked as fill values
+    # each member still opens with ta.open, and as a DataArray
+    np.testing.assert_allclose(np.asarray(ta.open(g, "C")), x @ y)
+    da_ = ta.open(g, "C").to_xarray()
+    assert da_.name == "C" and da_.dims == ("A_row", "B_col")
+    np.testing.assert_allclose(da_.values, x @ y)
+
+
+def test_group_member_resume_overwrite_and_guards(engine, tmp_path, rng):
+    import xarray as xr
+    import zarr
+
+    x = rng.standard_normal((24, 24))
+    g = tmp_path / "g.zarr"
+    zarr.open_group(str(g), mode="w").attrs["owner"] = "me"
+    a = ta.from_numpy(x, g, name="A", tile=(8, 8))
+    c = (a * 2).to_zarr(g, name="C")
+    with pytest.raises(ta.StorageError, match="already exists"):
+        (a * 2).to_zarr(g, name="C")
+    again = (a * 2).to_zarr(g, name="C", resume=True)  # complete: nothing rerun
+    np.testing.assert_allclose(np.asarray(again), 2 * x)
+    (a + 1).to_zarr(g, name="C", overwrite=True)  # replaces C only
+    ds = xr.open_zarr(g)
+    np.testing.assert_allclose(ds.C.values, x + 1)
+    np.testing.assert_array_equal(ds.A.values, x)
+    assert ds.attrs["owner"] == "me"
+    b = ta.from_numpy(x, tmp_path / "b.zarr", tile=(8, 8))
+    for expr in (b * 2, b.sum(axis=0)):
+        with pytest.raises(ta.StorageError, match="not a Zarr array"):
+            expr.to_zarr(g, overwrite=True)  # the group itself is never wiped
+    with pytest.raises(ta.StorageError, match="holds an input"):
+        (a * 2).to_zarr(g, overwrite=True)
+    with pytest.raises(ta.StorageError, match="not a Zarr array"):
+        ta.from_numpy(x, g, overwrite=True)
+    with pytest.raises(ta.StorageError, match="is a Zarr group"):
+        ta.open(g)
+    assert ta.open(g, "A").shape == (24, 24) and c.path.endswith("C")
+
+
+def test_dims_choice_and_conflicts(engine, tmp_path, rng):
+    g = tmp_path / "g.zarr"
+    a = ta.from_numpy(rng.standard_normal((12, 8)), g, name="A", tile=(4, 4),
+                      dims=("time", "sensor"))
+    assert a.dims == ("time", "sensor") and a.T.dims == ("sensor", "time")
+    assert a.sum(axis=1).dims == ("time",) and a[:4].dims is None
+    # derived names are kept when sizes agree with the group ...
+    assert (a - a.mean(axis=0)).to_zarr(g, name="Z").dims == ("time", "sensor")
+    # ... and replaced by name-prefixed ones when not (sensor x sensor repeats a name)
+    assert (a.T @ a).to_zarr(g, name="cov").dims == ("cov_row", "cov_col")
+    with pytest.raises(ta.StorageError, match="'time'.*size 8.*size 12"):
+        ta.from_numpy(np.ones((8, 8)), g, name="B", dims=("time", "lag"))
+    with pytest.raises(ta.StorageError, match="distinct"):
+        ta.from_numpy(np.ones((8, 8)), g, name="B", dims=("x", "x"))
+    # a bare array (no group) keeps the plain names
+    assert ta.from_numpy(np.ones((3, 3)), tmp_path / "bare.zarr").dims == ("row", "col")
+
+
+def test_incomplete_member_and_lock_do_not_confuse_xarray(engine, tmp_path, rng):
+    import xarray as xr
+
+    from tilearray.storage import ArrayRef
+    from tilearray.storage import array as sarray
+
+    x = rng.standard_normal((16, 16))
+    g = tmp_path / "g.zarr"
+    ta.from_numpy(x, g, name="A", tile=(8, 8))
+    ref = ArrayRef.from_location(g, "A")
+    sarray.acquire_lock(ref)  # a live writer's lock and the done markers sit inside A/
+    try:
+        ds = xr.open_zarr(g, consolidated=False)
+        np.testing.assert_array_equal(ds.A.values, x)
+    finally:
+        sarray.release_lock(ref)
+
+
+# -- NumPy protocols --------------------------------------------------------------------
+
+
+@pytest.fixture
+def small(tmp_path, rng):
+    x = rng.standard_normal((30, 20))
+    return x, ta.from_numpy(x, tmp_path / "a.zarr", tile=(8, 8))
+
+
+def test_numpy_functions_are_lazy_and_match(engine, small):
+    x, a = small
+    cases = [
+        (np.sum(a), np.sum(x)), (np.mean(a, axis=0), np.mean(x, axis=0)),
+        (np.std(a, axis=1, ddof=1), np.std(x, axis=1, ddof=1)),
+        (np.var(a, 0, keepdims=True), np.var(x, 0, keepdims=True)),
+        (np.max(a, axis=0), np.max(x, axis=0)), (np.amin(a), np.amin(x)),
+        (np.argmax(a, axis=1), np.argmax(x, axis=1)),
+        (np.count_nonzero(a > 0, axis=0), np.count_nonzero(x > 0, axis=0)),
+        (np.sum(a, dtype="float32"), np.sum(x, dtype="float32")),
+        (np.matmul(a.T, a), x.T @ x), (np.dot(a, a.T), x @ x.T),
+        (np.transpose(a), x.T), (np.clip(a, -1, 1), np.clip(x, -1, 1)),
+        (np.linalg.norm(a), np.linalg.norm(x)),
+        (np.linalg.norm(a, axis=0), np.linalg.norm(x, axis=0)),
+        (np.mean(a - np.mean(a, axis=0), axis=0), np.zeros(20)),
+    ]
+    for got, want in cases:
+        assert isinstance(got, ta.TiledArray), got
+        v = got.compute()
+        assert np.shape(v) == np.shape(want)
+        np.testing.assert_allclose(v, want, rtol=1e-5, atol=1e-12)
+    assert np.shape(a) == (30, 20) and np.ndim(a) == 2 and np.size(a) == 600
+    with pytest.raises(TypeError, match=r"numpy\.cumsum is not supported.*np\.asarray"):
+        np.cumsum(a)
+    with pytest.raises(TypeError, match="out= is not supported"):
+        np.sum(a, out=np.empty(()))
+
+
+def test_scalar_conversions(engine, small):
+    x, a = small
+    assert float(a.sum()) == pytest.approx(x.sum())
+    assert float(np.mean(a)) == pytest.approx(x.mean())
+    assert int((a > 0).sum()) == int((x > 0).sum())
+    assert bool(a.max() > 0) is True and bool((a > 100).any()) is False
+    assert complex(a.min()) == pytest.approx(complex(x.min()))
+    assert [0, 1, 2][(a > 100).sum()] == 0  # __index__ on an integer result
+    assert float(a[3:4, 5:6]) == pytest.approx(x[3, 5])
+    with pytest.raises(TypeError, match="size-1"):
+        float(a.sum(axis=0))
+    with pytest.raises(ValueError, match="ambiguous"):
+        bool(a > 0)
+    with pytest.raises(TypeError, match="integer"):
+        [0][a.sum()]
+
+
+def test_complex_values_refused(small):
+    x, a = small
+    for make in (lambda: a * 1j, lambda: a + np.complex64(1), lambda: 1j - a,
+                 lambda: a.astype("complex128"), lambda: a.mean(axis=0) * 2j):
+        with pytest.raises(ta.PlanningError, match="complex|not supported"):
+            make()
+
+
+def test_shard_without_tile_is_a_clear_error(engine, small, tmp_path):
+    x, a = small  # tile (8, 8)
+    with pytest.raises(ta.PlanningError, match=r"shard \(12, 12\).*tile \(8, 8\).*tile=\(6, 6\)"):
+        (a + 1).to_zarr(tmp_path / "o.zarr", shard=(12, 12))
+    with pytest.raises(ta.PlanningError, match="inherited"):
+        (a + 1).plan(shard=(12, 12))
+    out = (a + 1).to_zarr(tmp_path / "o.zarr", shard=(16, 16))  # a multiple: fine
+    assert out.grid.unit == (16, 16)
+    np.testing.assert_allclose(np.asarray(out), x + 1)
+
+
+def test_resume_with_other_tiling_is_refused(engine, small, tmp_path):
+    x, a = small
+    (a * 3).to_zarr(tmp_path / "o.zarr", tile=(10, 10))
+    with pytest.raises(ta.StorageError, match=r"tile=\(5, 5\).*tile=\(10, 10\)"):
+        (a * 3).to_zarr(tmp_path / "o.zarr", tile=(5, 5), resume=True)
+    with pytest.raises(ta.StorageError, match=r"shard=\(20, 20\).*shard=None"):
+        (a * 3).to_zarr(tmp_path / "o.zarr", shard=(20, 20), resume=True)
+    same = (a * 3).to_zarr(tmp_path / "o.zarr", tile=(10, 10), resume=True)
+    np.testing.assert_allclose(np.asarray(same), 3 * x)
+
+
+# -- config schema -------------------------------------------------------------------------
+
+
+def _schema():
+    import importlib.resources
+
+    import yaml
+
+    text = importlib.resources.files("tilearray").joinpath("tilearray-schema.yaml").read_text()
+    return yaml.safe_load(text)
+
+
+def test_config_schema_validates_defaults_and_reports_errors():
+    import copy
+
+    import dask
+    import jsonschema
+    import yaml
+
+    from tilearray import _config
+
+    schema = _schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    with open(_config._fn) as f:
+        shipped = yaml.safe_load(f)
+    validator.validate(shipped)
+    validator.validate({"tilearray": dask.config.get("tilearray")})  # what is in effect
+    # every shipped key is described (no key without a schema entry)
+    props = schema["properties"]["tilearray"]["properties"]
+    for section, values in shipped["tilearray"].items():
+        assert section in props
+        if isinstance(values, dict):
+            assert set(values) <= set(props[section]["properties"]), section
+    bad = copy.deepcopy(shipped)
+    bad["tilearray"]["reduction"]["split-every"] = "fast"
+    bad["tilearray"]["memory"]["worker-baseline"] = "lots"
+    bad["tilearray"]["storage"]["read-retrys"] = 3
+    errors = {"/".join(map(str, e.absolute_path)) for e in validator.iter_errors(bad)}
+    assert errors == {"tilearray/reduction/split-every", "tilearray/memory/worker-baseline",
+                      "tilearray/storage"}  # the typo is an unknown key of storage
+
+
+def test_member_added_to_an_xarray_written_group(engine, tmp_path, rng):
+    import xarray as xr
+
+    g = tmp_path / "xr.zarr"
+    t = np.arange(5.0)
+    xr.Dataset({"temp": ("time", t)}, attrs={"title": "t"}).to_zarr(g, zarr_format=3)
+    x = rng.standard_normal((5, 4))
+    a = ta.from_numpy(x, g, name="A", tile=(2, 2), dims=("time", "sensor"))
+    (a * 2).to_zarr(g, name="B", tile=(3, 3))
+    (a[:, :3] + 0).to_zarr(g, name="B", overwrite=True)  # new shape, consolidated listing follows
+    ds = xr.open_zarr(g)  # xarray consolidated the group; our members are listed too
+    assert ds.attrs["title"] == "t"
+    np.testing.assert_array_equal(ds.temp.values, t)
+    assert ds.A.dims == ("time", "sensor") and ds.B.dims == ("B_row", "B_col")
+    np.testing.assert_array_equal(ds.A.values, x)
+    np.testing.assert_array_equal(ds.B.values, x[:, :3])

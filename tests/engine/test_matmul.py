@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 import zarr
+from helpers import rand
 
 import tilearray as ta
-from helpers import rand
 
 
 def _arr(tmp_path, name, x, tile, shard=None, v2=False):

@@ -2,9 +2,9 @@ import warnings
 
 import numpy as np
 import pytest
+from helpers import rand
 
 import tilearray as ta
-from helpers import rand
 
 SIMPLE = ["sum", "mean", "min", "max", "prod", "var", "std", "any", "all", "argmin", "argmax"]
 

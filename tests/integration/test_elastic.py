@@ -9,9 +9,9 @@ import dask
 import numpy as np
 import pytest
 from distributed import Client, Event, Scheduler, SpecCluster, Worker
+from helpers import make
 
 import tilearray as ta
-from helpers import make
 
 pytestmark = pytest.mark.timeout(120)
 

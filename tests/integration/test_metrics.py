@@ -7,11 +7,19 @@ import time
 import dask
 import numpy as np
 import pytest
-
-import tilearray as ta
 from helpers import make, scrape
 
+import tilearray as ta
+
 pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """A fresh cluster: its scheduler's counters start at zero, and no task
+    left over from another test's cancelled job can report into them."""
+    with ta.Engine(n_workers=2, threads_per_worker=1, memory_per_worker="1GiB", quiet=True) as e:
+        yield e
 
 
 def test_metrics_move_during_a_run_and_match_the_run(tmp_path, rng, engine):
@@ -53,7 +61,10 @@ def test_metrics_move_during_a_run_and_match_the_run(tmp_path, rng, engine):
     assert 0 < after["tilearray_task_memory_projected_bytes"] <= after["tilearray_task_memory_budget_bytes"]
     peaks = {k: v for k, v in after.items() if k.startswith("tilearray_worker_peak_memory_bytes")}
     assert peaks and all(0 < v <= 2**30 for v in peaks.values())
-    assert engine.metrics()["totals"]["units_written"] == after["tilearray_units_written_total"]
+    held = engine.metrics()
+    assert held["totals"]["units_written"] == scrape(engine)["tilearray_units_written_total"]
+    assert held["task_retries"] == 0
+    assert held["totals"]["jobs"] == before["tilearray_jobs_total"] + 2  # the job, then compute()
 
 
 def test_failed_job_is_counted(tmp_path, rng, engine):
@@ -65,3 +76,20 @@ def test_failed_job_is_counted(tmp_path, rng, engine):
     after = scrape(engine)
     assert after["tilearray_jobs_failed_total"] == before["tilearray_jobs_failed_total"] + 1
     assert after["tilearray_job_running"] == 0
+
+
+def test_grafana_dashboard_uses_exported_series(engine):
+    import json
+    import pathlib
+    import re
+
+    path = pathlib.Path(__file__).parents[2] / "deploy" / "grafana" / "tilearray.json"
+    dash = json.loads(path.read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    used = {m for e in exprs for m in re.findall(r"\btilearray_[a-z_]+", e)}
+    import urllib.request
+
+    with urllib.request.urlopen(engine.metrics_url, timeout=10) as r:
+        text = r.read().decode()
+    exported = set(re.findall(r"^# TYPE (\S+) ", text, re.M))
+    assert used and used <= exported, used - exported

@@ -11,9 +11,9 @@ import time
 import dask
 import numpy as np
 import pytest
+from helpers import scrape
 
 import tilearray as ta
-from helpers import scrape
 
 N, TILE = 1536, 128
 

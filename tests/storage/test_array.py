@@ -3,12 +3,11 @@ import os
 import numpy as np
 import pytest
 import zarr
+from helpers import rand
 
 import tilearray as ta
 from tilearray.storage import ArrayRef, create, grid_of, open_array, read_region, write_block
 from tilearray.storage.array import done_units, is_complete, mark_complete
-
-from helpers import rand
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64", "bool"])

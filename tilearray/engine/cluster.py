@@ -138,7 +138,8 @@ class Engine:
                 mem = _config.get_bytes("memory.default-per-worker")
                 mem = min(mem, int(psutil.virtual_memory().total * 0.8 / n))
             else:
-                mem = parse_bytes(memory_per_worker) if isinstance(memory_per_worker, str) else int(memory_per_worker)
+                mem = (parse_bytes(memory_per_worker) if isinstance(memory_per_worker, str)
+                       else int(memory_per_worker))
             blas = max(cores // (n * threads), 1)
             # distributed's nanny writes its pre-spawn settings (OMP/MKL/OPENBLAS
             # threads = 1, ...) into this process's environment; keep ours

@@ -29,6 +29,8 @@ class Node:
 class Source(Node):
     ref: ArrayRef = None
     grid: Grid = None
+    dims: tuple | None = None
+    """Stored dimension names (None when the array has none)."""
 
     def __str__(self) -> str:
         return f"open({str(self.ref)!r})"
@@ -114,6 +116,33 @@ def _fmt(x: Any) -> str:
 
 def _paren(x: Node) -> str:
     return str(x)
+
+
+def derive_dims(x, leaf=lambda src: src.dims) -> tuple | None:
+    """Dimension names of an expression's result, carried from what ``leaf``
+    gives each stored array: ``.T`` swaps them, ``a @ b`` takes a's rows and
+    b's columns, a reduction drops its axis. None where no name is sound (a
+    slice changes sizes, ``keepdims`` leaves a length-1 axis)."""
+    if isinstance(x, Source):
+        return leaf(x)
+    if isinstance(x, Transpose):
+        d = derive_dims(x.x, leaf)
+        return None if d is None else d[::-1]
+    if isinstance(x, SliceNode):
+        return derive_dims(x.x, leaf) if x.shape == x.x.shape else None
+    if isinstance(x, MatMul):
+        da, db = derive_dims(x.a, leaf), derive_dims(x.b, leaf)
+        return None if da is None or db is None else (da[0], db[1])
+    if isinstance(x, Reduce):
+        d = derive_dims(x.x, leaf)
+        if d is None or x.keepdims:
+            return None
+        return () if x.axis is None else tuple(n for i, n in enumerate(d) if i != x.axis)
+    if isinstance(x, Elemwise):
+        for a in x.args:
+            if isinstance(a, Node) and tuple(a.shape) == tuple(x.shape) and (x.small or not a.small):
+                return derive_dims(a, leaf)
+    return None
 
 
 def structure(x):

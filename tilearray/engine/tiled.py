@@ -13,14 +13,23 @@ from dask.utils import format_bytes
 
 from .. import _config
 from ..errors import PlanningError, StorageError
-from ..graphs import elemwise as gel
 from ..graphs.reduction import NO_IDENTITY, OPS
 from ..graphs.spec import func
 from ..storage import ArrayRef, Grid, create, done_units, grid_of, mark_complete, open_array
 from ..storage import array as sarray
 from . import cluster
 from .lower import Lowered, Lowerer
-from .nodes import Elemwise, MatMul, Node, Reduce, SliceNode, Source, Transpose, structure
+from .nodes import (
+    Elemwise,
+    MatMul,
+    Node,
+    Reduce,
+    SliceNode,
+    Source,
+    Transpose,
+    derive_dims,
+    structure,
+)
 
 log = logging.getLogger("tilearray")
 
@@ -41,6 +50,11 @@ def _elemwise(name: str, *args, **kwargs) -> TiledArray:
         if not isinstance(a, Node) and not np.isscalar(a) and not isinstance(a, np.dtype | type):
             raise PlanningError(
                 f"{name}: operands must be TiledArrays or scalars, got {type(a).__name__}"
+            )
+        if isinstance(a, complex | np.complexfloating):
+            raise PlanningError(
+                f"{name}: complex values are not supported (got {a!r}); tilearray handles "
+                "bool, integer and floating-point matrices"
             )
     shapes = [a.shape for a in nodes if isinstance(a, Node)]
     try:
@@ -64,6 +78,9 @@ def _elemwise(name: str, *args, **kwargs) -> TiledArray:
         except TypeError as e:
             raise PlanningError(f"{name}: unsupported for dtypes "
                                 f"{[str(a.dtype) for a in nodes if isinstance(a, Node)]}: {e}") from None
+    if dtype.kind not in "biuf":
+        raise PlanningError(f"{name}: the result dtype {dtype} is not supported; tilearray "
+                            "handles bool, integer and floating-point matrices")
     return TiledArray(Elemwise(shape, dtype, name, tuple(nodes), tuple(sorted(kwargs.items()))))
 
 
@@ -77,11 +94,69 @@ def _binary(name):
     return op, rop
 
 
+HANDLED: dict = {}
+"""NumPy function -> TiledArray implementation, for ``__array_function__``
+(filled by :mod:`.npfuncs` and ``tilearray.linalg``)."""
+
+
+def _reduction(op: str, summary: str):
+    """A reduction method with a numpydoc docstring (``ddof`` for var/std)."""
+    doc = """{summary} over ``axis`` (lazy), like :func:`numpy.{op}`.
+
+    Parameters
+    ----------
+    axis : {{None, 0, 1}}
+        Reduce over all elements (None, a 0-d result), down the columns (0,
+        one value per column) or along the rows (1, one value per row).{ddof}
+    keepdims : bool
+        Keep the reduced axis with length 1.
+
+    Returns
+    -------
+    TiledArray
+        A small lazy result: :meth:`compute` gives NumPy, ``float()`` a
+        scalar; it broadcasts against the matrix (``a - a.{op}(axis=0)``).
+        Float32 input accumulates in float64 and returns float32, like NumPy.
+
+    Raises
+    ------
+    PlanningError
+        ``axis`` out of bounds{empty}.
+    """
+    if op in ("var", "std"):
+        def method(self, axis=None, ddof=0, keepdims=False):
+            return self._reduce(op, axis, keepdims, ddof)
+        ddof_doc = "\n    ddof : int\n        Delta degrees of freedom: divide by ``N - ddof``."
+    else:
+        def method(self, axis=None, keepdims=False):
+            return self._reduce(op, axis, keepdims)
+        ddof_doc = ""
+    empty = ", or a zero-size reduction without identity" if op in NO_IDENTITY else ""
+    method.__name__ = method.__qualname__ = op
+    method.__doc__ = doc.format(summary=summary, op=op, ddof=ddof_doc, empty=empty)
+    return method
+
+
 class TiledArray:
     """A lazy 2-D array over Zarr storage (or an expression of such arrays).
 
     Build expressions with NumPy syntax (``a @ b``, ``a - a.mean(axis=0)``,
-    ``np.sqrt(a)``); nothing is read until :meth:`compute` or :meth:`to_zarr`.
+    ``np.sqrt(a)``, ``np.sum(a, axis=0)``); nothing is read until
+    :meth:`compute` or :meth:`to_zarr`. Make one with :func:`open`,
+    :func:`from_numpy`, :func:`random` or :func:`from_dask`.
+
+    Attributes
+    ----------
+    shape, dtype, ndim, size, nbytes
+        As for a NumPy array (``nbytes`` is the logical size, in bytes).
+    stats : RunStats or None
+        Measured figures of the last run that produced or computed this array.
+
+    Examples
+    --------
+    >>> a = ta.open("a.zarr")                        # doctest: +SKIP
+    >>> centred = a - a.mean(axis=0)                 # doctest: +SKIP
+    >>> cov = (centred.T @ centred).compute()        # doctest: +SKIP
     """
 
     __array_priority__ = 100
@@ -91,14 +166,16 @@ class TiledArray:
         self.stats: cluster.RunStats | None = None
 
     # -- basics -------------------------------------------------------------------
-    shape = property(lambda self: tuple(self._node.shape))
-    dtype = property(lambda self: np.dtype(self._node.dtype))
-    ndim = property(lambda self: len(self._node.shape))
-    size = property(lambda self: int(np.prod(self._node.shape)))
-    nbytes = property(lambda self: self.size * self.dtype.itemsize)
+    shape = property(lambda self: tuple(self._node.shape), doc="Shape, a tuple of ints.")
+    dtype = property(lambda self: np.dtype(self._node.dtype), doc="NumPy dtype.")
+    ndim = property(lambda self: len(self._node.shape), doc="Number of dimensions.")
+    size = property(lambda self: int(np.prod(self._node.shape)), doc="Number of elements.")
+    nbytes = property(lambda self: self.size * self.dtype.itemsize,
+                      doc="Logical size, in bytes (not the compressed size on disk).")
 
     @property
     def T(self) -> TiledArray:
+        """The transpose (lazy; read as transposed panels, never copied)."""
         n = self._node
         if n.ndim < 2:
             return self
@@ -107,6 +184,7 @@ class TiledArray:
         return TiledArray(Transpose(n.shape[::-1], n.dtype, n))
 
     def transpose(self) -> TiledArray:
+        """The transpose; same as :attr:`T`."""
         return self.T
 
     @property
@@ -116,7 +194,15 @@ class TiledArray:
 
     @property
     def path(self) -> str | None:
+        """Location of a stored array (None for expressions)."""
         return str(self._node.ref) if isinstance(self._node, Source) else None
+
+    @property
+    def dims(self) -> tuple[str, ...] | None:
+        """Dimension names: stored ``dimension_names`` of an array, carried
+        through expressions (``.T`` swaps them, ``a @ b`` takes a's rows and
+        b's columns, a reduction drops its axis); None when unknown."""
+        return derive_dims(self._node)
 
     def __len__(self) -> int:
         return self.shape[0]
@@ -166,16 +252,49 @@ class TiledArray:
         return matmul(other, self)
 
     def astype(self, dtype) -> TiledArray:
+        """Cast to ``dtype`` (lazy; fused into the reading tasks).
+
+        Parameters
+        ----------
+        dtype : dtype-like
+            A bool, integer or floating-point dtype.
+
+        Returns
+        -------
+        TiledArray
+            ``self`` when the dtype is already ``dtype``.
+
+        Raises
+        ------
+        PlanningError
+            For complex or other non-numeric dtypes.
+        """
         dtype = np.dtype(dtype)
+        if dtype.kind not in "biuf":
+            raise PlanningError(f"astype: dtype {dtype} is not supported; tilearray handles "
+                                "bool, integer and floating-point matrices")
         if dtype == self.dtype:
             return self
         n = self._node
         return TiledArray(Elemwise(n.shape, dtype, "astype", (n,), (("dtype", dtype),)))
 
     def clip(self, min=None, max=None) -> TiledArray:
+        """Limit the values to ``[min, max]`` (scalars or broadcastable results).
+
+        Examples
+        --------
+        >>> a.clip(0, 1)                                 # doctest: +SKIP
+        """
         return _elemwise("clip", self, min, max)
 
     def __getitem__(self, key) -> TiledArray:
+        """Lazy basic slicing with positive steps, e.g. ``a[:100, ::2]``.
+
+        Raises
+        ------
+        PlanningError
+            For integer, fancy or boolean indexing, or negative steps.
+        """
         n = self._node
         if n.ndim != 2:
             raise PlanningError(f"indexing is supported on 2-D arrays, not shape {n.shape}")
@@ -197,53 +316,22 @@ class TiledArray:
     def _reduce(self, op, axis=None, keepdims=False, ddof=0) -> TiledArray:
         return _reduce(op, self, axis, keepdims, ddof)
 
-    def sum(self, axis=None, keepdims=False):
-        return self._reduce("sum", axis, keepdims)
-
-    def prod(self, axis=None, keepdims=False):
-        return self._reduce("prod", axis, keepdims)
-
-    def mean(self, axis=None, keepdims=False):
-        return self._reduce("mean", axis, keepdims)
-
-    def min(self, axis=None, keepdims=False):
-        return self._reduce("min", axis, keepdims)
-
-    def max(self, axis=None, keepdims=False):
-        return self._reduce("max", axis, keepdims)
-
-    def var(self, axis=None, ddof=0, keepdims=False):
-        return self._reduce("var", axis, keepdims, ddof)
-
-    def std(self, axis=None, ddof=0, keepdims=False):
-        return self._reduce("std", axis, keepdims, ddof)
-
-    def any(self, axis=None, keepdims=False):
-        return self._reduce("any", axis, keepdims)
-
-    def all(self, axis=None, keepdims=False):
-        return self._reduce("all", axis, keepdims)
-
-    def nansum(self, axis=None, keepdims=False):
-        return self._reduce("nansum", axis, keepdims)
-
-    def nanmean(self, axis=None, keepdims=False):
-        return self._reduce("nanmean", axis, keepdims)
-
-    def nanmin(self, axis=None, keepdims=False):
-        return self._reduce("nanmin", axis, keepdims)
-
-    def nanmax(self, axis=None, keepdims=False):
-        return self._reduce("nanmax", axis, keepdims)
-
-    def count_nonzero(self, axis=None, keepdims=False):
-        return self._reduce("count_nonzero", axis, keepdims)
-
-    def argmin(self, axis=None, keepdims=False):
-        return self._reduce("argmin", axis, keepdims)
-
-    def argmax(self, axis=None, keepdims=False):
-        return self._reduce("argmax", axis, keepdims)
+    sum = _reduction("sum", "Sum of the elements")
+    prod = _reduction("prod", "Product of the elements")
+    mean = _reduction("mean", "Arithmetic mean")
+    min = _reduction("min", "Minimum")
+    max = _reduction("max", "Maximum")
+    var = _reduction("var", "Variance")
+    std = _reduction("std", "Standard deviation")
+    any = _reduction("any", "Whether any element is true")
+    all = _reduction("all", "Whether all elements are true")
+    nansum = _reduction("nansum", "Sum ignoring NaNs")
+    nanmean = _reduction("nanmean", "Mean ignoring NaNs")
+    nanmin = _reduction("nanmin", "Minimum ignoring NaNs")
+    nanmax = _reduction("nanmax", "Maximum ignoring NaNs")
+    count_nonzero = _reduction("count_nonzero", "Number of non-zero elements")
+    argmin = _reduction("argmin", "Index of the minimum (flat index for ``axis=None``)")
+    argmax = _reduction("argmax", "Index of the maximum (flat index for ``axis=None``)")
 
     # -- running ----------------------------------------------------------------------
     def _lower(self, out=None, out_grid=None, skip=(), budget=None, engine=None) -> Lowered:
@@ -252,21 +340,56 @@ class TiledArray:
             budget = engine.budget()
         return lower(self._node, budget, out, out_grid, set(skip))
 
-    def plan(self, path=None, *, tile=None, shard=None, engine=None, budget=None):
-        """Plan the run (no I/O): tasks, memory per task, bytes, FLOPs.
+    def plan(self, path=None, *, name="", tile=None, shard=None, engine=None, budget=None):
+        """Plan the run without running it (no I/O, no cluster if ``budget`` given).
 
-        Raises :class:`PlanningError` if a task cannot fit the budget.
+        Parameters
+        ----------
+        path, name, tile, shard
+            The output :meth:`to_zarr` would write (optional).
+        engine : Engine, optional
+            Whose budget to plan for; default: the current engine.
+        budget : Budget, optional
+            Plan for this budget instead of an engine's.
+
+        Returns
+        -------
+        Plan
+            Stages with tasks, projected peak memory per task, bytes read
+            and written, FLOPs and the matmul I/O lower bound.
+
+        Raises
+        ------
+        PlanningError
+            A task cannot fit the budget (the message names the smallest
+            budget that would), or ``shard`` is not a multiple of the tile.
         """
         out_grid = None
         out = None
         if self.ndim == 2 and not self._node.small:
             out_grid = _output_grid(self._node, tile, shard)
-            out = ArrayRef.from_location(path) if path else None
+            out = ArrayRef.from_location(path, name) if path else None
         return self._lower(out, out_grid, budget=budget, engine=engine).plan
 
     def compute(self, *, engine=None) -> np.ndarray | Any:
-        """Run and return the result as NumPy (refused above
-        ``tilearray.compute.max-result-size``; use :meth:`to_zarr` then)."""
+        """Run and return the result in memory.
+
+        Parameters
+        ----------
+        engine : Engine, optional
+            Where to run; default: the current engine (started if none).
+
+        Returns
+        -------
+        numpy.ndarray or scalar
+            A NumPy scalar for 0-d results (``a.sum()``).
+
+        Raises
+        ------
+        PlanningError
+            The result is larger than ``tilearray.compute.max-result-size``
+            (write it with :meth:`to_zarr`), or the plan does not fit.
+        """
         n = self._node
         if isinstance(n, Source) and n.grid.n_units == 0:
             return np.zeros(n.shape, n.dtype)
@@ -281,7 +404,8 @@ class TiledArray:
         low = self._lower(engine=engine)
         _create_temporaries(low)
         try:
-            values, stats = engine.run(low.graph, low.keys, description="compute")
+            values, stats = engine.run(low.graph, low.keys, description="compute", plan=low.plan,
+                                       units_total=_temporary_units(low))
         finally:
             _cleanup(low)
         self.stats = stats
@@ -297,27 +421,136 @@ class TiledArray:
         x = np.asarray(self.compute())
         return x.astype(dtype, copy=False) if dtype is not None else x
 
-    def to_zarr(self, path, *, tile=None, shard=None, overwrite=False, resume=False,
-                engine=None) -> TiledArray:
-        """Run and write the result as a Zarr v3 array at ``path``.
+    def __array_function__(self, func, types, args, kwargs):
+        if not all(issubclass(t, TiledArray | np.ndarray) for t in types):
+            return NotImplemented
+        impl = HANDLED.get(func)
+        if impl is None:
+            name = getattr(func, "__module__", "numpy") + "." + getattr(func, "__name__", "?")
+            raise TypeError(
+                f"{name} is not supported on TiledArrays (supported: "
+                f"{', '.join(sorted({f.__name__ for f in HANDLED}))}); for a small array "
+                "compute it first, e.g. np.asarray(a)"
+            )
+        return impl(*args, **kwargs)
+
+    def _scalar(self, kind):
+        if self.size != 1:
+            raise TypeError(f"only size-1 arrays can be converted to Python scalars; this "
+                            f"TiledArray has shape {self.shape}")
+        return kind(np.asarray(self.compute()).reshape(()))
+
+    def __float__(self):
+        return self._scalar(float)
+
+    def __int__(self):
+        return self._scalar(int)
+
+    def __complex__(self):
+        return self._scalar(complex)
+
+    def __index__(self):
+        if self.dtype.kind not in "biu":
+            raise TypeError(f"only integer arrays can be used as an index, not {self.dtype}")
+        return self._scalar(int)
+
+    def __bool__(self):
+        if self.size != 1:
+            raise ValueError(
+                f"the truth value of a TiledArray of shape {self.shape} is ambiguous; use "
+                ".any() or .all() (and float()/bool() on their result)"
+            )
+        return self._scalar(bool)
+
+    def to_zarr(self, path, name="", *, dims=None, tile=None, shard=None, overwrite=False,
+                resume=False, engine=None) -> TiledArray:
+        """Run and write the result as a Zarr v3 array.
 
         Each output I/O unit is written whole by one task and then marked
-        done; the array is marked complete only when all are. Returns a
-        TiledArray over the output; for a reduction's vector or scalar (which
-        is computed in memory) the NumPy value, also stored at ``path``. With
-        ``resume=True`` an interrupted run of the *same* expression on the same
-        inputs continues, skipping done units; anything else already at
-        ``path`` is refused unless ``overwrite=True``.
+        done; the array is marked complete only when all are.
+
+        Parameters
+        ----------
+        path : str, os.PathLike or zarr Store
+            Where to write: the array itself, or (with ``name``) the group
+            that holds it.
+        name : str, optional
+            Write the array as member ``name`` of the Zarr group at ``path``
+            (created if needed; other members are left alone), so that
+            ``xarray.open_zarr(path)`` gives a Dataset with variable ``name``.
+        dims : tuple of str, optional
+            Dimension names (``dimension_names``). Default: the names the
+            expression carries from its inputs (``a @ b``: a's rows, b's
+            columns; ``a.mean(axis=0)``: a's columns) when they fit the
+            group, else ``(f"{name}_row", f"{name}_col")`` (``("row",
+            "col")`` without a name).
+        tile, shard : tuple of int, optional
+            Output chunk and I/O unit (shard); ``shard`` must be a multiple
+            of ``tile``. Default tile: the tiling of the inputs.
+        overwrite : bool
+            Replace whatever array is at the target (never a group).
+        resume : bool
+            Finish an interrupted run of the *same* expression on unchanged
+            inputs, skipping units already done.
+        engine : Engine, optional
+            Where to run; default: the current engine.
+
+        Returns
+        -------
+        TiledArray or numpy.ndarray
+            A TiledArray over the output; for a reduction's vector or scalar
+            (computed in memory) its NumPy value, also stored.
+
+        Raises
+        ------
+        StorageError
+            Something is already at the target (without ``overwrite`` /
+            ``resume``), the target is a group or one of the expression's
+            inputs, a resume does not match the stored output (expression,
+            inputs, tiling), or ``dims`` conflict with the group.
+        OutputLockedError
+            Another live job is writing the same output.
+        PlanningError
+            The plan does not fit the budget, or ``shard`` is not a multiple
+            of the tile.
+
+        Examples
+        --------
+        >>> (a @ b).to_zarr("results.zarr", name="C")      # doctest: +SKIP
+        >>> xr.open_zarr("results.zarr").C                 # doctest: +SKIP
         """
-        return _to_zarr(self, path, tile, shard, overwrite, resume, engine)
+        return _to_zarr(self, path, tile, shard, overwrite, resume, engine, name, dims)
 
     def to_dask(self):
-        """A dask array over the stored data (stored arrays only)."""
+        """A dask array over the stored data (stored arrays only).
+
+        Raises
+        ------
+        PlanningError
+            For an expression: call :meth:`to_zarr` first.
+        """
         import dask.array as da
 
         if not isinstance(self._node, Source):
             raise PlanningError("to_dask() needs a stored array; call to_zarr() first")
         return da.from_zarr(self._node.ref.open())
+
+    def to_xarray(self):
+        """An :class:`xarray.DataArray` over the stored data (lazy, dask-backed),
+        with the stored dimension names and the array's name.
+
+        Raises
+        ------
+        PlanningError
+            For an expression: call :meth:`to_zarr` first.
+        """
+        import xarray as xr
+
+        x = self.to_dask()
+        ref = self._node.ref
+        dims = self.dims or tuple(f"dim_{i}" for i in range(self.ndim))
+        name = ref.path.strip("/").rsplit("/", 1)[-1] or None
+        return xr.DataArray(x, dims=dims, name=name)
 
     # -- display -------------------------------------------------------------------------
     def __repr__(self) -> str:
@@ -362,7 +595,29 @@ def _reduce(op, x, axis, keepdims, ddof) -> TiledArray:
 
 
 def matmul(a, b) -> TiledArray:
-    """``a @ b`` for 2-D TiledArrays (NumPy's result dtype)."""
+    """Matrix product ``a @ b`` of two 2-D TiledArrays or expressions (lazy).
+
+    Planned as streaming output blocks that accumulate K-panels, sized to
+    the budget; the contraction is split and tree-summed when the output has
+    too few blocks (``x.T @ x``). Same as ``a @ b``, ``np.matmul(a, b)`` and
+    ``np.dot(a, b)``.
+
+    Parameters
+    ----------
+    a, b : TiledArray
+        Shapes ``(m, k)`` and ``(k, n)``; any tilings.
+
+    Returns
+    -------
+    TiledArray
+        Shape ``(m, n)``, NumPy's result dtype.
+
+    Raises
+    ------
+    PlanningError
+        An operand is not a 2-D stored array or expression, or the shapes do
+        not align (the message names both).
+    """
     na, nb = _node(a), _node(b)
     for x in (na, nb):
         if not isinstance(x, Node):
@@ -411,6 +666,21 @@ def _output_grid(node, tile, shard) -> Grid:
         else:
             tile = (_leaf_tile(node, 0), _leaf_tile(node, 1))
         tile = tuple(max(min(t, max(n, 1)), 1) for t, n in zip(tile, node.shape, strict=True))
+        how = "inherited from the inputs"
+    else:
+        how = "given"
+    tile = tuple(int(t) for t in tile)
+    if len(tile) != 2 or any(t <= 0 for t in tile):
+        raise PlanningError(f"tile must be 2 positive integers, got {tile}")
+    if shard is not None:
+        shard = tuple(int(s) for s in shard)
+        if len(shard) != 2 or any(s <= 0 or s % t for s, t in zip(shard, tile, strict=True)):
+            hint = tuple(max(d for d in range(1, min(t, s) + 1) if s % d == 0) if s > 0 else 1
+                         for s, t in zip(shard, tile, strict=False))
+            raise PlanningError(
+                f"shard {shard} is not a positive multiple of the tile {tile} ({how}); pass a "
+                f"tile that divides the shard, e.g. tile={hint}"
+            )
     return Grid.regular(node.shape, tile, shard)
 
 
@@ -451,19 +721,22 @@ def _source_nodes(node):
             yield from _source_nodes(a)
 
 
-def _to_zarr(x: TiledArray, path, tile, shard, overwrite, resume, engine) -> TiledArray:
+def _to_zarr(x: TiledArray, path, tile, shard, overwrite, resume, engine, name="",
+             dims=None) -> TiledArray:
     node = x._node
+    ref = ArrayRef.from_location(path, name)
+    labels = derive_dims(node, lambda src: ("row", "col"))
     if node.small or node.ndim != 2:
         # a reduction's vector/scalar: computed in memory, stored as a plain Zarr array
-        if os.path.exists(os.fspath(path)) and not overwrite:
-            raise StorageError(
-                f"{os.fspath(path)!r} already exists; pass overwrite=True to replace it"
-            )
+        if (_existing(ref) is not None or _has_data(ref)) and not overwrite:
+            raise StorageError(f"{str(ref)!r} already exists; pass overwrite=True to replace it")
+        if _existing(ref) is None and _has_data(ref):
+            raise StorageError(f"{str(ref)!r} exists and is not a Zarr array; refusing to "
+                               "replace it")
+        dims = sarray.choose_dims(ref, node.shape, dims, derive_dims(node), labels)
         value = np.asarray(x.compute(engine=engine))
-        return _write_small(value, path, overwrite=True)
+        return _write_small(value, ref, dims)
     engine = engine or cluster.current_engine()
-    ref = ArrayRef.from_location(path)
-    out_grid = _output_grid(node, tile, shard)
     out_loc = str(ref).rstrip("/")
     for leaf in _source_nodes(node):
         loc = str(leaf.ref).rstrip("/")
@@ -488,6 +761,18 @@ def _to_zarr(x: TiledArray, path, tile, shard, overwrite, resume, engine) -> Til
                 f"cannot resume {str(ref)!r}: it was written by a different expression or "
                 "from inputs that have changed since; pass overwrite=True to start again"
             )
+        old = grid_of(existing)
+        for what, asked, has in (("tile", tile, old.tile), ("shard", shard, old.unit)):
+            if asked is not None and tuple(int(v) for v in asked) != has:
+                raise StorageError(
+                    f"cannot resume {str(ref)!r} with {what}={tuple(asked)}: it is stored with "
+                    f"tile={old.tile}, shard={old.unit if old.sharded else None}; resume "
+                    "without tile=/shard= (or with these), or pass overwrite=True"
+                )
+        stored_dims = sarray.dims_of(existing)
+        if dims is not None and stored_dims is not None and tuple(dims) != stored_dims:
+            raise StorageError(f"cannot resume {str(ref)!r} with dims={tuple(dims)}: it is "
+                               f"stored with dims={stored_dims}")
         if meta.get("complete"):
             log.info("%s is already complete", ref)
             out = TiledArray(_source(ref))
@@ -499,16 +784,23 @@ def _to_zarr(x: TiledArray, path, tile, shard, overwrite, resume, engine) -> Til
             f"{str(ref)!r} already exists; pass overwrite=True to replace it "
             "(or resume=True to finish an interrupted run of the same expression)"
         )
+    else:
+        out_grid = _output_grid(node, tile, shard)
     low = lower(node, engine.budget(), ref, out_grid, skip)  # refuse before touching disk
+    if existing is None or overwrite:
+        dims = sarray.choose_dims(ref, node.shape, dims, derive_dims(node), labels)
     if existing is not None:
         sarray.acquire_lock(ref)  # refuses while another live job writes it
     if existing is None or overwrite:
         create(ref.store, node.shape, node.dtype, out_grid.tile, shard=shard, overwrite=True,
+               path=ref.path, dims=dims,
                attributes={"tilearray": {"fingerprint": fp, "expression": str(node)}})
         sarray.acquire_lock(ref)
     try:
         _create_temporaries(low)
-        _, stats = engine.run(low.graph, low.keys, description=f"-> {os.path.basename(str(path))}")
+        _, stats = engine.run(low.graph, low.keys, description=f"-> {os.path.basename(str(ref))}",
+                              plan=low.plan, units_skipped=len(skip),
+                              units_total=out_grid.n_units + _temporary_units(low))
         stats.skipped_units = len(skip)
         mark_complete(ref, {"fingerprint": fp})
     finally:
@@ -547,6 +839,11 @@ def _create_temporaries(low: Lowered) -> None:
                compressor=None)
 
 
+def _temporary_units(low: Lowered) -> int:
+    """I/O units of the run's temporaries (they are written like outputs)."""
+    return sum(Grid.regular(c.shape, c.tile, c.shard).n_units for c in low.creates)
+
+
 def _cleanup(low: Lowered) -> None:
     import shutil
 
@@ -555,101 +852,23 @@ def _cleanup(low: Lowered) -> None:
             shutil.rmtree(str(c.ref.store.root), ignore_errors=True)
 
 
-def _write_small(value: np.ndarray, path, overwrite) -> np.ndarray:
+def _write_small(value: np.ndarray, ref: ArrayRef, dims) -> np.ndarray:
     """Store a small (in-memory) result, e.g. a reduction's vector, as Zarr."""
     import zarr
 
-    if os.path.exists(os.fspath(path)) and not overwrite:
-        raise StorageError(f"{os.fspath(path)!r} already exists; pass overwrite=True to replace it")
-    zarr.create_array(os.fspath(path), data=np.asarray(value), overwrite=True,
+    zarr.create_array(ref.store, name=ref.path or None, data=np.asarray(value), overwrite=True,
+                      dimension_names=tuple(dims),
                       attributes={"tilearray": {"format": 1, "complete": True}})
+    sarray.refresh_consolidated(ref)
     return value
 
 
 def _source(ref: ArrayRef, allow_incomplete: bool = False) -> Source:
     arr = open_array(ref, check_complete=not allow_incomplete)
-    return Source(tuple(arr.shape), np.dtype(arr.dtype), ref, grid_of(arr))
+    return Source(tuple(arr.shape), np.dtype(arr.dtype), ref, grid_of(arr), sarray.dims_of(arr))
 
 
 # -- constructors ------------------------------------------------------------------------
 
 
-def open(path, name: str = "", *, allow_incomplete: bool = False) -> TiledArray:  # noqa: A001
-    """Open a 2-D Zarr array (format 2 or 3, sharded or not) as a TiledArray.
-
-    ``path`` is a directory path or a Zarr store; ``name`` the array's path
-    inside it when it is in a group.
-    """
-    if isinstance(path, TiledArray):
-        return path
-    ref = ArrayRef.from_location(path, name)
-    return TiledArray(_source(ref, allow_incomplete))
-
-
-def from_numpy(arr, path, *, tile=(1024, 1024), shard=None, overwrite=False) -> TiledArray:
-    """Write a 2-D NumPy array to Zarr at ``path`` and return it as a TiledArray."""
-    arr = np.asarray(arr)
-    if arr.ndim != 2:
-        raise StorageError(f"from_numpy needs a 2-D array, got shape {arr.shape}")
-    ref = ArrayRef.from_location(path)
-    z = create(ref.store, arr.shape, arr.dtype, tile, shard=shard, overwrite=overwrite)
-    grid = grid_of(z)
-    from ..storage import write_block
-
-    for i in range(grid.unit_grid[0]):
-        for j in range(grid.unit_grid[1]):
-            rows, cols = grid.unit_range(0, i), grid.unit_range(1, j)
-            write_block(ref, rows, cols, arr[rows[0] : rows[1], cols[0] : cols[1]], arr=z)
-    mark_complete(ref)
-    return open(path)
-
-
-def random(shape, path, *, tile=(1024, 1024), shard=None, dtype="float64", seed=0,
-           overwrite=False, engine=None) -> TiledArray:
-    """Write a reproducible random matrix (standard normal for floats).
-
-    Units are written in parallel on the active engine (``with Engine()``),
-    or by local threads when none is active. Same seed and tiling, same values.
-    """
-    ref = ArrayRef.from_location(path)
-    z = create(ref.store, shape, dtype, tile, shard=shard, overwrite=overwrite)
-    grid = grid_of(z)
-    graph, keys = {}, []
-    token = tokenize("random", str(ref), shape, tile, shard, str(dtype), seed)
-    for i in range(grid.unit_grid[0]):
-        for j in range(grid.unit_grid[1]):
-            key = ("random-" + token, i, j)
-            graph[key] = (gel.random_block, ref, grid.unit_range(0, i), grid.unit_range(1, j),
-                          np.dtype(dtype), seed, grid.tile)
-            keys.append(key)
-    engine = engine or cluster.current_engine(start=False)
-    if engine is not None:
-        engine.run(graph, keys, description=f"random -> {os.path.basename(str(path))}",
-                   quiet=True)
-    else:
-        import dask.threaded
-
-        dask.threaded.get(graph, keys)
-    mark_complete(ref)
-    return open(path)
-
-
-def from_dask(x, path, *, overwrite=False, shard=None) -> TiledArray:
-    """Store a 2-D dask array at ``path`` (its chunks become tiles)."""
-    if x.ndim != 2:
-        raise StorageError(f"from_dask needs a 2-D dask array, got shape {x.shape}")
-    tile = tuple(max(c) if c else 1 for c in x.chunks)
-    ref = ArrayRef.from_location(path)
-    z = create(ref.store, x.shape, x.dtype, tile, shard=shard, overwrite=overwrite)
-    x.rechunk(shard or tile).to_zarr(z)
-    grid = grid_of(z)
-    from ..storage.array import mark_unit_done
-
-    for i in range(grid.unit_grid[0]):
-        for j in range(grid.unit_grid[1]):
-            mark_unit_done(ref, i, j)
-    mark_complete(ref)
-    return open(path)
-
-
-__all__ = ["TiledArray", "from_dask", "from_numpy", "matmul", "open", "random"]
+__all__ = ["TiledArray", "matmul"]

@@ -34,9 +34,8 @@ def small_op(name, kwargs, *args):
 
     Operands that come from other tasks arrive as ``(value, stats)`` pairs.
     """
-    from .spec import func
-
     from .matmul import merge_stats
+    from .spec import func
 
     values, stats = [], {}
     for a in args:

@@ -194,8 +194,7 @@ def reads(spec, rows: Range, cols: Range):
     if isinstance(spec, Read):
         yield spec, rows, cols
     elif isinstance(spec, Trans):
-        for leaf, r, c in reads(spec.x, cols, rows):
-            yield leaf, r, c
+        yield from reads(spec.x, cols, rows)
     elif isinstance(spec, Slice):
         (r0, c0), (rs, cs) = spec.start, spec.step
         rr = (r0 + rows[0] * rs, r0 + (rows[1] - 1) * rs + 1) if rows[1] > rows[0] else (r0, r0)

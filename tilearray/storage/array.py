@@ -205,13 +205,17 @@ def create(
     overwrite: bool = False,
     attributes: dict | None = None,
     output: bool = True,
+    dims: tuple[str, str] | None = None,
 ) -> zarr.Array:
     """Create a 2-D Zarr v3 array laid out for tilearray.
 
     ``tile`` is the Zarr chunk; ``shard``, if given, is the I/O unit and must
     be a multiple of the tile. Chunks are compressed with zstd (``compressor=
     None`` for none) and always carry a crc32c checksum. With ``output=True``
-    the array starts *incomplete* until :func:`mark_complete`.
+    the array starts *incomplete* until :func:`mark_complete`. ``dims`` are
+    the stored ``dimension_names`` (default ``("row", "col")``); a ``path``
+    inside a store makes the array a member of the group there (parent
+    groups are created, existing members are left alone).
     """
     ref = ArrayRef.from_location(where, path)
     loc = str(ref)
@@ -249,7 +253,7 @@ def create(
             shards=shard,
             compressors=compressors,
             fill_value=0,
-            dimension_names=("row", "col"),
+            dimension_names=tuple(dims) if dims is not None else ("row", "col"),
             attributes=attrs,
             zarr_format=3,
             overwrite=overwrite,
@@ -260,6 +264,7 @@ def create(
         ) from None
     except (PermissionError, OSError, ValueError) as e:
         raise StorageError(f"cannot create {loc!r}: {type(e).__name__}: {e}") from None
+    refresh_consolidated(ref)  # a group's listing shows the new (incomplete) member
     return arr
 
 
@@ -306,6 +311,7 @@ def mark_complete(ref: ArrayRef, extra: dict | None = None) -> None:
     meta.update(extra or {})
     meta["complete"] = True
     arr.attrs[ATTR_KEY] = meta
+    refresh_consolidated(ref)
 
 
 def is_complete(ref: ArrayRef) -> bool:
@@ -328,6 +334,123 @@ def local_files_state(ref: ArrayRef) -> tuple[int, int, int] | None:
                 continue
             newest, total, count = max(newest, st.st_mtime_ns), total + st.st_size, count + 1
     return newest, total, count
+
+
+# -- group members: dimension names and consolidated metadata ----------------------------
+
+
+def dims_of(arr: zarr.Array) -> tuple[str, ...] | None:
+    """Dimension names of an opened array: Zarr v3 ``dimension_names``, or the
+    ``_ARRAY_DIMENSIONS`` attribute xarray writes on v2 arrays; None if unnamed."""
+    names = getattr(arr.metadata, "dimension_names", None)
+    if names is None:
+        names = arr.attrs.get("_ARRAY_DIMENSIONS")
+    if not names or any(not isinstance(n, str) for n in names) or len(names) != arr.ndim:
+        return None
+    return tuple(names)
+
+
+def _parents(path: str) -> list[str]:
+    """Group paths above an array path, nearest first ("a/b/c" -> ["a/b", "a", ""])."""
+    parts = [p for p in path.split("/") if p]
+    return ["/".join(parts[:i]) for i in range(len(parts) - 1, -1, -1)]
+
+
+def sibling_dims(ref: ArrayRef) -> dict[str, tuple[int, str]]:
+    """``{dimension name: (size, member)}`` over the other arrays of the group
+    holding ``ref`` ({} for an array at a store's root). xarray needs one size
+    per dimension name across a group's variables."""
+    if not ref.path.strip("/"):
+        return {}
+    parent = _parents(ref.path)[0]
+    try:
+        group = zarr.open_group(ref.store, path=parent or None, mode="r", use_consolidated=False)
+        members = list(group.arrays())
+    except Exception:  # no group yet
+        return {}
+    mine = ref.path.strip("/").rsplit("/", 1)[-1]
+    out: dict[str, tuple[int, str]] = {}
+    for name, arr in members:
+        names = dims_of(arr)
+        if name == mine or names is None:
+            continue
+        for d, size in zip(names, arr.shape, strict=True):
+            out.setdefault(d, (int(size), name))
+    return out
+
+
+def choose_dims(ref: ArrayRef, shape: tuple, dims=None, derived=None,
+                labels: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """Dimension names for a new array at ``ref`` that xarray can open with the
+    rest of its group.
+
+    ``dims`` given: used as is, checked. Otherwise ``derived`` (the names the
+    expression carries from its inputs, e.g. ``a @ b`` -> (a's rows, b's
+    columns)) when they are distinct and agree in size with the group's
+    other members; else, for a group member ``C``, ``("C_row", "C_col")``
+    (``labels`` name the axes: ``("col",)`` for column statistics); for an
+    array at a store's root, the labels themselves.
+
+    Raises
+    ------
+    StorageError
+        ``dims`` has the wrong length or repeats a name, or a name is used by
+        another member of the group with a different size.
+    """
+    shape = tuple(int(n) for n in shape)
+    if labels is None or len(labels) != len(shape) or len(set(labels)) != len(labels):
+        labels = ("row", "col")[: len(shape)]  # e.g. a.T @ a: (col, col) -> (row, col)
+    labels = tuple(labels)
+    siblings = sibling_dims(ref)
+
+    def conflict(names):
+        for n, size in zip(names, shape, strict=True):
+            if n in siblings and siblings[n][0] != size:
+                return n, size, *siblings[n]
+        return None
+
+    if dims is not None:
+        dims = (dims,) if isinstance(dims, str) else tuple(dims)
+        if len(dims) != len(shape) or len(set(dims)) != len(dims) \
+                or not all(isinstance(d, str) and d for d in dims):
+            raise StorageError(
+                f"{str(ref)!r}: dims {dims!r} must be {len(shape)} distinct names for shape {shape}"
+            )
+        bad = conflict(dims)
+        if bad:
+            raise StorageError(
+                f"{str(ref)!r}: dimension {bad[0]!r} would have size {bad[1]}, but member "
+                f"{bad[3]!r} of the same group uses it with size {bad[2]}; xarray needs one "
+                "size per dimension name; pass other dims="
+            )
+        return dims
+    if derived is not None and len(derived) == len(shape) and len(set(derived)) == len(derived) \
+            and not conflict(derived):
+        return tuple(derived)
+    name = ref.path.strip("/").rsplit("/", 1)[-1]
+    fallback = tuple(f"{name}_{lab}" for lab in labels) if name else labels
+    bad = conflict(fallback)
+    if bad:
+        raise StorageError(
+            f"{str(ref)!r}: default dimension {bad[0]!r} (size {bad[1]}) is used by member "
+            f"{bad[3]!r} of the same group with size {bad[2]}; pass dims=(...) with other names"
+        )
+    return fallback
+
+
+def refresh_consolidated(ref: ArrayRef) -> None:
+    """Re-consolidate the metadata of every group above a group member, so that
+    ``xarray.open_zarr(group)`` lists it without a fallback warning (and an
+    existing consolidated group, as xarray writes, does not hide it)."""
+    import warnings
+
+    for parent in _parents(ref.path) if ref.path.strip("/") else []:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "not part of the Zarr v3 specification"
+            try:
+                zarr.consolidate_metadata(ref.store, path=parent or None)
+            except Exception:  # best effort: a read-only parent, a v2 group, ...
+                pass
 
 
 # -- single-writer lock -----------------------------------------------------------------

@@ -1,0 +1,212 @@
+"""Constructors: open a stored matrix, or write one from NumPy, dask or a seed."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from dask.base import tokenize
+
+from ..errors import StorageError
+from ..graphs import elemwise as gel
+from ..storage import ArrayRef, create, grid_of, mark_complete
+from ..storage import array as sarray
+from . import cluster
+from .tiled import TiledArray, _existing, _has_data, _source
+
+
+def open(path, name: str = "", *, allow_incomplete: bool = False) -> TiledArray:  # noqa: A001
+    """Open a stored 2-D Zarr array (format 2 or 3, sharded or not).
+
+    Parameters
+    ----------
+    path : str, os.PathLike or zarr Store
+        The array, or the group holding it.
+    name : str, optional
+        The array's path inside the group at ``path``.
+    allow_incomplete : bool
+        Open a tilearray output whose job did not finish (to inspect it).
+
+    Returns
+    -------
+    TiledArray
+        Lazy; nothing but metadata is read.
+
+    Raises
+    ------
+    StorageError
+        Nothing is there, it is a group (pass ``name``), not 2-D, or not a
+        bool / integer / float array.
+    IncompleteOutputError
+        An unfinished output: rerun its job with ``to_zarr(..., resume=True)``.
+
+    Examples
+    --------
+    >>> a = ta.open("a.zarr")                          # doctest: +SKIP
+    >>> c = ta.open("results.zarr", "C")   # a member of a group  # doctest: +SKIP
+    """
+    if isinstance(path, TiledArray):
+        return path
+    ref = ArrayRef.from_location(path, name)
+    return TiledArray(_source(ref, allow_incomplete))
+
+
+def _new_array(path, name, shape, dtype, tile, shard, overwrite, dims):
+    """Create an output array (refusing to replace a group) with its dims chosen."""
+    ref = ArrayRef.from_location(path, name)
+    if _existing(ref) is None and _has_data(ref):
+        raise StorageError(
+            f"{str(ref)!r} exists and is not a Zarr array (a group, or other files); refusing "
+            "to replace it — pass name= to write a member of a group, or choose another path"
+        )
+    dims = sarray.choose_dims(ref, shape, dims)
+    return ref, create(ref.store, shape, dtype, tile, shard=shard, overwrite=overwrite,
+                       path=ref.path, dims=dims)
+
+
+_WRITE_PARAMS = """name : str, optional
+        Write the array as member ``name`` of the Zarr group at ``path``
+        (created if needed; other members are left alone), so that
+        ``xarray.open_zarr(path)`` lists it.
+    dims : tuple of str, optional
+        Dimension names; default ``(f"{name}_row", f"{name}_col")``, or
+        ``("row", "col")`` without a name.
+    tile, shard : tuple of int
+        Chunk shape and I/O unit (shard, a multiple of ``tile``; None: unsharded).
+    overwrite : bool
+        Replace an existing array there (never a group)."""
+
+
+def from_numpy(arr, path, *, name="", dims=None, tile=(1024, 1024), shard=None,
+               overwrite=False) -> TiledArray:
+    arr = np.asarray(arr)
+    if arr.ndim != 2:
+        raise StorageError(f"from_numpy needs a 2-D array, got shape {arr.shape}")
+    ref, z = _new_array(path, name, arr.shape, arr.dtype, tile, shard, overwrite, dims)
+    grid = grid_of(z)
+    from ..storage import write_block
+
+    for i in range(grid.unit_grid[0]):
+        for j in range(grid.unit_grid[1]):
+            rows, cols = grid.unit_range(0, i), grid.unit_range(1, j)
+            write_block(ref, rows, cols, arr[rows[0] : rows[1], cols[0] : cols[1]], arr=z)
+    mark_complete(ref)
+    return open(path, name)
+
+
+from_numpy.__doc__ = f"""Write a 2-D NumPy array to Zarr v3 and return it as a TiledArray.
+
+    Parameters
+    ----------
+    arr : array_like
+        2-D, bool / integer / float.
+    path : str, os.PathLike or zarr Store
+        The array, or (with ``name``) the group that holds it.
+    {_WRITE_PARAMS}
+
+    Returns
+    -------
+    TiledArray
+
+    Raises
+    ------
+    StorageError
+        Not 2-D, unsupported dtype, bad tile/shard, or something is already
+        at the target (without ``overwrite``).
+
+    Examples
+    --------
+    >>> a = ta.from_numpy(np.eye(4), "a.zarr", tile=(2, 2))          # doctest: +SKIP
+    """
+
+
+def random(shape, path, *, name="", dims=None, tile=(1024, 1024), shard=None,
+           dtype="float64", seed=0, overwrite=False, engine=None) -> TiledArray:
+    ref, z = _new_array(path, name, shape, dtype, tile, shard, overwrite, dims)
+    grid = grid_of(z)
+    graph, keys = {}, []
+    token = tokenize("random", str(ref), shape, tile, shard, str(dtype), seed)
+    for i in range(grid.unit_grid[0]):
+        for j in range(grid.unit_grid[1]):
+            key = ("random-" + token, i, j)
+            graph[key] = (gel.random_block, ref, grid.unit_range(0, i), grid.unit_range(1, j),
+                          np.dtype(dtype), seed, grid.tile)
+            keys.append(key)
+    engine = engine or cluster.current_engine(start=False)
+    if engine is not None:
+        engine.run(graph, keys, description=f"random -> {os.path.basename(str(ref))}",
+                   quiet=True, units_total=grid.n_units)
+    else:
+        import dask.threaded
+
+        dask.threaded.get(graph, keys)
+    mark_complete(ref)
+    return open(path, name)
+
+
+random.__doc__ = f"""Write a reproducible random matrix (standard normal for floats).
+
+    Units are written in parallel on the active engine (``with Engine()``),
+    or by local threads when none is active. Same seed and tiling, same values.
+
+    Parameters
+    ----------
+    shape : tuple of int
+    path : str, os.PathLike or zarr Store
+        The array, or (with ``name``) the group that holds it.
+    {_WRITE_PARAMS}
+    dtype : dtype-like
+        Floats: standard normal; integers: uniform in [-100, 100] (clipped to the
+        dtype's range); bool: fair coin.
+    seed : int
+    engine : Engine, optional
+
+    Returns
+    -------
+    TiledArray
+
+    Examples
+    --------
+    >>> a = ta.random((20_000, 8_000), "a.zarr", tile=(2048, 2048), seed=0)  # doctest: +SKIP
+    """
+
+
+def from_dask(x, path, *, name="", dims=None, overwrite=False, shard=None) -> TiledArray:
+    """Store a 2-D dask array as Zarr v3 (its largest chunk becomes the tile).
+
+    Parameters
+    ----------
+    x : dask.array.Array
+        2-D, bool / integer / float.
+    path : str, os.PathLike or zarr Store
+        The array, or (with ``name``) the group that holds it.
+    name, dims, overwrite
+        As for :func:`from_numpy`.
+    shard : tuple of int, optional
+        I/O unit, a multiple of the chunks.
+
+    Returns
+    -------
+    TiledArray
+
+    Raises
+    ------
+    StorageError
+        Not 2-D, unsupported dtype, or something is already at the target.
+    """
+    if x.ndim != 2:
+        raise StorageError(f"from_dask needs a 2-D dask array, got shape {x.shape}")
+    tile = tuple(max(c) if c else 1 for c in x.chunks)
+    ref, z = _new_array(path, name, x.shape, x.dtype, tile, shard, overwrite, dims)
+    x.rechunk(shard or tile).to_zarr(z)
+    grid = grid_of(z)
+    from ..storage.array import mark_unit_done
+
+    for i in range(grid.unit_grid[0]):
+        for j in range(grid.unit_grid[1]):
+            mark_unit_done(ref, i, j)
+    mark_complete(ref)
+    return open(path, name)
+
+
+__all__ = ["from_dask", "from_numpy", "open", "random"]

@@ -1,0 +1,102 @@
+"""NumPy functions on TiledArrays (``np.sum(a, axis=0)``, ``np.dot(a, b)``, ...).
+
+:meth:`TiledArray.__array_function__` looks functions up in ``HANDLED``;
+each returns a lazy TiledArray. Anything else raises a TypeError that names
+what is supported (like dask, we never silently load a matrix into memory).
+Other modules add their own (``tilearray.linalg`` registers ``np.linalg.norm``).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+
+from .tiled import HANDLED, TiledArray, _reduce, matmul
+
+
+def implements(*funcs):
+    """Register the decorated function for each NumPy function in ``funcs``."""
+
+    def register(impl):
+        for f in funcs:
+            HANDLED[f] = impl
+        return impl
+
+    return register
+
+
+def _reduction(np_func, op: str):
+    sig = inspect.signature(np_func)
+
+    def impl(*args, **kwargs):
+        bound = sig.bind(*args, **kwargs).arguments  # only what the caller passed
+        a = bound.pop("a")
+        axis = bound.pop("axis", None)
+        keepdims = bool(bound.pop("keepdims", False))
+        dtype = bound.pop("dtype", None)
+        ddof = bound.pop("ddof", bound.pop("correction", 0))
+        for name, value in bound.items():
+            if not (name == "out" and value is None) and not (name == "where" and value is True):
+                raise TypeError(f"np.{np_func.__name__}: argument {name}= is not supported "
+                                "on TiledArrays")
+        if not isinstance(a, TiledArray):
+            raise TypeError(f"np.{np_func.__name__}: expected a TiledArray, got {type(a).__name__}")
+        if dtype is not None:
+            a = a.astype(dtype)
+        return _reduce(op, a, axis, keepdims, ddof)
+
+    impl.__name__ = np_func.__name__
+    return impl
+
+
+_REDUCTIONS = {
+    np.sum: "sum", np.prod: "prod", np.mean: "mean", np.min: "min", np.amin: "min",
+    np.max: "max", np.amax: "max", np.var: "var", np.std: "std", np.any: "any", np.all: "all",
+    np.nansum: "nansum", np.nanmean: "nanmean", np.nanmin: "nanmin", np.nanmax: "nanmax",
+    np.count_nonzero: "count_nonzero", np.argmin: "argmin", np.argmax: "argmax",
+}
+for _f, _op in _REDUCTIONS.items():
+    HANDLED[_f] = _reduction(_f, _op)
+
+
+@implements(np.dot)
+def dot(a, b, out=None):
+    if out is not None:
+        raise TypeError("np.dot: out= is not supported on TiledArrays")
+    return matmul(a, b)
+
+
+@implements(np.transpose)
+def transpose(a, axes=None):
+    if axes is not None and tuple(axes) != (1, 0):
+        raise TypeError(f"np.transpose: axes={axes!r} is not supported (2-D only)")
+    return a.T
+
+
+@implements(np.clip)
+def clip(a, a_min=None, a_max=None, out=None, *, min=None, max=None):  # noqa: A002
+    if out is not None:
+        raise TypeError("np.clip: out= is not supported on TiledArrays")
+    return a.clip(a_min if a_min is not None else min, a_max if a_max is not None else max)
+
+
+@implements(np.shape)
+def shape(a):
+    return a.shape
+
+
+@implements(np.ndim)
+def ndim(a):
+    return a.ndim
+
+
+@implements(np.size)
+def size(a, axis=None):
+    return a.size if axis is None else a.shape[axis]
+
+
+@implements(np.result_type)
+def result_type(*arrays_and_dtypes):
+    return np.result_type(*(x.dtype if isinstance(x, TiledArray) else x
+                            for x in arrays_and_dtypes))
