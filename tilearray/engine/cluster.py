@@ -40,26 +40,40 @@ def _blas_info():
 
 @dataclass
 class RunStats:
-    """Measured figures of one run."""
+    """Measured figures of one run (``x.stats`` after ``to_zarr``/``compute``).
+
+    Summed over the run's tasks, as the tasks measured them; compare with the
+    projections of :class:`Plan` (``x.plan()``).
+    """
 
     bytes_read: int = 0
+    """Decoded bytes read from Zarr stores, in bytes."""
     bytes_written: int = 0
+    """Bytes written to the output (and temporaries), in bytes (uncompressed)."""
     read_requests: int = 0
+    """Whole-I/O-unit read requests (one Zarr read each)."""
     store_gets: int = 0
+    """Store requests those reads made (chunk or shard keys)."""
     read_retries: int = 0
+    """Store reads retried after a transient error."""
     tasks: int = 0
+    """Tasks that did work (reads, BLAS or writes)."""
     task_retries: int = 0
     """Tasks rerun because the worker running them died."""
     wall_seconds: float = 0.0
+    """Wall-clock time of the run, in seconds, as seen by the client."""
     peak_worker_memory: int = 0
     """Largest RSS of any worker process seen during the run, in bytes."""
     io_wait_seconds: float = 0.0
+    """Time matmul tasks waited for panel reads, summed over tasks, in seconds."""
     blas_seconds: float = 0.0
+    """Time spent in BLAS gemm, summed over tasks, in seconds."""
     skipped_units: int = 0
     """Output units already done (resume) and not recomputed."""
     units_written: int = 0
     """Output (and temporary) I/O units written and marked done by this run."""
     per_worker_peak: dict = field(default_factory=dict)
+    """Peak RSS of each worker process (address -> bytes)."""
 
     def __str__(self) -> str:
         return (
@@ -98,6 +112,21 @@ class Engine:
         Like a dask ``Client``, a new engine is used by every later
         ``compute()`` / ``to_zarr()`` until it is closed (a ``with`` block
         nests its engine on top).
+    dashboard : bool
+        Log the dask dashboard's address once.
+
+    Raises
+    ------
+    ClusterError
+        The LocalCluster could not start, or ``adaptive`` is invalid.
+
+    Examples
+    --------
+    >>> with ta.Engine(n_workers=4, memory_per_worker="4GiB") as engine:   # doctest: +SKIP
+    ...     (a @ b).to_zarr("c.zarr")
+    >>> engine = ta.Engine(client=Client("tcp://scheduler:8786"))          # doctest: +SKIP
+    >>> engine.budget()                                                     # doctest: +SKIP
+    >>> engine.metrics_url                                                  # doctest: +SKIP
     """
 
     def __init__(
@@ -361,8 +390,35 @@ class Engine:
 
     @classmethod
     def mpi(cls, **kwargs) -> Engine:
-        """Boot a cluster across MPI ranks with dask-mpi (see :mod:`tilearray.engine.mpi`);
-        returns the engine on the client rank (rank 1)."""
+        """Boot a cluster across MPI ranks with dask-mpi, for scripts run under
+        ``mpirun``/``tilearray mpirun``: rank 0 runs the scheduler, rank 1 this
+        script (and gets the engine), ranks 2+ the workers.
+
+        Parameters
+        ----------
+        memory_per_worker : int or str, optional
+            Each worker's ``memory_limit`` (the planning budget).
+        threads_per_worker : int
+            Threads of each worker (default 1).
+        nanny : bool
+            Run workers under a nanny (restarts a worker process that dies).
+        local_directory, interface : str, optional
+            Passed to dask-mpi (worker scratch space, network interface).
+        timeout : float, optional
+            Seconds to wait for every worker rank to join.
+
+        Returns
+        -------
+        Engine
+            On the client rank; scheduler and worker ranks exit when the
+            client is done. See :mod:`tilearray.engine.mpi`.
+
+        Raises
+        ------
+        ClusterError
+            Fewer than 3 ranks, workers that never join, or a call from a
+            process that is not an MPI rank.
+        """
         from .mpi import start
 
         return start(cls, **kwargs)

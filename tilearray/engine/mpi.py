@@ -280,6 +280,11 @@ def dask_setup(scheduler) -> None:
                 await asyncio.wait_for(scheduler.rpc(addr).terminate(reason=reason), cfg["grace"])
 
         await asyncio.gather(*map(one, nannies))
+        # the Nanny may drop the comm before its worker has left: wait (bounded)
+        # until the workers have unregistered, so none heartbeats a closed scheduler
+        deadline = time.monotonic() + cfg["grace"]
+        while scheduler.workers and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
         await scheduler.close(reason=reason)
 
     def close(reason: str) -> None:
@@ -401,6 +406,20 @@ async def _terminate_nannies(client, nannies, timeout: float) -> None:
                 client.rpc(addr).terminate(reason="tilearray-mpi-shutdown"), timeout)
 
     await asyncio.gather(*map(one, nannies))
+    # a Nanny drops the comm before its worker has left: wait (bounded) until
+    # the workers have unregistered, so none heartbeats a closed scheduler
+    deadline = time.monotonic() + timeout
+
+    def count(dask_scheduler):
+        return len(dask_scheduler.workers)
+
+    while nannies and time.monotonic() < deadline:
+        try:
+            if not await client.run_on_scheduler(count):
+                break
+        except Exception:
+            break
+        await asyncio.sleep(0.05)
 
 
 _engine_classes: dict = {}
