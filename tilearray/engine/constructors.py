@@ -12,7 +12,8 @@ from ..graphs import elemwise as gel
 from ..storage import ArrayRef, create, grid_of, mark_complete
 from ..storage import array as sarray
 from . import cluster
-from .tiled import TiledArray, _existing, _has_data, _source
+from .output import existing_array, has_data, source
+from .tiled import TiledArray
 
 
 def open(path, name: str = "", *, allow_incomplete: bool = False) -> TiledArray:  # noqa: A001
@@ -48,13 +49,13 @@ def open(path, name: str = "", *, allow_incomplete: bool = False) -> TiledArray:
     if isinstance(path, TiledArray):
         return path
     ref = ArrayRef.from_location(path, name)
-    return TiledArray(_source(ref, allow_incomplete))
+    return TiledArray(source(ref, allow_incomplete))
 
 
 def _new_array(path, name, shape, dtype, tile, shard, overwrite, dims):
     """Create an output array (refusing to replace a group) with its dims chosen."""
     ref = ArrayRef.from_location(path, name)
-    if _existing(ref) is None and _has_data(ref):
+    if existing_array(ref) is None and has_data(ref):
         raise StorageError(
             f"{str(ref)!r} exists and is not a Zarr array (a group, or other files); refusing "
             "to replace it — pass name= to write a member of a group, or choose another path"

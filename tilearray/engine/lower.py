@@ -106,9 +106,7 @@ class Lowerer:
         token = tokenize(structure(node), self.run_id)
         base = self.temp_dir or _config.get("temporary-directory") or tempfile.gettempdir()
         ref = ArrayRef.from_location(os.path.join(base, f"tilearray-tmp-{token}.zarr"))
-        from .tiled import _leaf_tile
-
-        tile = (_leaf_tile(node.a, 0), _leaf_tile(node.b, 1))
+        tile = (leaf_tile(node.a, 0), leaf_tile(node.b, 1))
         create = Create(ref, node.shape, node.dtype, tile, None, temporary=True)
         self.creates.append(create)
         grid = Grid.regular(node.shape, tile)
@@ -545,3 +543,66 @@ def _all_done(grid: Grid, rows, cols, done) -> bool:
 def _short(node) -> str:
     s = str(node)
     return s if len(s) < 90 else s[:87] + "..."
+
+
+def lower(node, budget, out=None, out_grid=None, skip=()) -> Lowered:
+    """Plan ``node`` against ``budget``: stages, graph and keys (pure)."""
+    low = Lowerer(budget)
+    blocks: list = []
+    if node.small:
+        key = low.small(node)
+        keys, result = [key], "small"
+    elif isinstance(node, MatMul):
+        res = low.matmul(node, out, out_grid, skip)
+        keys, blocks = (res, []) if out is not None else res
+        result = "store" if out is not None else "blocks"
+    else:
+        keys, blocks = low.map_blocks(node, out, out_grid, skip)
+        result = "store" if out is not None else "blocks"
+    plan = Plan(str(node), tuple(node.shape), str(node.dtype), budget, tuple(low.stages),
+                str(out) if out else None)
+    skipped = len(skip)
+    return Lowered(plan, low.graph, keys, result, blocks, low.creates, skipped)
+
+
+def output_grid(node, tile, shard) -> Grid:
+    """Output grid: the given tile, else the tiling of the inputs it derives from."""
+    if tile is None:
+        if isinstance(node, MatMul):
+            tile = (leaf_tile(node.a, 0), leaf_tile(node.b, 1))
+        else:
+            tile = (leaf_tile(node, 0), leaf_tile(node, 1))
+        tile = tuple(max(min(t, max(n, 1)), 1) for t, n in zip(tile, node.shape, strict=True))
+        how = "inherited from the inputs"
+    else:
+        how = "given"
+    tile = tuple(int(t) for t in tile)
+    if len(tile) != 2 or any(t <= 0 for t in tile):
+        raise PlanningError(f"tile must be 2 positive integers, got {tile}")
+    if shard is not None:
+        shard = tuple(int(s) for s in shard)
+        if len(shard) != 2 or any(s <= 0 or s % t for s, t in zip(shard, tile, strict=True)):
+            hint = tuple(max(d for d in range(1, min(t, s) + 1) if s % d == 0) if s > 0 else 1
+                         for s, t in zip(shard, tile, strict=False))
+            raise PlanningError(
+                f"shard {shard} is not a positive multiple of the tile {tile} ({how}); pass a "
+                f"tile that divides the shard, e.g. tile={hint}"
+            )
+    return Grid.regular(node.shape, tile, shard)
+
+
+def leaf_tile(node, axis: int, default: int = 1024) -> int:
+    """Tile size along ``axis`` of the first stored array ``node`` reads."""
+    if isinstance(node, Source):
+        return node.grid.tile[axis]
+    if isinstance(node, Transpose):
+        return leaf_tile(node.x, 1 - axis, default)
+    if isinstance(node, SliceNode):
+        return leaf_tile(node.x, axis, default)
+    if isinstance(node, MatMul):
+        return leaf_tile(node.a if axis == 0 else node.b, axis, default)
+    if isinstance(node, Elemwise):
+        for a in node.args:
+            if isinstance(a, Node) and not a.small:
+                return leaf_tile(a, axis, default)
+    return default

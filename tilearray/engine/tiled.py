@@ -3,22 +3,19 @@
 from __future__ import annotations
 
 import logging
-import os
 import warnings
 from typing import Any
 
 import numpy as np
-from dask.base import tokenize
 from dask.utils import format_bytes
 
 from .. import _config
-from ..errors import PlanningError, StorageError
+from ..errors import PlanningError
 from ..graphs.reduction import NO_IDENTITY, OPS
 from ..graphs.spec import func
-from ..storage import ArrayRef, Grid, create, done_units, grid_of, mark_complete, open_array
-from ..storage import array as sarray
-from . import cluster
-from .lower import Lowered, Lowerer
+from ..storage import ArrayRef, Grid
+from . import cluster, output
+from .lower import Lowered, lower, output_grid
 from .nodes import (
     Elemwise,
     MatMul,
@@ -28,7 +25,6 @@ from .nodes import (
     Source,
     Transpose,
     derive_dims,
-    structure,
 )
 
 log = logging.getLogger("tilearray")
@@ -367,7 +363,7 @@ class TiledArray:
         out_grid = None
         out = None
         if self.ndim == 2 and not self._node.small:
-            out_grid = _output_grid(self._node, tile, shard)
+            out_grid = output_grid(self._node, tile, shard)
             out = ArrayRef.from_location(path, name) if path else None
         return self._lower(out, out_grid, budget=budget, engine=engine).plan
 
@@ -402,12 +398,12 @@ class TiledArray:
             )
         engine = engine or cluster.current_engine()
         low = self._lower(engine=engine)
-        _create_temporaries(low)
+        output.create_temporaries(low)
         try:
             values, stats = engine.run(low.graph, low.keys, description="compute", plan=low.plan,
-                                       units_total=_temporary_units(low))
+                                       units_total=output.temporary_units(low))
         finally:
-            _cleanup(low)
+            output.cleanup(low)
         self.stats = stats
         if low.result == "small":
             v = values[0]
@@ -519,7 +515,7 @@ class TiledArray:
         >>> (a @ b).to_zarr("results.zarr", name="C")      # doctest: +SKIP
         >>> xr.open_zarr("results.zarr").C                 # doctest: +SKIP
         """
-        return _to_zarr(self, path, tile, shard, overwrite, resume, engine, name, dims)
+        return output.write(self, path, tile, shard, overwrite, resume, engine, name, dims)
 
     def to_dask(self):
         """A dask array over the stored data (stored arrays only).
@@ -635,240 +631,6 @@ def matmul(a, b) -> TiledArray:
     dtype = np.matmul(np.ones((1, 1), na.dtype), np.ones((1, 1), nb.dtype)).dtype
     return TiledArray(MatMul((na.shape[0], nb.shape[1]), dtype, na, nb))
 
-
-def lower(node, budget, out=None, out_grid=None, skip=()) -> Lowered:
-    """Plan ``node`` against ``budget``: stages, graph and keys (pure)."""
-    from .plan import Plan
-
-    low = Lowerer(budget)
-    blocks: list = []
-    if node.small:
-        key = low.small(node)
-        keys, result = [key], "small"
-    elif isinstance(node, MatMul):
-        res = low.matmul(node, out, out_grid, skip)
-        keys, blocks = (res, []) if out is not None else res
-        result = "store" if out is not None else "blocks"
-    else:
-        keys, blocks = low.map_blocks(node, out, out_grid, skip)
-        result = "store" if out is not None else "blocks"
-    plan = Plan(str(node), tuple(node.shape), str(node.dtype), budget, tuple(low.stages),
-                str(out) if out else None)
-    skipped = len(skip)
-    return Lowered(plan, low.graph, keys, result, blocks, low.creates, skipped)
-
-
-def _output_grid(node, tile, shard) -> Grid:
-    """Output grid: the given tile, else the tiling of the inputs it derives from."""
-    if tile is None:
-        if isinstance(node, MatMul):
-            tile = (_leaf_tile(node.a, 0), _leaf_tile(node.b, 1))
-        else:
-            tile = (_leaf_tile(node, 0), _leaf_tile(node, 1))
-        tile = tuple(max(min(t, max(n, 1)), 1) for t, n in zip(tile, node.shape, strict=True))
-        how = "inherited from the inputs"
-    else:
-        how = "given"
-    tile = tuple(int(t) for t in tile)
-    if len(tile) != 2 or any(t <= 0 for t in tile):
-        raise PlanningError(f"tile must be 2 positive integers, got {tile}")
-    if shard is not None:
-        shard = tuple(int(s) for s in shard)
-        if len(shard) != 2 or any(s <= 0 or s % t for s, t in zip(shard, tile, strict=True)):
-            hint = tuple(max(d for d in range(1, min(t, s) + 1) if s % d == 0) if s > 0 else 1
-                         for s, t in zip(shard, tile, strict=False))
-            raise PlanningError(
-                f"shard {shard} is not a positive multiple of the tile {tile} ({how}); pass a "
-                f"tile that divides the shard, e.g. tile={hint}"
-            )
-    return Grid.regular(node.shape, tile, shard)
-
-
-def _leaf_tile(node, axis: int, default: int = 1024) -> int:
-    """Tile size along ``axis`` of the first stored array ``node`` reads."""
-    if isinstance(node, Source):
-        return node.grid.tile[axis]
-    if isinstance(node, Transpose):
-        return _leaf_tile(node.x, 1 - axis, default)
-    if isinstance(node, SliceNode):
-        return _leaf_tile(node.x, axis, default)
-    if isinstance(node, MatMul):
-        return _leaf_tile(node.a if axis == 0 else node.b, axis, default)
-    if isinstance(node, Elemwise):
-        for a in node.args:
-            if isinstance(a, Node) and not a.small:
-                return _leaf_tile(a, axis, default)
-    return default
-
-
-def _fingerprint(node) -> str:
-    """Token of the expression and the state of every input it reads."""
-    parts = [structure(node)]
-    for leaf in _source_nodes(node):
-        parts.append((str(leaf.ref), leaf.shape, str(leaf.dtype), sarray.local_files_state(leaf.ref)))
-    return tokenize(*parts)
-
-
-def _source_nodes(node):
-    if isinstance(node, Source):
-        yield node
-    for child in ("x", "a", "b"):
-        c = getattr(node, child, None)
-        if isinstance(c, Node):
-            yield from _source_nodes(c)
-    for a in getattr(node, "args", ()):
-        if isinstance(a, Node):
-            yield from _source_nodes(a)
-
-
-def _to_zarr(x: TiledArray, path, tile, shard, overwrite, resume, engine, name="",
-             dims=None) -> TiledArray:
-    node = x._node
-    ref = ArrayRef.from_location(path, name)
-    labels = derive_dims(node, lambda src: ("row", "col"))
-    if node.small or node.ndim != 2:
-        # a reduction's vector/scalar: computed in memory, stored as a plain Zarr array
-        if (_existing(ref) is not None or _has_data(ref)) and not overwrite:
-            raise StorageError(f"{str(ref)!r} already exists; pass overwrite=True to replace it")
-        if _existing(ref) is None and _has_data(ref):
-            raise StorageError(f"{str(ref)!r} exists and is not a Zarr array; refusing to "
-                               "replace it")
-        dims = sarray.choose_dims(ref, node.shape, dims, derive_dims(node), labels)
-        value = np.asarray(x.compute(engine=engine))
-        return _write_small(value, ref, dims)
-    engine = engine or cluster.current_engine()
-    out_loc = str(ref).rstrip("/")
-    for leaf in _source_nodes(node):
-        loc = str(leaf.ref).rstrip("/")
-        if loc == out_loc or loc.startswith(out_loc + "/"):
-            raise StorageError(
-                f"{str(ref)!r} holds an input of the expression ({loc!r}); write the result "
-                "elsewhere"
-            )
-    if _existing(ref) is None and _has_data(ref):
-        raise StorageError(
-            f"{str(ref)!r} exists and is not a Zarr array (a group, or other files); refusing "
-            "to replace it — choose another path or remove it first"
-        )
-    fp = _fingerprint(node)
-    skip: set = set()
-    existing = _existing(ref)
-    if existing is not None and resume and not overwrite:
-        meta = sarray.info_attrs(existing)
-        if meta.get("fingerprint") != fp or existing.shape != tuple(node.shape) \
-                or existing.dtype != node.dtype:
-            raise StorageError(
-                f"cannot resume {str(ref)!r}: it was written by a different expression or "
-                "from inputs that have changed since; pass overwrite=True to start again"
-            )
-        old = grid_of(existing)
-        for what, asked, has in (("tile", tile, old.tile), ("shard", shard, old.unit)):
-            if asked is not None and tuple(int(v) for v in asked) != has:
-                raise StorageError(
-                    f"cannot resume {str(ref)!r} with {what}={tuple(asked)}: it is stored with "
-                    f"tile={old.tile}, shard={old.unit if old.sharded else None}; resume "
-                    "without tile=/shard= (or with these), or pass overwrite=True"
-                )
-        stored_dims = sarray.dims_of(existing)
-        if dims is not None and stored_dims is not None and tuple(dims) != stored_dims:
-            raise StorageError(f"cannot resume {str(ref)!r} with dims={tuple(dims)}: it is "
-                               f"stored with dims={stored_dims}")
-        if meta.get("complete"):
-            log.info("%s is already complete", ref)
-            out = TiledArray(_source(ref))
-            return out
-        out_grid = grid_of(existing)
-        skip = done_units(ref)
-    elif existing is not None and not overwrite:
-        raise StorageError(
-            f"{str(ref)!r} already exists; pass overwrite=True to replace it "
-            "(or resume=True to finish an interrupted run of the same expression)"
-        )
-    else:
-        out_grid = _output_grid(node, tile, shard)
-    low = lower(node, engine.budget(), ref, out_grid, skip)  # refuse before touching disk
-    if existing is None or overwrite:
-        dims = sarray.choose_dims(ref, node.shape, dims, derive_dims(node), labels)
-    if existing is not None:
-        sarray.acquire_lock(ref)  # refuses while another live job writes it
-    if existing is None or overwrite:
-        create(ref.store, node.shape, node.dtype, out_grid.tile, shard=shard, overwrite=True,
-               path=ref.path, dims=dims,
-               attributes={"tilearray": {"fingerprint": fp, "expression": str(node)}})
-        sarray.acquire_lock(ref)
-    try:
-        _create_temporaries(low)
-        _, stats = engine.run(low.graph, low.keys, description=f"-> {os.path.basename(str(ref))}",
-                              plan=low.plan, units_skipped=len(skip),
-                              units_total=out_grid.n_units + _temporary_units(low))
-        stats.skipped_units = len(skip)
-        mark_complete(ref, {"fingerprint": fp})
-    finally:
-        _cleanup(low)
-        sarray.release_lock(ref)
-    out = TiledArray(_source(ref))
-    out.stats = stats
-    x.stats = stats
-    return out
-
-
-def _has_data(ref: ArrayRef) -> bool:
-    """True when anything at all is stored under ``ref``."""
-    root = getattr(ref.store, "root", None)
-    if root is not None:
-        path = os.path.join(str(root), ref.path)
-        return os.path.exists(path) and (not os.path.isdir(path) or bool(os.listdir(path)))
-    try:
-        return bool(ref.list_keys(""))
-    except Exception:
-        return False
-
-
-def _existing(ref: ArrayRef):
-    import zarr
-
-    try:
-        return zarr.open_array(ref.store, path=ref.path or None, mode="r")
-    except Exception:
-        return None
-
-
-def _create_temporaries(low: Lowered) -> None:
-    for c in low.creates:
-        create(c.ref.store, c.shape, c.dtype, c.tile, shard=c.shard, overwrite=True,
-               compressor=None)
-
-
-def _temporary_units(low: Lowered) -> int:
-    """I/O units of the run's temporaries (they are written like outputs)."""
-    return sum(Grid.regular(c.shape, c.tile, c.shard).n_units for c in low.creates)
-
-
-def _cleanup(low: Lowered) -> None:
-    import shutil
-
-    for c in low.creates:
-        if c.temporary and getattr(c.ref.store, "root", None):
-            shutil.rmtree(str(c.ref.store.root), ignore_errors=True)
-
-
-def _write_small(value: np.ndarray, ref: ArrayRef, dims) -> np.ndarray:
-    """Store a small (in-memory) result, e.g. a reduction's vector, as Zarr."""
-    import zarr
-
-    zarr.create_array(ref.store, name=ref.path or None, data=np.asarray(value), overwrite=True,
-                      dimension_names=tuple(dims),
-                      attributes={"tilearray": {"format": 1, "complete": True}})
-    sarray.refresh_consolidated(ref)
-    return value
-
-
-def _source(ref: ArrayRef, allow_incomplete: bool = False) -> Source:
-    arr = open_array(ref, check_complete=not allow_incomplete)
-    return Source(tuple(arr.shape), np.dtype(arr.dtype), ref, grid_of(arr), sarray.dims_of(arr))
-
-
-# -- constructors ------------------------------------------------------------------------
 
 
 __all__ = ["TiledArray", "matmul"]

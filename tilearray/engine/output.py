@@ -1,0 +1,189 @@
+"""Writing results: the output's checks, fingerprint, lock, resume and
+completion around a run, and the run's temporaries."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+from dask.base import tokenize
+
+from ..errors import StorageError
+from ..storage import ArrayRef, Grid, create, done_units, grid_of, mark_complete, open_array
+from ..storage import array as sarray
+from . import cluster
+from .lower import Lowered, lower, output_grid
+from .nodes import Node, Source, derive_dims, structure
+
+log = logging.getLogger("tilearray")
+
+
+def _fingerprint(node) -> str:
+    """Token of the expression and the state of every input it reads."""
+    parts = [structure(node)]
+    for leaf in _source_nodes(node):
+        parts.append((str(leaf.ref), leaf.shape, str(leaf.dtype), sarray.local_files_state(leaf.ref)))
+    return tokenize(*parts)
+
+
+def _source_nodes(node):
+    if isinstance(node, Source):
+        yield node
+    for child in ("x", "a", "b"):
+        c = getattr(node, child, None)
+        if isinstance(c, Node):
+            yield from _source_nodes(c)
+    for a in getattr(node, "args", ()):
+        if isinstance(a, Node):
+            yield from _source_nodes(a)
+
+
+def write(x, path, tile, shard, overwrite, resume, engine, name="",
+             dims=None) :
+    """``x.to_zarr(...)``: run ``x`` into the Zarr array at ``path``/``name``."""
+    from .tiled import TiledArray
+
+    node = x._node
+    ref = ArrayRef.from_location(path, name)
+    labels = derive_dims(node, lambda src: ("row", "col"))
+    if node.small or node.ndim != 2:
+        # a reduction's vector/scalar: computed in memory, stored as a plain Zarr array
+        if (existing_array(ref) is not None or has_data(ref)) and not overwrite:
+            raise StorageError(f"{str(ref)!r} already exists; pass overwrite=True to replace it")
+        if existing_array(ref) is None and has_data(ref):
+            raise StorageError(f"{str(ref)!r} exists and is not a Zarr array; refusing to "
+                               "replace it")
+        dims = sarray.choose_dims(ref, node.shape, dims, derive_dims(node), labels)
+        value = np.asarray(x.compute(engine=engine))
+        return _write_small(value, ref, dims)
+    engine = engine or cluster.current_engine()
+    out_loc = str(ref).rstrip("/")
+    for leaf in _source_nodes(node):
+        loc = str(leaf.ref).rstrip("/")
+        if loc == out_loc or loc.startswith(out_loc + "/"):
+            raise StorageError(
+                f"{str(ref)!r} holds an input of the expression ({loc!r}); write the result "
+                "elsewhere"
+            )
+    if existing_array(ref) is None and has_data(ref):
+        raise StorageError(
+            f"{str(ref)!r} exists and is not a Zarr array (a group, or other files); refusing "
+            "to replace it — choose another path or remove it first"
+        )
+    fp = _fingerprint(node)
+    skip: set = set()
+    existing = existing_array(ref)
+    if existing is not None and resume and not overwrite:
+        meta = sarray.info_attrs(existing)
+        if meta.get("fingerprint") != fp or existing.shape != tuple(node.shape) \
+                or existing.dtype != node.dtype:
+            raise StorageError(
+                f"cannot resume {str(ref)!r}: it was written by a different expression or "
+                "from inputs that have changed since; pass overwrite=True to start again"
+            )
+        old = grid_of(existing)
+        for what, asked, has in (("tile", tile, old.tile), ("shard", shard, old.unit)):
+            if asked is not None and tuple(int(v) for v in asked) != has:
+                raise StorageError(
+                    f"cannot resume {str(ref)!r} with {what}={tuple(asked)}: it is stored with "
+                    f"tile={old.tile}, shard={old.unit if old.sharded else None}; resume "
+                    "without tile=/shard= (or with these), or pass overwrite=True"
+                )
+        stored_dims = sarray.dims_of(existing)
+        if dims is not None and stored_dims is not None and tuple(dims) != stored_dims:
+            raise StorageError(f"cannot resume {str(ref)!r} with dims={tuple(dims)}: it is "
+                               f"stored with dims={stored_dims}")
+        if meta.get("complete"):
+            log.info("%s is already complete", ref)
+            out = TiledArray(source(ref))
+            return out
+        out_grid = grid_of(existing)
+        skip = done_units(ref)
+    elif existing is not None and not overwrite:
+        raise StorageError(
+            f"{str(ref)!r} already exists; pass overwrite=True to replace it "
+            "(or resume=True to finish an interrupted run of the same expression)"
+        )
+    else:
+        out_grid = output_grid(node, tile, shard)
+    low = lower(node, engine.budget(), ref, out_grid, skip)  # refuse before touching disk
+    if existing is None or overwrite:
+        dims = sarray.choose_dims(ref, node.shape, dims, derive_dims(node), labels)
+    if existing is not None:
+        sarray.acquire_lock(ref)  # refuses while another live job writes it
+    if existing is None or overwrite:
+        create(ref.store, node.shape, node.dtype, out_grid.tile, shard=shard, overwrite=True,
+               path=ref.path, dims=dims,
+               attributes={"tilearray": {"fingerprint": fp, "expression": str(node)}})
+        sarray.acquire_lock(ref)
+    try:
+        create_temporaries(low)
+        _, stats = engine.run(low.graph, low.keys, description=f"-> {os.path.basename(str(ref))}",
+                              plan=low.plan, units_skipped=len(skip),
+                              units_total=out_grid.n_units + temporary_units(low))
+        stats.skipped_units = len(skip)
+        mark_complete(ref, {"fingerprint": fp})
+    finally:
+        cleanup(low)
+        sarray.release_lock(ref)
+    out = TiledArray(source(ref))
+    out.stats = stats
+    x.stats = stats
+    return out
+
+
+def has_data(ref: ArrayRef) -> bool:
+    """True when anything at all is stored under ``ref``."""
+    root = getattr(ref.store, "root", None)
+    if root is not None:
+        path = os.path.join(str(root), ref.path)
+        return os.path.exists(path) and (not os.path.isdir(path) or bool(os.listdir(path)))
+    try:
+        return bool(ref.list_keys(""))
+    except Exception:
+        return False
+
+
+def existing_array(ref: ArrayRef):
+    import zarr
+
+    try:
+        return zarr.open_array(ref.store, path=ref.path or None, mode="r")
+    except Exception:
+        return None
+
+
+def create_temporaries(low: Lowered) -> None:
+    for c in low.creates:
+        create(c.ref.store, c.shape, c.dtype, c.tile, shard=c.shard, overwrite=True,
+               compressor=None)
+
+
+def temporary_units(low: Lowered) -> int:
+    """I/O units of the run's temporaries (they are written like outputs)."""
+    return sum(Grid.regular(c.shape, c.tile, c.shard).n_units for c in low.creates)
+
+
+def cleanup(low: Lowered) -> None:
+    import shutil
+
+    for c in low.creates:
+        if c.temporary and getattr(c.ref.store, "root", None):
+            shutil.rmtree(str(c.ref.store.root), ignore_errors=True)
+
+
+def _write_small(value: np.ndarray, ref: ArrayRef, dims) -> np.ndarray:
+    """Store a small (in-memory) result, e.g. a reduction's vector, as Zarr."""
+    import zarr
+
+    zarr.create_array(ref.store, name=ref.path or None, data=np.asarray(value), overwrite=True,
+                      dimension_names=tuple(dims),
+                      attributes={"tilearray": {"format": 1, "complete": True}})
+    sarray.refresh_consolidated(ref)
+    return value
+
+
+def source(ref: ArrayRef, allow_incomplete: bool = False) -> Source:
+    arr = open_array(ref, check_complete=not allow_incomplete)
+    return Source(tuple(arr.shape), np.dtype(arr.dtype), ref, grid_of(arr), sarray.dims_of(arr))
