@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: run test bench lint clean
+.PHONY: run test bench notebook lint clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ $(VENV)/.installed-bench: pyproject.toml | $(PY)
 	$(PIP) install --quiet -e '.[test,bench]'
 	touch $@ $(VENV)/.installed-run $(VENV)/.installed-test
 
+$(VENV)/.installed-notebook: pyproject.toml | $(PY)
+	$(PIP) install --quiet -e '.[notebook]'
+	touch $@ $(VENV)/.installed-run
+
 run: $(VENV)/.installed-run
 	$(PY) -m tilearray.demo
 
@@ -35,6 +39,10 @@ test: $(VENV)/.installed-test
 bench: $(VENV)/.installed-bench
 	$(PY) benchmarks/matmul.py
 	$(PY) benchmarks/reductions.py
+
+# JupyterLab on the analytics notebook (TILEARRAY_NB_ROWS=200000 for a quick run)
+notebook: $(VENV)/.installed-notebook
+	$(VENV)/bin/jupyter lab notebooks/analytics.ipynb
 
 clean:
 	rm -rf $(VENV) data
