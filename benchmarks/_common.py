@@ -55,7 +55,6 @@ __all__ = [
     "markdown_table",
     "max_rss_of_workers",
     "parse_bytes",
-    "plan_zarr_concurrency",
     "read_chars",
     "run_in_child",
     "warm_workers",
@@ -259,22 +258,6 @@ def _ru_maxrss() -> int:
 def max_rss_of_workers(client) -> int:
     """Largest lifetime peak RSS (getrusage ru_maxrss) over the worker processes."""
     return max(client.run(_ru_maxrss).values(), default=0)
-
-
-def plan_zarr_concurrency(n: int | None):
-    """Context: zarr's ``async.concurrency`` set to ``n`` in *this* process (where
-    tilearray plans), or nothing when ``n`` is None. Workers keep zarr's default.
-
-    Workaround switch for the tilearray planner at c492e41, whose
-    ``_io_overhead`` reserves 2 x async.concurrency (10) whole chunks per task
-    -- 640 MiB for 2048x2048 float64 tiles, more than the whole per-task budget
-    of a 1 GiB worker -- so every matmul and reduction of the benchmark
-    configuration is refused with PlanningError."""
-    if n is None:
-        return contextlib.nullcontext()
-    import zarr
-
-    return zarr.config.set({"async.concurrency": int(n)})
 
 
 # -- cubed on a dask cluster ------------------------------------------------------------

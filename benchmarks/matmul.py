@@ -53,7 +53,6 @@ from _common import (
     markdown_table,
     max_rss_of_workers,
     parse_bytes,
-    plan_zarr_concurrency,
     read_chars,
     run_in_child,
     warm_workers,
@@ -111,14 +110,13 @@ def run_tilearray(args, a_path, b_path, out_path) -> dict:
         log(f"tilearray BLAS per worker: {eng.blas_report()}")
         pids = worker_pids(eng.client)
         expr = ta.open(a_path) @ ta.open(b_path)
-        with plan_zarr_concurrency(args.plan_zarr_concurrency):
-            plan = expr.plan(out_path)
-            log("tilearray plan:\n" + str(plan))
-            rc0 = read_chars(eng.client)
-            with RSSSampler(pids) as rss:
-                t0 = time.perf_counter()
-                c = expr.to_zarr(out_path, overwrite=True)
-                wall = time.perf_counter() - t0
+        plan = expr.plan(out_path)
+        log("tilearray plan:\n" + str(plan))
+        rc0 = read_chars(eng.client)
+        with RSSSampler(pids) as rss:
+            t0 = time.perf_counter()
+            c = expr.to_zarr(out_path, overwrite=True)
+            wall = time.perf_counter() - t0
         rc = read_chars(eng.client) - rc0
         st = c.stats
         log(f"tilearray stats: {st}; io_wait {st.io_wait_seconds:.1f} s, "
@@ -332,10 +330,6 @@ def main(argv=None) -> int:
     p.add_argument("--numpy-repeats", type=int, default=2,
                    help="time NumPy's multiply this many times, report the fastest "
                         "as multiply-only (default 2; the machine is noisy)")
-    p.add_argument("--plan-zarr-concurrency", type=int, default=None, metavar="N",
-                   help="plan tilearray with zarr async.concurrency=N in this process "
-                        "(workaround for the planner's I/O-overhead over-estimate; workers "
-                        "keep zarr's default)")
     p.add_argument("--keep-outputs", action="store_true", help="keep the result arrays")
     args = p.parse_args(argv)
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
@@ -412,9 +406,6 @@ def main(argv=None) -> int:
           f"{args.memory_per_worker}: {fmt_bytes(lower_bound)}")
     print(f"- machine check (shared host): 1-thread dgemm 2048³ at {cal_before:.1f} GFLOP/s "
           f"before the runs, {cal_after:.1f} after")
-    if args.plan_zarr_concurrency is not None:
-        print(f"- tilearray planned with zarr async.concurrency={args.plan_zarr_concurrency} "
-              "(--plan-zarr-concurrency workaround; execution unchanged)")
     print("- peak RSS: max over worker processes sampled every 0.2 s (NumPy: its own "
           "process); ru_maxrss: exact lifetime peak of the same processes")
     print("- bytes read are decoded bytes; rchar = bytes through read syscalls (compressed "

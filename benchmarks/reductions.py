@@ -49,7 +49,6 @@ from _common import (
     local_cluster,
     log,
     markdown_table,
-    plan_zarr_concurrency,
     read_chars,
     run_in_child,
     warm_workers,
@@ -159,18 +158,16 @@ class TilearrayRunner(_Runner):
         self.pids = worker_pids(self.client)
         self.a, self.b = ta.open(paths["a"]), ta.open(paths["b"])
         self._planned = set()
-        self.plan_concurrency = args.plan_zarr_concurrency
 
     def _once(self, op):
         expr = OPS[op][2](self.a, self.b, _Methods)
-        with plan_zarr_concurrency(self.plan_concurrency):
-            if op not in self._planned:
-                plan = expr.plan(engine=self.eng)
-                log(f"tilearray {op}: plan {plan.tasks} tasks, read "
-                    f"{fmt_bytes(plan.bytes_read)} in {plan.reads} requests, peak/task "
-                    f"{fmt_bytes(plan.peak_task_memory)}")
-                self._planned.add(op)
-            value = expr.compute(engine=self.eng)
+        if op not in self._planned:
+            plan = expr.plan(engine=self.eng)
+            log(f"tilearray {op}: plan {plan.tasks} tasks, read "
+                f"{fmt_bytes(plan.bytes_read)} in {plan.reads} requests, peak/task "
+                f"{fmt_bytes(plan.peak_task_memory)}")
+            self._planned.add(op)
+        value = expr.compute(engine=self.eng)
         st = expr.stats
         return value, dict(bytes_read=st.bytes_read, notes=(
             f"{st.tasks} tasks, {st.read_requests} reads; engine's peak "
@@ -347,10 +344,6 @@ def main(argv=None) -> int:
                    help="comma-separated subset of " + ",".join(ENGINES))
     p.add_argument("--ops", default=",".join(OPS), help="comma-separated subset of "
                    + ",".join(OPS))
-    p.add_argument("--plan-zarr-concurrency", type=int, default=None, metavar="N",
-                   help="plan tilearray with zarr async.concurrency=N in this process "
-                        "(workaround for the planner's I/O-overhead over-estimate; workers "
-                        "keep zarr's default)")
     p.add_argument("--repeats", type=int, default=2,
                    help="rounds of (every op x every engine), interleaved; the table shows "
                         "the fastest wall and the largest peak RSS (default 2)")
@@ -425,9 +418,6 @@ def main(argv=None) -> int:
     print("- peak RSS: max over worker processes sampled every 0.2 s during the op (raw: "
           "its own process); rchar = bytes through read syscalls (compressed chunk files, "
           "page cache included)")
-    if args.plan_zarr_concurrency is not None:
-        print(f"- tilearray planned with zarr async.concurrency={args.plan_zarr_concurrency} "
-              "(--plan-zarr-concurrency workaround; execution unchanged)")
     print(f"- wall: fastest of {args.repeats} interleaved run(s) per engine and op (all "
           f"runs in the `runs` column); check: np.allclose against {ref_engine}'s result "
           "(rtol 1e-9)\n")
