@@ -41,6 +41,8 @@ def norm(x: TiledArray, ord=None, axis=None, keepdims=False) -> TiledArray:
     >>> float(ta.linalg.norm(a))                       # doctest: +SKIP
     >>> ta.linalg.norm(a, axis=0).compute()            # column norms  # doctest: +SKIP
     """
+    if x.dtype.kind != "f":  # as NumPy: integers and booleans are measured in float64
+        x = x.astype("float64")
     a = abs(x)
     if axis is None:
         if ord in (None, "fro"):
@@ -64,8 +66,7 @@ def norm(x: TiledArray, ord=None, axis=None, keepdims=False) -> TiledArray:
     if ord == -np.inf:
         return _reduce("min", a, axis, keepdims, 0)
     if ord == 0:
-        return _reduce("sum", (x != 0).astype(x.dtype if x.dtype.kind == "f" else "float64"),
-                       axis, keepdims, 0)
+        return _reduce("sum", (x != 0).astype(x.dtype), axis, keepdims, 0)
     if isinstance(ord, int | float):
         return _elemwise("power", _reduce("sum", a**ord, axis, keepdims, 0), 1.0 / ord)
     raise PlanningError(f"norm: invalid ord {ord!r}")

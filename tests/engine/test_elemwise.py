@@ -80,5 +80,43 @@ def test_incompatible_shapes_name_both(tmp_path, rng, pair):
     c = ta.from_numpy(rng.standard_normal((45, 5)), tmp_path / "c.zarr", tile=(8, 5))
     with pytest.raises(ta.PlanningError, match=r"\(45, 38\).*\(45, 5\)"):
         a + c
-    with pytest.raises(ta.PlanningError, match="TiledArrays or scalars"):
+    with pytest.raises(TypeError, match="TiledArrays, scalars"):
         a + [1, 2]
+
+
+def test_numpy_vectors_broadcast_like_reduction_results(engine, pair):
+    x, y, a, b = pair
+    mu = x.mean(axis=0)                       # a row computed in NumPy
+    col = np.arange(x.shape[0], dtype=np.float32)[:, None]
+    np.testing.assert_allclose((a - mu).compute(), x - mu, rtol=1e-12)
+    np.testing.assert_allclose((mu - a).compute(), mu - x, rtol=1e-12)
+    np.testing.assert_allclose((a * col + np.array(2.0)).compute(), x * col + 2.0, rtol=1e-6)
+    np.testing.assert_allclose(np.add(mu[None, :], a).compute(), mu[None, :] + x, rtol=1e-12)
+    np.testing.assert_allclose(((a - mu) ** 2).sum(axis=0).compute(), ((x - mu) ** 2).sum(axis=0),
+                               rtol=1e-10)
+    kept = mu.copy()
+    e = a - kept
+    kept[:] = 0  # the expression holds its own copy
+    np.testing.assert_allclose(e.compute(), x - mu, rtol=1e-12)
+    with pytest.raises(TypeError, match="from_numpy"):
+        a + x                                 # a whole matrix must be stored first
+    with pytest.raises(TypeError, match="from_numpy"):
+        a @ y.T
+    with pytest.raises(TypeError, match="from_numpy"):
+        x @ b
+    with pytest.raises(ta.PlanningError, match="broadcast"):
+        a - np.ones(x.shape[1] + 1)
+
+
+def test_clip_with_one_bound_and_transposed_small_results(engine, pair):
+    x, _, a, _ = pair
+    np.testing.assert_allclose(a.clip(None, 0.5).compute(), np.clip(x, None, 0.5))
+    np.testing.assert_allclose(np.clip(a, -0.5, None).compute(), np.clip(x, -0.5, None))
+    np.testing.assert_allclose(np.clip(a, max=0.1).compute(), np.clip(x, max=0.1))
+    with pytest.raises(TypeError, match="min or max"):
+        a.clip()
+    m = a.mean(axis=0, keepdims=True)
+    np.testing.assert_allclose(m.T.compute(), x.mean(axis=0, keepdims=True).T, rtol=1e-12)
+    np.testing.assert_allclose((a.T - m.T).compute(), (x - x.mean(axis=0)).T, rtol=1e-12)
+    np.testing.assert_allclose(m[:, 1::2].compute(), x.mean(axis=0, keepdims=True)[:, 1::2],
+                               rtol=1e-12)

@@ -97,6 +97,22 @@ def test_norms(engine, tmp_path, rng):
         ta.linalg.norm(a, 2)
 
 
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int32", "bool"])
+def test_norms_of_integer_matrices_are_float_like_numpy(engine, tmp_path, dtype):
+    # int8 -128 and squares of 100 overflow in the input dtype: NumPy measures in float64
+    x = np.array([[100, -128, 3], [90, 7, -1], [0, 1, 127]], dtype=np.int64)
+    x = (x % 2 == 1) if dtype == "bool" else x.astype(dtype)
+    a = ta.from_numpy(x, tmp_path / "i.zarr", tile=(2, 2))
+    for ord_ in [None, 1, -1, np.inf, -np.inf]:
+        got, want = np.linalg.norm(a, ord_).compute(), np.linalg.norm(x, ord_)
+        assert np.asarray(got).dtype == np.asarray(want).dtype == np.float64
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+    for axis in (0, 1):
+        for ord_ in [None, 1, np.inf, 0, 3]:
+            np.testing.assert_allclose(ta.linalg.norm(a, ord_, axis=axis).compute(),
+                                       np.linalg.norm(x, ord_, axis=axis), rtol=1e-12)
+
+
 def test_reduction_errors(tmp_path, rng):
     a = ta.from_numpy(rng.standard_normal((5, 4)), tmp_path / "a.zarr", tile=(2, 2))
     with pytest.raises(ta.PlanningError, match="axis 2"):

@@ -93,3 +93,40 @@ def test_grafana_dashboard_uses_exported_series(engine):
         text = r.read().decode()
     exported = set(re.findall(r"^# TYPE (\S+) ", text, re.M))
     assert used and used <= exported, used - exported
+
+
+def test_tree_combines_are_not_counted_twice(tmp_path, rng, engine):
+    """Reductions' combine/final tasks and a K-split's partial sums pass on their
+    children's figures: /metrics must count each byte and task once."""
+    x = rng.standard_normal((3000, 40))
+    a = make(tmp_path, "a", x, (250, 40))
+    cases = [
+        ("sum", lambda: a.sum(), x.sum()),
+        ("colmean", lambda: a.mean(axis=0), x.mean(axis=0)),
+        ("rowvar", lambda: a.var(axis=1, ddof=1), x.var(axis=1, ddof=1)),
+    ]
+    for what, expr, want in cases:
+        before = scrape(engine)
+        e = expr()
+        np.testing.assert_allclose(e.compute(), want, rtol=1e-10, err_msg=what)
+        after = scrape(engine)
+        st = e.stats
+        assert after["tilearray_bytes_read_total"] - before["tilearray_bytes_read_total"] \
+            == st.bytes_read == x.nbytes, what
+        assert after["tilearray_tasks_total"] - before["tilearray_tasks_total"] == st.tasks, what
+    # a.T @ a: a 40 x 40 output from 3000-long panels is split along K, and the
+    # partial sums are tree-combined before the write
+    with dask.config.set({"tilearray.map.block-bytes": "80kB"}):
+        before = scrape(engine)
+        g = (a.T @ a)
+        plan = g.plan(tmp_path / "g.zarr", tile=(20, 20))
+        assert "K split" in str(plan), plan
+        out = g.to_zarr(tmp_path / "g.zarr", tile=(20, 20))
+        after = scrape(engine)
+    st = out.stats
+    np.testing.assert_allclose(out.compute(), x.T @ x, rtol=1e-10)
+    d = {k: after[k] - before[k] for k in after if k.endswith("_total")}
+    assert d["tilearray_bytes_read_total"] == st.bytes_read
+    assert d["tilearray_units_written_total"] == st.units_written == 4
+    assert d["tilearray_bytes_written_total"] == st.bytes_written == 40 * 40 * 8
+    assert after["tilearray_job_units_done"] == after["tilearray_job_units_total"] == 4

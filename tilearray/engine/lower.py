@@ -27,7 +27,17 @@ from ..graphs import reduction as gred
 from ..graphs.blocks import group_edges, intervals, max_interval, split_points, tree
 from ..graphs.spec import Const, Dep, Op, Read, Slice, Trans, n_temporaries, read_cost, unit_edges
 from ..storage import ArrayRef, Grid
-from .nodes import Elemwise, MatMul, Node, Reduce, SliceNode, Source, Transpose, structure
+from .nodes import (
+    Constant,
+    Elemwise,
+    MatMul,
+    Node,
+    Reduce,
+    SliceNode,
+    Source,
+    Transpose,
+    structure,
+)
 from .plan import Budget, Plan, Stage
 
 MIN_PANEL = 512  # elements: K panels narrower than this waste BLAS efficiency
@@ -122,7 +132,10 @@ class Lowerer:
     def small(self, node: Node) -> str:
         if id(node) in self._small:
             return self._small[id(node)]
-        if isinstance(node, Reduce) and not node.x.small:
+        if isinstance(node, Constant):
+            key = "const-" + node.token
+            self.graph[key] = (_constant, node.value)
+        elif isinstance(node, Reduce) and not node.x.small:
             key = self.reduce(node)
         elif isinstance(node, Reduce):
             inner = self.small(node.x)
@@ -136,6 +149,15 @@ class Lowerer:
             args = [self.small(a) if isinstance(a, Node) else a for a in node.args]
             key = "small-" + tokenize(structure(node), args)
             self.graph[key] = (gel.small_op, node.name, node.kwargs, *args)
+            self._stage_small(str(node))
+        elif isinstance(node, Transpose | SliceNode) and node.x.small:
+            inner = self.small(node.x)
+            key = "small-" + tokenize(structure(node), inner)
+            if isinstance(node, Transpose):
+                self.graph[key] = (gel.small_op, "transpose", (), inner)
+            else:
+                kwargs = (("shape", tuple(node.shape)), ("start", node.start), ("step", node.step))
+                self.graph[key] = (gel.small_op, "slice2d", kwargs, inner)
             self._stage_small(str(node))
         else:
             raise PlanningError(f"cannot compute {node} in memory")
@@ -438,6 +460,10 @@ class Lowerer:
                 + "); it would fit with "
                 f"memory_per_worker >= {format_bytes(need)}, or with smaller tiles/shards"
             )
+
+
+def _constant(value):
+    return value, {}
 
 
 def _barrier(*args):

@@ -23,6 +23,8 @@ from collections import defaultdict
 
 from distributed import SchedulerPlugin, WorkerPlugin
 
+from ..graphs.matmul import MERGED, OWN
+
 log = logging.getLogger("tilearray")
 
 TASK_TOPIC = "tilearray-task"
@@ -58,8 +60,14 @@ class TaskReporter(WorkerPlugin):
             return
         if st is None:
             return
-        msg = {k: int(st.get(k, 0)) for k in _COUNTED}
-        msg["tasks"] = 1
+        if st.get(MERGED):  # a tree combine: only what it did itself (a K-split's write)
+            msg = {k: int(st.get(OWN + k, 0)) for k in _COUNTED}
+            if not any(msg.values()):
+                return
+            msg["tasks"] = 0
+        else:
+            msg = {k: int(st.get(k, 0)) for k in _COUNTED}
+            msg["tasks"] = 1
         rss = getattr(worker, "_tilearray_rss", None)  # the PeakMemory plugin's sampler
         msg["worker"] = worker.address
         msg["worker_peak_rss"] = int(rss[0]["peak"]) if rss is not None else 0

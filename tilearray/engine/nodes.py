@@ -37,8 +37,29 @@ class Source(Node):
 
 
 @dataclass(frozen=True, eq=False)
+class Constant(Node):
+    """A small in-memory NumPy operand (a row, a column) broadcast in an
+    elementwise expression; held in the graph like a reduction's result."""
+
+    value: Any = None
+    token: str = ""
+    """Content hash of ``value`` (its identity in graph keys and fingerprints)."""
+
+    @property
+    def small(self) -> bool:
+        return True
+
+    def __str__(self) -> str:
+        return f"array{tuple(self.shape)}"
+
+
+@dataclass(frozen=True, eq=False)
 class Transpose(Node):
     x: Node = None
+
+    @property
+    def small(self) -> bool:
+        return self.x.small
 
     def __str__(self) -> str:
         return f"{_paren(self.x)}.T"
@@ -49,6 +70,10 @@ class SliceNode(Node):
     x: Node = None
     start: tuple = (0, 0)
     step: tuple = (1, 1)
+
+    @property
+    def small(self) -> bool:
+        return self.x.small
 
     def __str__(self) -> str:
         (r0, c0), (rs, cs) = self.start, self.step
@@ -150,7 +175,7 @@ def structure(x):
     identity used for temporaries, graph keys and resume fingerprints."""
     if isinstance(x, Node):
         fields = [type(x).__name__, tuple(x.shape), str(np.dtype(x.dtype))]
-        for name in ("ref", "start", "step", "name", "op", "axis", "keepdims", "ddof"):
+        for name in ("ref", "start", "step", "name", "op", "axis", "keepdims", "ddof", "token"):
             if hasattr(x, name):
                 v = getattr(x, name)
                 fields.append((name, str(v) if name == "ref" else v))

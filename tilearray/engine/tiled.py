@@ -7,6 +7,7 @@ import warnings
 from typing import Any
 
 import numpy as np
+from dask.base import tokenize
 from dask.utils import format_bytes
 
 from .. import _config
@@ -17,6 +18,7 @@ from ..storage import ArrayRef, Grid
 from . import cluster, output
 from .lower import Lowered, lower, output_grid
 from .nodes import (
+    Constant,
     Elemwise,
     MatMul,
     Node,
@@ -31,7 +33,29 @@ log = logging.getLogger("tilearray")
 
 
 def _node(x):
-    return x._node if isinstance(x, TiledArray) else x
+    if isinstance(x, TiledArray):
+        return x._node
+    if isinstance(x, np.ndarray):
+        return _constant(x)
+    return x
+
+
+def _constant(x: np.ndarray):
+    """A NumPy operand: a 0-d array is a scalar; a row or column vector is
+    broadcast like a reduction's result; a whole matrix must be stored."""
+    if x.ndim == 0:
+        return x[()]
+    if x.ndim > 2 or (x.ndim == 2 and 1 not in x.shape):
+        raise TypeError(
+            f"a NumPy array of shape {x.shape} cannot be an operand of a TiledArray "
+            "expression: only scalars, rows (n,) / (1, n) and columns (m, 1) broadcast; "
+            "store a matrix with ta.from_numpy(x, path) first"
+        )
+    if x.dtype.kind not in "biuf":
+        raise TypeError(f"a NumPy operand of dtype {x.dtype} is not supported; tilearray "
+                        "handles bool, integer and floating-point values")
+    value = np.array(x, copy=True)  # later changes to the caller's array do not leak in
+    return Constant(tuple(value.shape), value.dtype, value, tokenize(value))
 
 
 def _sample(x):
@@ -43,10 +67,7 @@ def _sample(x):
 def _elemwise(name: str, *args, **kwargs) -> TiledArray:
     nodes = [_node(a) for a in args]
     for a in nodes:
-        if not isinstance(a, Node) and not np.isscalar(a) and not isinstance(a, np.dtype | type):
-            raise PlanningError(
-                f"{name}: operands must be TiledArrays or scalars, got {type(a).__name__}"
-            )
+        _check_operand(a, name)
         if isinstance(a, complex | np.complexfloating):
             raise PlanningError(
                 f"{name}: complex values are not supported (got {a!r}); tilearray handles "
@@ -78,6 +99,13 @@ def _elemwise(name: str, *args, **kwargs) -> TiledArray:
         raise PlanningError(f"{name}: the result dtype {dtype} is not supported; tilearray "
                             "handles bool, integer and floating-point matrices")
     return TiledArray(Elemwise(shape, dtype, name, tuple(nodes), tuple(sorted(kwargs.items()))))
+
+
+def _check_operand(a, name: str) -> None:
+    """Refuse what cannot be an elementwise operand, with a TypeError like NumPy's."""
+    if not isinstance(a, Node) and not np.isscalar(a) and not isinstance(a, np.dtype | type):
+        raise TypeError(f"{name}: operands must be TiledArrays, scalars or small NumPy "
+                        f"vectors, got {type(a).__name__}")
 
 
 def _binary(name):
@@ -280,7 +308,14 @@ class TiledArray:
         Examples
         --------
         >>> a.clip(0, 1)                                 # doctest: +SKIP
+        >>> a.clip(max=5)                                # doctest: +SKIP
         """
+        if min is None and max is None:
+            raise TypeError("clip: one of min or max must be given")
+        if min is None:
+            return _elemwise("minimum", self, max)
+        if max is None:
+            return _elemwise("maximum", self, min)
         return _elemwise("clip", self, min, max)
 
     def __getitem__(self, key) -> TiledArray:
@@ -610,14 +645,19 @@ def matmul(a, b) -> TiledArray:
 
     Raises
     ------
+    TypeError
+        An operand is not a TiledArray (NumPy arrays: store them first).
     PlanningError
-        An operand is not a 2-D stored array or expression, or the shapes do
-        not align (the message names both).
+        An operand is a small result (a reduction), or the shapes do not
+        align (the message names both).
     """
+    for x in (a, b):
+        if isinstance(x, np.ndarray):
+            raise TypeError(f"matmul: a NumPy array operand (shape {x.shape}) is not supported; "
+                            "store it with ta.from_numpy(x, path) and multiply the TiledArrays")
+        if not isinstance(x, TiledArray):
+            raise TypeError(f"matmul: operands must be TiledArrays, got {type(x).__name__}")
     na, nb = _node(a), _node(b)
-    for x in (na, nb):
-        if not isinstance(x, Node):
-            raise PlanningError(f"matmul: operands must be TiledArrays, got {type(x).__name__}")
     if na.ndim != 2 or nb.ndim != 2 or na.small or nb.small:
         raise PlanningError(
             f"matmul needs two stored 2-D arrays or expressions; got shapes {na.shape} and "

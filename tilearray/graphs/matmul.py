@@ -221,13 +221,24 @@ def store_partials(out_ref, rows, cols, *parts):
     acc, st = sum_partials(*parts)
     io = IOStats()
     write_block(out_ref, rows, cols, acc, io)
-    st["bytes_written"] = st.get("bytes_written", 0) + io.bytes_written
-    st["units_written"] = st.get("units_written", 0) + io.units_written
+    for k in ("bytes_written", "units_written"):
+        v = getattr(io, k)
+        st[k] = st.get(k, 0) + v
+        st[OWN + k] = v  # this task's own writes, apart from the partials' figures
     return None, st
 
 
+MERGED = "merged"
+"""Stats key set by tasks that pass on other tasks' figures (tree combines):
+their totals are not their own I/O, only the ``own_*`` keys are."""
+OWN = "own_"
+
+
 def merge_stats(a: dict, b: dict) -> dict:
+    """Sum two tasks' stats (marked :data:`MERGED`; ``own_*`` keys stay behind)."""
     out = dict(a)
     for k, v in b.items():
-        out[k] = out.get(k, 0) + v
+        if not k.startswith(OWN) and k != MERGED:
+            out[k] = out.get(k, 0) + v
+    out[MERGED] = 1
     return out

@@ -167,7 +167,7 @@ def reduce_map(spec, rows, cols, op, axis, ncols, deps=()):
 
 
 def reduce_combine(op, *parts):
-    part, stats = parts[0]
+    part, stats = parts[0][0], merge_stats({}, parts[0][1])
     for p, st in parts[1:]:
         part = merge(op, part, p)
         stats = merge_stats(stats, st)

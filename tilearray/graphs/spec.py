@@ -73,6 +73,10 @@ _FUNCS = {
     "astype": lambda x, dtype: x.astype(dtype, copy=False),
     "where": np.where,
     "clip": np.clip,
+    "slice2d": lambda x, start, step, shape: x[
+        start[0] : start[0] + shape[0] * step[0] : step[0],
+        start[1] : start[1] + shape[1] * step[1] : step[1],
+    ],
 }
 
 
