@@ -215,6 +215,8 @@ def _check_cluster_args(args) -> None:
     if args.scheduler_address and args.threads_per_worker is not None:
         raise UsageError("--threads-per-worker sizes a local cluster; it cannot be used with "
                          "--scheduler-address")
+    if args.scheduler_address:
+        _check_address(args.scheduler_address)
 
 
 @contextlib.contextmanager
@@ -244,15 +246,7 @@ def _engine(args):
         with engine:
             yield engine
     elif args.scheduler_address:
-        from distributed import Client
-
-        try:
-            client = Client(args.scheduler_address, timeout=args.connect_timeout,
-                            set_as_default=False)
-        except Exception as e:
-            raise ClusterError(
-                f"could not connect to the dask scheduler at {args.scheduler_address!r}: {e}"
-            ) from e
+        client = _connect(args)
         try:
             with ta.Engine(client=client, memory_per_worker=args.memory_per_worker,
                            quiet=args.quiet) as engine:
@@ -290,18 +284,82 @@ def _log(args, *lines) -> None:
 # -- commands -------------------------------------------------------------------------
 
 
-def _connect(args):
+_ADDRESS_HINT = "use [SCHEME://]HOST:PORT, e.g. tcp://host:8786"
+
+
+def _check_address(address: str) -> None:
+    """Refuse a malformed scheduler address before any connection is tried
+    (a usage error, exit status 2)."""
+    from distributed.comm.addressing import parse_address, parse_host_port
+    from distributed.comm.registry import backends
+
+    try:
+        scheme, loc = parse_address(address)
+    except (TypeError, ValueError) as e:
+        raise UsageError(f"bad --scheduler-address {address!r}: {e}; {_ADDRESS_HINT}") from None
+    if scheme not in backends:
+        raise UsageError(f"bad --scheduler-address {address!r}: unknown scheme {scheme!r} "
+                         f"(known: {', '.join(sorted(backends))}); {_ADDRESS_HINT}")
+    if scheme in ("inproc", "ucx"):
+        return
+    try:
+        host, port = parse_host_port(loc)
+    except (TypeError, ValueError) as e:
+        raise UsageError(f"bad --scheduler-address {address!r}: {e}; {_ADDRESS_HINT}") from None
+    if not host or not 0 < int(port) < 65536:
+        raise UsageError(f"bad --scheduler-address {address!r}: needs a host and a port "
+                         f"between 1 and 65535; {_ADDRESS_HINT}")
+
+
+def _refused(address: str, timeout: float) -> str | None:
+    """One quick TCP connection attempt: a reason when the scheduler's host
+    refuses it or does not resolve (nothing will answer there), else None (up,
+    or slow: the client's own connection then waits up to its timeout)."""
+    import socket
+
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    scheme, loc = parse_address(address)
+    if scheme not in ("tcp", "tls", "ws", "wss"):
+        return None
+    host, port = parse_host_port(loc)
+    try:
+        with socket.create_connection((host, int(port)), timeout=min(timeout, 5.0)):
+            return None
+    except ConnectionRefusedError:
+        return "connection refused (is the scheduler running?)"
+    except socket.gaierror as e:
+        return f"cannot resolve host {host!r}: {e}"
+    except OSError:
+        return None
+
+
+def _connect(args, *, probe: bool = False):
+    """A Client for ``--scheduler-address``; a ClusterError within
+    ``--connect-timeout`` when none can be had (``probe``: at once when the
+    connection is refused, as a health check wants).
+
+    A Client whose connection failed is closed here: left to the garbage
+    collector it would block for a minute at exit and print a traceback."""
     from distributed import Client
 
     from tilearray.errors import ClusterError
 
+    address = args.scheduler_address
+    _check_address(address)
+    reason = _refused(address, args.connect_timeout) if probe else None
+    if reason:
+        raise ClusterError(f"could not connect to the dask scheduler at {address!r}: {reason}")
+    client = Client.__new__(Client)
     try:
-        return Client(args.scheduler_address, timeout=args.connect_timeout,
-                      set_as_default=False)
+        client.__init__(address, timeout=args.connect_timeout, set_as_default=False)
     except Exception as e:
+        with contextlib.suppress(Exception):
+            client.close(timeout=2)
         raise ClusterError(
-            f"could not connect to the dask scheduler at {args.scheduler_address!r}: {e}"
+            f"could not connect to the dask scheduler at {address!r}: {e}"
         ) from e
+    return client
 
 
 def _short_python(v) -> str:
@@ -342,7 +400,7 @@ def _print_health(h) -> None:
 def _cluster_info(args) -> int:
     from tilearray.deploy import cluster_health
 
-    client = _connect(args)
+    client = _connect(args, probe=True)
     try:
         h = cluster_health(client)
     finally:
@@ -369,6 +427,8 @@ def cmd_info(args) -> int:
 
     if not args.paths and not args.scheduler_address:
         raise UsageError("give array PATHs, or --scheduler-address for a cluster's health")
+    if args.scheduler_address:
+        _check_address(args.scheduler_address)
     exit_code = 0
     if args.scheduler_address:
         exit_code = _cluster_info(args)
@@ -376,6 +436,10 @@ def cmd_info(args) -> int:
             print()
     for k, path in enumerate(args.paths):
         full = _abs(path)
+        other = _not_a_matrix(full)
+        if other is not None:  # a reduction's vector or scalar: no TiledArray, just facts
+            _info_other(path, full, other, args.json, first=not k)
+            continue
         x = ta.open(full, allow_incomplete=True)
         g = x.grid
         ref = ArrayRef.from_location(full)
@@ -431,6 +495,65 @@ def cmd_info(args) -> int:
         if meta.get("expression"):
             print(f"  expression:  {meta['expression']}")
     return exit_code
+
+
+def _not_a_matrix(full: str):
+    """The opened Zarr array at ``full`` if it is not 2-D, else None (also
+    when nothing readable is there: ``ta.open`` then reports why)."""
+    from tilearray.storage import ArrayRef
+
+    try:
+        z = ArrayRef.from_location(full).open()
+    except Exception:
+        return None
+    return z if z.ndim != 2 else None
+
+
+def _info_other(path: str, full: str, z, as_json: bool, first: bool) -> None:
+    """``info`` for a 1-D / 0-d (or n-D) array: path, shape, dtype, chunks, completion."""
+    from dask.utils import format_bytes
+
+    from tilearray.storage import ArrayRef, info_attrs
+    from tilearray.storage.array import local_files_state
+
+    meta = info_attrs(z)
+    complete = bool(meta.get("complete", True))
+    state = local_files_state(ArrayRef.from_location(full))
+    nbytes = int(z.nbytes)
+    info = {
+        "path": path,
+        "shape": list(z.shape),
+        "dtype": str(z.dtype),
+        "zarr_format": z.metadata.zarr_format,
+        "chunks": list(z.chunks),
+        "nbytes": nbytes,
+        "stored_bytes": state[1] if state else None,
+        "tilearray_output": bool(meta),
+        "complete": complete,
+        "expression": meta.get("expression"),
+    }
+    if as_json:
+        print(json.dumps(info))
+        return
+    if not first:
+        print()
+    shape = " x ".join(str(n) for n in z.shape) if z.ndim else "() (a scalar)"
+    chunks = " x ".join(str(n) for n in z.chunks) if z.ndim else "()"
+    if complete:
+        status = "yes" if meta else "yes (not written by tilearray)"
+    else:
+        status = "NO: its job did not finish; rerun it"
+    print(f"{z.ndim}-D Zarr array (not a TiledArray: read it with "
+          f"zarr.open_array({full!r})[...])")
+    print(f"  path:        {path}")
+    print(f"  shape:       {shape}")
+    print(f"  dtype:       {z.dtype} (Zarr v{info['zarr_format']})")
+    print(f"  chunks:      {chunks}")
+    print(f"  bytes:       {format_bytes(nbytes)} in memory"
+          + (f", {format_bytes(state[1])} on disk" if state else ""))
+    print(f"  complete:    {status}")
+    if meta.get("expression"):
+        print(f"  expression:  {meta['expression']}")
 
 
 def cmd_random(args) -> int:
@@ -539,9 +662,6 @@ def _format_values(value) -> list[str]:
 def cmd_reduce(args) -> int:
     _check_cluster_args(args)
     if args.output:
-        if args.resume and os.path.lexists(_abs(args.output)):
-            raise UsageError("a reduction's output is written in one piece, so there is "
-                             "nothing to resume; pass --overwrite to recompute it")
         _check_output(args, args.output, [args.a])
     x = _open(args.a)
     expr = _reduction(x, args)
@@ -554,7 +674,7 @@ def cmd_reduce(args) -> int:
         _log(args, str(plan))
         if args.output:
             value = expr.to_zarr(_abs(args.output), overwrite=args.overwrite,
-                                 engine=engine)
+                                 resume=args.resume, engine=engine)
         else:
             value = expr.compute(engine=engine)
         stats = expr.stats

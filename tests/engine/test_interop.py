@@ -292,3 +292,90 @@ def test_member_added_to_an_xarray_written_group(engine, tmp_path, rng):
     assert ds.A.dims == ("time", "sensor") and ds.B.dims == ("B_row", "B_col")
     np.testing.assert_array_equal(ds.A.values, x)
     np.testing.assert_array_equal(ds.B.values, x[:, :3])
+
+
+# -- reduction (small) outputs: resume, refusals, listing -------------------------------
+
+
+def test_reduction_output_resume_returns_stored_result(engine, tmp_path, rng, monkeypatch):
+    import xarray as xr
+    import zarr
+
+    from tilearray.engine.tiled import TiledArray
+
+    x = rng.standard_normal((20, 12))
+    g = tmp_path / "g.zarr"
+    a = ta.from_numpy(x, g, name="X", tile=(8, 8))
+    np.testing.assert_allclose(a.mean(axis=0).to_zarr(g, name="m"), x.mean(axis=0))
+    np.testing.assert_allclose(a.sum().to_zarr(g, name="s"), x.sum())
+    meta = zarr.open_array(g, path="m", mode="r").attrs["tilearray"]
+    assert meta["complete"] is True and meta["fingerprint"]
+    with pytest.raises(ta.StorageError, match="already exists"):
+        a.mean(axis=0).to_zarr(g, name="m")
+
+    def boom(self, **kw):
+        raise AssertionError("recomputed")
+
+    with monkeypatch.context() as mp:
+        mp.setattr(TiledArray, "compute", boom)
+        np.testing.assert_allclose(a.mean(axis=0).to_zarr(g, name="m", resume=True),
+                                   x.mean(axis=0))
+        assert a.sum().to_zarr(g, name="s", resume=True) == pytest.approx(x.sum())
+        for other in (a.sum(axis=0), a.mean(axis=1), (a * 2).mean(axis=0)):
+            with pytest.raises(ta.StorageError, match="cannot resume.*different expression"):
+                other.to_zarr(g, name="m", resume=True)
+    # an interrupted small write of the same expression is written again
+    z = zarr.open_array(g, path="m", mode="r+")
+    z.attrs["tilearray"] = {**meta, "complete": False}
+    z[...] = 0
+    np.testing.assert_allclose(a.mean(axis=0).to_zarr(g, name="m", resume=True),
+                               x.mean(axis=0))
+    ds = xr.open_zarr(g)
+    np.testing.assert_allclose(ds.m.values, x.mean(axis=0))
+    assert ds.m.attrs["tilearray"]["complete"] is True
+
+
+def test_reduction_output_refused_inside_an_array_or_a_v2_group(engine, tmp_path, rng):
+    import zarr
+
+    x = rng.standard_normal((6, 4))
+    a = ta.from_numpy(x, tmp_path / "in.zarr", tile=(3, 4))
+    bare = tmp_path / "bare.zarr"
+    ta.from_numpy(x, bare, tile=(3, 4))
+    for write in (lambda: a.mean(axis=0).to_zarr(bare, name="m"),
+                  lambda: ta.from_numpy(x, bare, name="m")):
+        with pytest.raises(ta.StorageError, match=r"bare\.zarr' is a Zarr array, not a group"):
+            write()
+    v2 = tmp_path / "v2.zarr"
+    g = zarr.open_group(v2, mode="w", zarr_format=2)
+    g.attrs["title"] = "t"
+    g.create_array("old", data=x, chunks=(3, 4))
+    before = sorted(q.relative_to(v2) for q in v2.rglob("*"))
+    for write in (lambda: a.mean(axis=0).to_zarr(v2, name="m"),
+                  lambda: a.mean(axis=0).to_zarr(v2, name="old", overwrite=True),
+                  lambda: (a * 2).to_zarr(v2, name="Y"),
+                  lambda: (a * 2).to_zarr(v2, name="old", overwrite=True),
+                  lambda: ta.from_dask(a.to_dask(), v2, name="D")):
+        with pytest.raises(ta.StorageError, match="Zarr format 2 group"):
+            write()
+    assert sorted(q.relative_to(v2) for q in v2.rglob("*")) == before
+    np.testing.assert_array_equal(ta.open(v2, "old").compute(), x)
+
+
+def test_failed_job_leaves_no_member_for_xarray(engine, tmp_path, rng):
+    import xarray as xr
+
+    x = rng.standard_normal((16, 8))
+    g = tmp_path / "g.zarr"
+    a = ta.from_numpy(x, g, name="X", tile=(8, 8))
+    (a + 1).to_zarr(g, name="Y")
+    chunk = sorted(p for p in (g / "X" / "c").rglob("*") if p.is_file())[-1]
+    raw = bytearray(chunk.read_bytes())
+    raw[10:20] = b"\0garbage\0\0"
+    chunk.write_bytes(bytes(raw))
+    with pytest.raises(ta.CorruptChunkError):
+        (a * 2).to_zarr(g, name="Z")
+    with pytest.raises(ta.CorruptChunkError):
+        (a * 2).to_zarr(g, name="Y", overwrite=True)  # the old Y is gone: not listed either
+    ds = xr.open_zarr(g)
+    assert set(ds.data_vars) == {"X"}

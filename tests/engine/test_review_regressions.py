@@ -79,3 +79,16 @@ def test_to_zarr_never_replaces_other_data(engine, tmp_path, ab):
     with pytest.raises(ta.StorageError, match="holds an input"):
         (ta.open(gx, "x") * 2).to_zarr(gx, overwrite=True)
     np.testing.assert_array_equal(zarr.open_group(gx)["x"][:], x)
+
+
+def test_input_overwritten_after_open_is_detected(engine, tmp_path, rng):
+    x = rng.standard_normal((10, 6))
+    a = ta.from_numpy(x, tmp_path / "a.zarr", tile=(4, 4))
+    ta.from_numpy(rng.standard_normal((5, 6)), tmp_path / "a.zarr", tile=(4, 4), overwrite=True)
+    with pytest.raises(ta.StorageError, match=r"changed since it was opened.*\(5, 6\)"):
+        (a + 1).compute()
+    with pytest.raises(ta.StorageError, match="changed since it was opened"):
+        (a * 2).to_zarr(tmp_path / "out.zarr")
+    assert not (tmp_path / "out.zarr").exists()
+    fresh = ta.open(tmp_path / "a.zarr")
+    assert (fresh + 1).compute().shape == (5, 6)

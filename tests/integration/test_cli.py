@@ -425,3 +425,61 @@ def test_mpi_matmul_under_the_launcher(work):
     p = mpi("reduce", "missing.zarr", "--op", "sum")
     assert p.returncode == 1, p.stderr
     assert "Traceback" not in p.stderr and "missing.zarr" in p.stderr
+
+
+# -- scheduler address, non-2-D arrays in info, reduce --resume -----------------------------
+
+
+def test_info_bad_scheduler_address_fails_at_once(tmp_path):
+    import time
+
+    for args, code, words in (
+        (["--scheduler-address", "notanaddr"], 2, "missing port"),
+        (["--scheduler-address", "foo://host:1"], 2, "unknown scheme"),
+        (["--scheduler-address", "tcp://127.0.0.1:1"], 1, "connection refused"),
+    ):
+        start = time.monotonic()
+        p = cli("info", *args, cwd=tmp_path, timeout=40)
+        elapsed = time.monotonic() - start
+        err = one_line_error(p, code)  # one line; no Client.__del__ traceback after it
+        assert words in err and args[1] in err, err
+        assert elapsed < 20, f"{args}: took {elapsed:.0f} s"
+
+
+def test_bad_scheduler_address_is_usage_error_for_jobs(work, capsys, monkeypatch):
+    p = cli_here("reduce", "a.zarr", "--op", "sum", "--scheduler-address", "host:99999",
+                 cwd=work, capsys=capsys, monkeypatch=monkeypatch)
+    assert "port between 1 and 65535" in one_line_error(p, 2)
+
+
+def test_info_describes_1d_and_0d_arrays(tmp_path, capsys, monkeypatch):
+    g = zarr.open_group(tmp_path / "r.zarr", mode="w")
+    g.create_array("colmean", data=np.arange(7.0), chunks=(4,),
+                   attributes={"tilearray": {"format": 1, "complete": True,
+                                             "expression": "x.mean(axis=0)"}})
+    zarr.create_array(tmp_path / "s.zarr", data=np.array(3.5))
+    p = cli_here("info", "r.zarr/colmean", "s.zarr", cwd=tmp_path, capsys=capsys,
+                 monkeypatch=monkeypatch)
+    ok(p)
+    assert "1-D Zarr array" in p.stdout and "0-D Zarr array" in p.stdout
+    assert "shape:       7\n" in p.stdout and "chunks:      4\n" in p.stdout
+    assert "complete:    yes" in p.stdout and "expression:  x.mean(axis=0)" in p.stdout
+    assert "zarr.open_array(" in p.stdout
+    p = ok(cli_here("info", "--json", "r.zarr/colmean", "s.zarr", cwd=tmp_path, capsys=capsys,
+                    monkeypatch=monkeypatch))
+    m, s = (json.loads(line) for line in p.stdout.splitlines())
+    assert m["shape"] == [7] and m["chunks"] == [4] and m["dtype"] == "float64"
+    assert m["complete"] is True and m["tilearray_output"] is True
+    assert s["shape"] == [] and s["tilearray_output"] is False and s["complete"] is True
+
+
+def test_reduce_resume_keeps_a_complete_output(work):
+    a = read(work / "a.zarr")
+    ok(cli("reduce", "a.zarr", "--op", "mean", "--axis", 0, "-o", "m.zarr", *JOB, cwd=work))
+    p = ok(cli("reduce", "a.zarr", "--op", "mean", "--axis", 0, "-o", "m.zarr", "--resume",
+               *JOB, cwd=work))
+    assert "already complete" in p.stdout
+    np.testing.assert_allclose(read(work / "m.zarr"), a.mean(axis=0), rtol=1e-12)
+    err = one_line_error(cli("reduce", "a.zarr", "--op", "sum", "--axis", 0, "-o", "m.zarr",
+                             "--resume", *JOB, cwd=work))
+    assert "cannot resume" in err

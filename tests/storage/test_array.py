@@ -157,3 +157,107 @@ def test_open_array_validates(tmp_path, rng):
     ta.from_numpy(rng.standard_normal((5, 5)), tmp_path / "a.zarr", tile=(2, 2))
     z = open_array(tmp_path / "a.zarr")
     assert z.shape == (5, 5)
+
+
+# -- member names, parents that cannot hold a member, consolidated listing ---------------
+
+
+@pytest.mark.parametrize("bad", ["/abs", "x/", "sub//w", "./x", "a/../b", "..",
+                                 "tilearray.done", "g/zarr.json"])
+def test_bad_member_names_refused_before_writing(tmp_path, bad):
+    g = tmp_path / "g.zarr"
+    ta.from_numpy(np.ones((4, 4)), g, name="A", tile=(2, 2))
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    with pytest.raises(ta.StorageError, match=f"bad member name {bad!r}"):
+        ta.from_numpy(np.ones((4, 4)), g, name=bad, tile=(2, 2))
+    with pytest.raises(ta.StorageError, match="bad member name"):
+        ta.random((4, 4), g, name=bad, tile=(2, 2))
+    with pytest.raises(ta.StorageError, match="bad member name"):
+        ta.open(g, bad)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_absolute_member_name_writes_nothing_outside_the_store(tmp_path):
+    outside = tmp_path / "outside"
+    with pytest.raises(ta.StorageError, match="starts with '/'"):
+        ta.from_numpy(np.ones((8, 8)), tmp_path / "g.zarr", name=str(outside), tile=(4, 4))
+    assert not outside.exists() and not (tmp_path / "g.zarr").exists()
+
+
+def test_nested_member_name_allowed(tmp_path, rng):
+    x = rng.standard_normal((6, 5))
+    g = tmp_path / "g.zarr"
+    a = ta.from_numpy(x, g, name="sub/x", tile=(3, 3))
+    np.testing.assert_array_equal(np.asarray(ta.open(g, "sub/x").compute()), x)
+    assert sorted(done_units(a._node.ref)) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert (g / "sub" / "x" / "tilearray.done").is_dir()
+
+
+def _v2_group(path, x):
+    g = zarr.open_group(path, mode="w", zarr_format=2)
+    g.attrs["title"] = "survey"
+    g.create_array("old", data=x, chunks=(3, 4))
+    return g
+
+
+@pytest.mark.parametrize("name", ["new", "sub/new", "old"])
+def test_member_of_a_zarr_v2_group_refused_and_group_untouched(tmp_path, rng, name):
+    x = rng.standard_normal((3, 4))
+    p = tmp_path / "v2g.zarr"
+    _v2_group(p, x)
+    before = sorted(q.relative_to(p) for q in p.rglob("*"))
+    for write in (lambda: ta.from_numpy(np.ones((3, 4)), p, name=name, tile=(3, 4),
+                                        overwrite=True),
+                  lambda: ta.random((3, 4), p, name=name, tile=(3, 4), overwrite=True)):
+        with pytest.raises(ta.StorageError, match=r"v2g\.zarr'? is a Zarr format 2 group.*"
+                                                  r"format 3"):
+            write()
+    assert sorted(q.relative_to(p) for q in p.rglob("*")) == before  # nothing written
+    g = zarr.open_group(p, mode="r")
+    assert sorted(g.keys()) == ["old"] and g.attrs["title"] == "survey"
+    # its format 2 arrays still open
+    np.testing.assert_array_equal(ta.open(p, "old").compute(), x)
+
+
+def test_member_inside_an_array_refused(tmp_path):
+    p = tmp_path / "bare.zarr"
+    ta.from_numpy(np.ones((4, 4)), p, tile=(2, 2))
+    with pytest.raises(ta.StorageError, match=r"bare\.zarr' is a Zarr array, not a group"):
+        ta.from_numpy(np.ones((4, 4)), p, name="in", tile=(2, 2))
+    assert not (p / "in").exists()
+
+
+def test_incomplete_member_is_not_in_the_consolidated_listing(tmp_path, rng):
+    import xarray as xr
+
+    x = rng.standard_normal((4, 4))
+    g = tmp_path / "g.zarr"
+    ta.from_numpy(x, g, name="A", tile=(2, 2))
+    ta.from_numpy(x, g, name="B", tile=(2, 2))
+    create(g, (6, 6), "float64", (3, 3), path="P")  # a job that has not finished
+    create(g, (2, 2), "float64", (2, 2), path="B", overwrite=True)  # B being rewritten
+    create(g, (2, 2), "float64", (2, 2), path="sub/Q")
+    for ds in (xr.open_zarr(g), xr.open_zarr(g, consolidated=True)):
+        assert set(ds.data_vars) == {"A"}
+        np.testing.assert_array_equal(ds.A.values, x)
+    assert sorted(zarr.open_group(g, mode="r").keys()) == ["A", "sub"]
+    ref = ArrayRef.from_location(g, "P")
+    for i in range(2):
+        for j in range(2):
+            write_block(ref, (3 * i, 3 * i + 3), (3 * j, 3 * j + 3), np.full((3, 3), 1.0))
+    mark_complete(ref)
+    ds = xr.open_zarr(g)
+    assert set(ds.data_vars) == {"A", "P"}
+    np.testing.assert_array_equal(ds.P.values, np.ones((6, 6)))
+
+
+def test_open_1d_and_0d_say_how_to_read_them(tmp_path):
+    g = zarr.open_group(tmp_path / "g.zarr", mode="w")
+    g.create_array("colmean", shape=(10,), chunks=(5,), dtype="f8")
+    g.create_array("total", shape=(), dtype="f8")
+    with pytest.raises(ta.StorageError, match=r"1-D array of shape \(10,\).*"
+                                              r"zarr\.open_array\(.*path='colmean'\)\[\.\.\.\]"
+                                              r".*xarray\.open_zarr"):
+        ta.open(tmp_path / "g.zarr", "colmean")
+    with pytest.raises(ta.StorageError, match=r"0-D array of shape \(\).*zarr\.open_array"):
+        ta.open(tmp_path / "g.zarr", "total")

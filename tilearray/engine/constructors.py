@@ -24,7 +24,8 @@ def open(path, name: str = "", *, allow_incomplete: bool = False) -> TiledArray:
     path : str, os.PathLike or zarr Store
         The array, or the group holding it.
     name : str, optional
-        The array's path inside the group at ``path``.
+        The array's path inside the group at ``path``: ``"x"`` or ``"sub/x"``
+        (no leading ``/``, empty, ``.`` or ``..`` segments).
     allow_incomplete : bool
         Open a tilearray output whose job did not finish (to inspect it).
 
@@ -36,8 +37,9 @@ def open(path, name: str = "", *, allow_incomplete: bool = False) -> TiledArray:
     Raises
     ------
     StorageError
-        Nothing is there, it is a group (pass ``name``), not 2-D, or not a
-        bool / integer / float array.
+        A bad ``name``; nothing is there, it is a group (pass ``name``), not
+        2-D (a reduction's 1-D / 0-d output: the message says how to read it
+        with zarr or xarray), or not a bool / integer / float array.
     IncompleteOutputError
         An unfinished output: rerun its job with ``to_zarr(..., resume=True)``.
 
@@ -68,7 +70,8 @@ def _new_array(path, name, shape, dtype, tile, shard, overwrite, dims):
 _WRITE_PARAMS = """name : str, optional
         Write the array as member ``name`` of the Zarr group at ``path``
         (created if needed; other members are left alone), so that
-        ``xarray.open_zarr(path)`` lists it.
+        ``xarray.open_zarr(path)`` lists it once complete. ``"x"`` or
+        ``"sub/x"``; the group must be Zarr format 3 (format 2: refused).
     dims : tuple of str, optional
         Dimension names; default ``(f"{name}_row", f"{name}_col")``, or
         ``("row", "col")`` without a name.

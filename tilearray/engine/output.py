@@ -39,25 +39,42 @@ def _source_nodes(node):
             yield from _source_nodes(a)
 
 
-def write(x, path, tile, shard, overwrite, resume, engine, name="",
-             dims=None) :
+def write(x, path, tile, shard, overwrite, resume, engine, name="", dims=None):
     """``x.to_zarr(...)``: run ``x`` into the Zarr array at ``path``/``name``."""
-    from .tiled import TiledArray
+    from .tiled import TiledArray, check_sources
 
     node = x._node
     ref = ArrayRef.from_location(path, name)
+    sarray.check_parents(ref)  # inside an array or a Zarr v2 group: refused before any work
     labels = derive_dims(node, lambda src: ("row", "col"))
     if node.small or node.ndim != 2:
         # a reduction's vector/scalar: computed in memory, stored as a plain Zarr array
-        if (existing_array(ref) is not None or has_data(ref)) and not overwrite:
-            raise StorageError(f"{str(ref)!r} already exists; pass overwrite=True to replace it")
-        if existing_array(ref) is None and has_data(ref):
+        existing = existing_array(ref)
+        if existing is None and has_data(ref):
             raise StorageError(f"{str(ref)!r} exists and is not a Zarr array; refusing to "
                                "replace it")
+        fp = _fingerprint(node)
+        if existing is not None and resume and not overwrite:
+            meta = sarray.info_attrs(existing)
+            if meta.get("fingerprint") != fp or existing.shape != tuple(node.shape):
+                raise StorageError(
+                    f"cannot resume {str(ref)!r}: it was written by a different expression "
+                    "or from inputs that have changed since; pass overwrite=True to start again"
+                )
+            if meta.get("complete"):
+                log.info("%s is already complete", ref)
+                return np.asarray(existing[...])
+            # same expression, but its write was cut short: compute and write it again
+        elif existing is not None and not overwrite:
+            raise StorageError(
+                f"{str(ref)!r} already exists; pass overwrite=True to replace it "
+                "(or resume=True to reuse a complete result of the same expression)"
+            )
         dims = sarray.choose_dims(ref, node.shape, dims, derive_dims(node), labels)
         value = np.asarray(x.compute(engine=engine))
-        return _write_small(value, ref, dims)
+        return _write_small(value, ref, dims, {"fingerprint": fp, "expression": str(node)})
     engine = engine or cluster.current_engine()
+    check_sources(node)  # inputs overwritten since they were opened: refused before writing
     out_loc = str(ref).rstrip("/")
     for leaf in _source_nodes(node):
         loc = str(leaf.ref).rstrip("/")
@@ -173,13 +190,24 @@ def cleanup(low: Lowered) -> None:
             shutil.rmtree(str(c.ref.store.root), ignore_errors=True)
 
 
-def _write_small(value: np.ndarray, ref: ArrayRef, dims) -> np.ndarray:
-    """Store a small (in-memory) result, e.g. a reduction's vector, as Zarr."""
+def _write_small(value: np.ndarray, ref: ArrayRef, dims, meta: dict | None = None) -> np.ndarray:
+    """Store a small (in-memory) result, e.g. a reduction's vector, as Zarr.
+
+    Like a matrix output it is created incomplete (which also takes a member it
+    replaces out of its group's consolidated listing), filled, and only then
+    marked complete and listed; ``meta`` (the fingerprint) is recorded for
+    ``resume=True``."""
     import zarr
 
-    zarr.create_array(ref.store, name=ref.path or None, data=np.asarray(value), overwrite=True,
-                      dimension_names=tuple(dims),
-                      attributes={"tilearray": {"format": 1, "complete": True}})
+    value = np.asarray(value)
+    attrs = {"format": sarray.FORMAT_VERSION, **(meta or {})}
+    arr = zarr.create_array(ref.store, name=ref.path or None, shape=value.shape,
+                            dtype=value.dtype, overwrite=True, zarr_format=3,
+                            dimension_names=tuple(dims),
+                            attributes={sarray.ATTR_KEY: {**attrs, "complete": False}})
+    sarray.refresh_consolidated(ref)
+    arr[...] = value
+    arr.attrs[sarray.ATTR_KEY] = {**attrs, "complete": True}
     sarray.refresh_consolidated(ref)
     return value
 

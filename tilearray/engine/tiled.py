@@ -11,7 +11,7 @@ from dask.base import tokenize
 from dask.utils import format_bytes
 
 from .. import _config
-from ..errors import PlanningError
+from ..errors import PlanningError, StorageError
 from ..graphs.reduction import NO_IDENTITY, OPS
 from ..graphs.spec import func
 from ..storage import ArrayRef, Grid
@@ -99,6 +99,38 @@ def _elemwise(name: str, *args, **kwargs) -> TiledArray:
         raise PlanningError(f"{name}: the result dtype {dtype} is not supported; tilearray "
                             "handles bool, integer and floating-point matrices")
     return TiledArray(Elemwise(shape, dtype, name, tuple(nodes), tuple(sorted(kwargs.items()))))
+
+
+def check_sources(node) -> None:
+    """Before a run: every stored input still has the shape, dtype and tiling
+    it had when the expression was built (it may have been overwritten since)."""
+    from ..storage import grid_of, open_array
+
+    seen: set = set()
+
+    def walk(n):
+        if isinstance(n, Source):
+            if id(n) in seen:
+                return
+            seen.add(id(n))
+            arr = open_array(n.ref)
+            g = grid_of(arr)
+            if (tuple(arr.shape), np.dtype(arr.dtype), g.tile, g.unit) != (
+                    tuple(n.shape), np.dtype(n.dtype), n.grid.tile, n.grid.unit):
+                raise StorageError(
+                    f"{str(n.ref)!r} changed since it was opened: now {tuple(arr.shape)} "
+                    f"{arr.dtype} tile={g.tile}, was {tuple(n.shape)} {n.dtype} "
+                    f"tile={n.grid.tile}; open it again (ta.open) and rebuild the expression")
+            return
+        for child in ("x", "a", "b"):
+            c = getattr(n, child, None)
+            if isinstance(c, Node):
+                walk(c)
+        for a in getattr(n, "args", ()):
+            if isinstance(a, Node):
+                walk(a)
+
+    walk(node)
 
 
 def _check_operand(a, name: str) -> None:
@@ -433,6 +465,7 @@ class TiledArray:
             )
         engine = engine or cluster.current_engine()
         low = self._lower(engine=engine)
+        check_sources(n)
         output.create_temporaries(low)
         try:
             values, stats = engine.run(low.graph, low.keys, description="compute", plan=low.plan,

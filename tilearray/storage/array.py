@@ -47,6 +47,40 @@ def describe(store: Store, path: str = "") -> str:
     return f"{base}/{path}" if path else base
 
 
+_RESERVED_NAMES = frozenset({"zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata",
+                             "tilearray.done", "tilearray.lock"})
+
+
+def check_name(name: str | None) -> str:
+    """Validate a member name (``name=``): "" for none, else a relative path of
+    non-empty segments such as ``"x"`` or ``"sub/x"``.
+
+    One spelling per member: every key tilearray writes (data, done markers,
+    the lock) must land inside the store and next to the array, so absolute
+    names, empty segments (``"x/"``, ``"a//b"``), ``"."`` / ``".."`` and Zarr's
+    or tilearray's own key names are refused before anything is written.
+    """
+    if name is None:
+        return ""
+    if not isinstance(name, str):
+        raise StorageError(f"member name must be a string, got {type(name).__name__} {name!r}")
+    if name == "":
+        return ""
+    if name.startswith("/"):
+        why = "it starts with '/' (a member name is relative to the group at the path)"
+    elif any(seg == "" for seg in name.split("/")):
+        why = "it has an empty segment (a trailing '/' or '//')"
+    elif any(seg in (".", "..") for seg in name.split("/")):
+        why = "'.' and '..' segments are not allowed"
+    elif any(seg in _RESERVED_NAMES for seg in name.split("/")):
+        why = "it uses a name Zarr or tilearray keeps for its own keys"
+    else:
+        return name
+    raise StorageError(
+        f"bad member name {name!r}: {why}; use a relative path such as 'x' or 'sub/x'"
+    )
+
+
 @dataclass(frozen=True, eq=False)
 class ArrayRef:
     """Picklable reference to a Zarr array: what tasks carry instead of data."""
@@ -58,7 +92,14 @@ class ArrayRef:
 
     @classmethod
     def from_location(cls, where: str | os.PathLike | Store, path: str = "") -> ArrayRef:
-        return cls(_as_store(where), path)
+        """The array at ``where``, or member ``path`` of the group there.
+
+        Raises
+        ------
+        StorageError
+            ``path`` is not a relative member name (see :func:`check_name`).
+        """
+        return cls(_as_store(where), check_name(path))
 
     def __str__(self) -> str:
         return describe(self.store, self.path)
@@ -165,11 +206,25 @@ def open_array(
             f"{loc!r} is a Zarr group, not an array; pass the array's path inside it"
         ) from e
     if arr.ndim != 2:
-        raise StorageError(f"{loc!r} has shape {arr.shape}: tilearray needs a 2-D matrix")
+        raise StorageError(not_a_matrix_message(ref, arr))
     check_dtype(arr.dtype, loc)
     if check_complete:
         check_output_complete(ref, arr)
     return arr
+
+
+def not_a_matrix_message(ref: ArrayRef, arr: zarr.Array) -> str:
+    """Why a 1-D / 0-d (or n-D) array does not open as a TiledArray, and how to read it."""
+    root = describe(ref.store)
+    if ref.path:
+        group, _, member = ref.path.rpartition("/")
+        where = f"{root}/{group}" if group else root
+        how = (f"zarr.open_array({root!r}, path={ref.path!r})[...] or "
+               f"xarray.open_zarr({where!r})[{member!r}]")
+    else:
+        how = f"zarr.open_array({root!r})[...]"
+    return (f"{str(ref)!r} is a {arr.ndim}-D array of shape {arr.shape}, not a 2-D matrix: "
+            f"TiledArrays are 2-D; read it into memory with {how}")
 
 
 def info_attrs(arr: zarr.Array) -> dict:
@@ -219,6 +274,7 @@ def create(
     """
     ref = ArrayRef.from_location(where, path)
     loc = str(ref)
+    check_parents(ref)
     shape = tuple(int(s) for s in shape)
     if len(shape) != 2 or any(s < 0 for s in shape):
         raise StorageError(f"{loc!r}: shape must be 2 non-negative integers, got {shape}")
@@ -264,7 +320,8 @@ def create(
         ) from None
     except (PermissionError, OSError, ValueError) as e:
         raise StorageError(f"cannot create {loc!r}: {type(e).__name__}: {e}") from None
-    refresh_consolidated(ref)  # a group's listing shows the new (incomplete) member
+    # an overwritten member leaves the group's listing until it is complete again
+    refresh_consolidated(ref)
     return arr
 
 
@@ -438,10 +495,99 @@ def choose_dims(ref: ArrayRef, shape: tuple, dims=None, derived=None,
     return fallback
 
 
+def _node_at(store: Store, path: str) -> tuple[str | None, int | None]:
+    """``(node type, Zarr format)`` of what is stored at ``path``: ("group", 2),
+    ("array", 3), ...; (None, None) when nothing is there. A format-2 group key
+    wins over a format-3 one: such a group still has format-2 readers."""
+    import json
+
+    def key(name):
+        return f"{path}/{name}" if path else name
+
+    def get(name):
+        buf = sync(store.get(key(name), default_buffer_prototype()))
+        return None if buf is None else buf.to_bytes()
+
+    if get(".zgroup") is not None:
+        return "group", 2
+    if get(".zarray") is not None:
+        return "array", 2
+    raw = get("zarr.json")
+    if raw is None:
+        return None, None
+    try:
+        node_type = json.loads(raw).get("node_type")
+    except (ValueError, AttributeError):
+        node_type = None
+    return (node_type if isinstance(node_type, str) else "unknown"), 3
+
+
+def check_parents(ref: ArrayRef) -> None:
+    """Refuse, before anything is written, to put a member (``name=``) where it
+    would damage what holds it: inside an array, or inside a Zarr format 2
+    group (tilearray writes format 3 arrays; a format-3 ``zarr.json`` next to
+    the group's ``.zgroup`` hides its format-2 members and attributes).
+
+    Raises
+    ------
+    StorageError
+        Naming the parent's path and what it is.
+    """
+    if not ref.path:
+        return
+    for parent in reversed(_parents(ref.path)):  # outermost first
+        try:
+            kind, fmt = _node_at(ref.store, parent)
+        except Exception:  # an unreadable parent: let the write itself report it
+            return
+        where = describe(ref.store, parent)
+        if kind == "array":
+            raise StorageError(
+                f"cannot create {str(ref)!r}: {where!r} is a Zarr array, not a group; only a "
+                "group can hold members (name=) — choose another path"
+            )
+        if kind == "group" and fmt == 2:
+            raise StorageError(
+                f"cannot write {str(ref)!r}: {where!r} is a Zarr format 2 group, and tilearray "
+                "writes Zarr format 3 arrays (adding one would hide the group's format 2 "
+                "members and attributes from zarr and xarray); write to a new path or to a "
+                "Zarr format 3 group, e.g. zarr.open_group(path, zarr_format=3)"
+            )
+
+
+def _incomplete(meta) -> bool:
+    """True for the stored metadata (a dict) of a tilearray output not yet complete."""
+    attrs = meta.get("attributes") if isinstance(meta, dict) else None
+    own = attrs.get(ATTR_KEY) if isinstance(attrs, dict) else None
+    return isinstance(own, dict) and own.get("complete") is False
+
+
+def _drop_incomplete(consolidated) -> bool:
+    """Remove incomplete tilearray outputs from a consolidated-metadata dict
+    (and the nested ones of its groups); True if anything was removed."""
+    members = consolidated.get("metadata") if isinstance(consolidated, dict) else None
+    if not isinstance(members, dict):
+        return False
+    drop = [k for k, v in members.items() if _incomplete(v)]
+    for k in drop:
+        del members[k]
+    changed = bool(drop)
+    for v in members.values():
+        if isinstance(v, dict):
+            changed |= _drop_incomplete(v.get("consolidated_metadata"))
+    return changed
+
+
 def refresh_consolidated(ref: ArrayRef) -> None:
     """Re-consolidate the metadata of every group above a group member, so that
     ``xarray.open_zarr(group)`` lists it without a fallback warning (and an
-    existing consolidated group, as xarray writes, does not hide it)."""
+    existing consolidated group, as xarray writes, does not hide it).
+
+    Outputs that are not complete (being written, or left by a failed job) are
+    left out of the listing: xarray would read their unwritten units as fill
+    values. Writers call this when an output is created (so an overwritten
+    member drops out) and again once it is complete."""
+    import json
     import warnings
 
     for parent in _parents(ref.path) if ref.path.strip("/") else []:
@@ -449,6 +595,13 @@ def refresh_consolidated(ref: ArrayRef) -> None:
             warnings.simplefilter("ignore")  # "not part of the Zarr v3 specification"
             try:
                 zarr.consolidate_metadata(ref.store, path=parent or None)
+                key = f"{parent}/zarr.json" if parent else "zarr.json"
+                buf = sync(ref.store.get(key, default_buffer_prototype()))
+                doc = json.loads(buf.to_bytes()) if buf is not None else None
+                if isinstance(doc, dict) and _drop_incomplete(doc.get("consolidated_metadata")):
+                    out = default_buffer_prototype().buffer.from_bytes(
+                        json.dumps(doc, indent=2).encode())
+                    sync(ref.store.set(key, out))
             except Exception:  # best effort: a read-only parent, a v2 group, ...
                 pass
 
