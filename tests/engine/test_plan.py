@@ -47,8 +47,28 @@ def test_plan_reports_and_prints(tmp_path, rng):
 def test_plan_refuses_and_names_budget_that_fits(tmp_path, rng):
     a = ta.from_numpy(rng.standard_normal((600, 600)), tmp_path / "a.zarr", tile=(600, 600))
     tiny = ta.Budget(64 * 2**20, 1, 1, baseline=40 * 2**20, fraction=0.75)
-    with pytest.raises(ta.PlanningError, match=r"memory_per_worker >= [\d.]+ MiB"):
+    with pytest.raises(ta.PlanningError, match=r"memory_per_worker >= \d+MiB"):
         (a @ a).plan(budget=tiny)
+
+
+@pytest.mark.parametrize("expr", ["centre", "cov", "matmul"])
+def test_suggested_budget_fits_the_whole_expression(tmp_path, rng, expr):
+    """The refusal names a memory_per_worker (rounded up, passable back) under
+    which every stage fits, not just the first one refused."""
+    import re
+
+    from dask.utils import parse_bytes
+
+    a = ta.from_numpy(rng.standard_normal((512, 512)), tmp_path / "a.zarr", tile=(256, 256))
+    x = {"centre": lambda: a - a.mean(axis=0),
+         "cov": lambda: (a - a.mean(axis=0)).T @ (a - a.mean(axis=0)),
+         "matmul": lambda: a @ a}[expr]()
+    small = ta.Budget(4 * 2**20, 1, 1, baseline=2**20, fraction=0.8)
+    with pytest.raises(ta.PlanningError, match="it would fit with") as err:
+        x.plan(tmp_path / "o.zarr", budget=small)
+    need = parse_bytes(re.search(r"memory_per_worker >= (\d+MiB)", str(err.value)).group(1))
+    plan = x.plan(tmp_path / "o.zarr", budget=ta.Budget(need, 1, 1, baseline=2**20, fraction=0.8))
+    assert plan.peak_task_memory <= plan.budget.task_memory
 
 
 def test_io_aggregation_counts_match_plan(thread_engine, tmp_path, rng):

@@ -130,3 +130,16 @@ def test_reduction_to_zarr(engine, tmp_path, rng):
 
     np.testing.assert_allclose(zarr.open_array(tmp_path / "m.zarr")[:], x.mean(0))
     np.testing.assert_allclose(v, x.mean(0))
+
+
+def test_tuple_axes_like_numpy(engine, tmp_path, rng):
+    x = rng.standard_normal((23, 17))
+    a = ta.from_numpy(x, tmp_path / "t.zarr", tile=(8, 8))
+    np.testing.assert_allclose(a.sum(axis=(0, 1)).compute(), x.sum(axis=(0, 1)))
+    np.testing.assert_allclose(a.mean(axis=(1, 0), keepdims=True).compute(),
+                               x.mean(axis=(1, 0), keepdims=True))
+    np.testing.assert_allclose(np.std(a, axis=(-1,)).compute(), np.std(x, axis=(-1,)))
+    with pytest.raises(ta.PlanningError, match="out of bounds or repeated"):
+        a.sum(axis=(0, 0))
+    with pytest.raises(ta.PlanningError, match="out of bounds"):
+        a.sum(axis=(0, 2))

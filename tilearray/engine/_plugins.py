@@ -23,6 +23,25 @@ class BlasLimit(WorkerPlugin):
         worker._tilearray_blas_limit = threadpool_limits(limits=self.blas_threads)
 
 
+class IgnoreInterrupt(WorkerPlugin):
+    """Worker processes of an embedded cluster ignore SIGINT.
+
+    Ctrl-C in a terminal reaches the whole process group: the client handles
+    it (cancels the run, closes the cluster, says how to resume) and the
+    nannies stop their workers, instead of every worker process printing its
+    own KeyboardInterrupt traceback.
+    """
+
+    name = "tilearray-ignore-interrupt"
+
+    def setup(self, worker):
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class PeakMemory(WorkerPlugin):
     """Samples the worker process's RSS every few milliseconds and keeps the
     peak, so short spikes (a block being encoded and written) are not missed

@@ -200,9 +200,11 @@ class Engine:
             self._spec = (mem, threads, n)
             if adaptive is not None:
                 self.cluster.adapt(minimum=lo, maximum=hi)
-            from ._plugins import BlasLimit
+            from ._plugins import BlasLimit, IgnoreInterrupt
 
             client.register_plugin(BlasLimit(blas), name=BlasLimit.name)
+            if processes:
+                client.register_plugin(IgnoreInterrupt(), name=IgnoreInterrupt.name)
             self.blas_threads = blas
             _restore_environ(self._environ)
         else:

@@ -8,6 +8,7 @@ expression) are listed in ``creates`` for the engine.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import os
@@ -449,17 +450,35 @@ class Lowerer:
         return keys if out is not None else (keys, blocks)
 
     def _check_fits(self, kind: str, peak: int, what: str) -> None:
-        budget = self.budget.task_memory
-        if peak > budget:
-            need = self.budget.worker_memory_for(peak)
-            raise PlanningError(
-                f"{what}: the smallest {kind} task needs {format_bytes(peak)} but the budget "
-                f"allows {format_bytes(budget)} per task ({format_bytes(self.budget.memory_per_worker)}"
-                f" per worker, {self.budget.threads_per_worker} thread(s)"
-                + (f", the smallest worker {self.budget.worker}" if self.budget.worker else "")
-                + "); it would fit with "
-                f"memory_per_worker >= {format_bytes(need)}, or with smaller tiles/shards"
-            )
+        if peak > self.budget.task_memory:
+            raise _DoesNotFit(kind, peak, what, self.budget)
+
+
+class _DoesNotFit(PlanningError):
+    """One stage's smallest task is over the per-task budget."""
+
+    def __init__(self, kind: str, peak: int, what: str, budget: Budget):
+        super().__init__(f"{what}: the smallest {kind} task needs {format_bytes(peak)}")
+        self.kind, self.peak, self.what, self.budget = kind, peak, what, budget
+        self.need = budget.worker_memory_for(peak)
+
+    def explain(self, original: Budget, need: int | None) -> PlanningError:
+        """The refusal users see: against the budget they gave, with the
+        smallest ``memory_per_worker`` under which *every* stage fits."""
+        b = original
+        where = f", the smallest worker {b.worker}" if b.worker else ""
+        fix = (f"memory_per_worker >= {_round_up_mib(need)}, or with smaller tiles/shards"
+               if need else "smaller tiles/shards")
+        return PlanningError(
+            f"{self.what}: the smallest {self.kind} task needs {format_bytes(self.peak)} but the "
+            f"budget allows {format_bytes(b.task_memory)} per task ({format_bytes(b.memory_per_worker)}"
+            f" per worker, {b.threads_per_worker} thread(s){where}); it would fit with {fix}"
+        )
+
+
+def _round_up_mib(nbytes: int) -> str:
+    """A size users can pass back: whole MiB, rounded up (never below the need)."""
+    return f"{-(-nbytes // 2**20)}MiB"
 
 
 def _constant(value):
@@ -572,7 +591,31 @@ def _short(node) -> str:
 
 
 def lower(node, budget, out=None, out_grid=None, skip=()) -> Lowered:
-    """Plan ``node`` against ``budget``: stages, graph and keys (pure)."""
+    """Plan ``node`` against ``budget``: stages, graph and keys (pure).
+
+    Raises PlanningError when a task cannot fit, naming the smallest
+    ``memory_per_worker`` under which the whole expression fits (later stages
+    may need more than the first one refused, so it plans again with each
+    stage's need until all fit).
+    """
+    try:
+        return _lower(node, budget, out, out_grid, skip)
+    except _DoesNotFit as first:
+        err, need = first, None
+        for _ in range(16):
+            try:
+                _lower(node, dataclasses.replace(budget, memory_per_worker=err.need), out,
+                       out_grid, skip)
+                need = err.need
+                break
+            except _DoesNotFit as again:
+                if again.need <= err.need:  # no budget helps (e.g. a fixed overhead)
+                    break
+                err = again
+        raise first.explain(budget, need) from None
+
+
+def _lower(node, budget, out, out_grid, skip) -> Lowered:
     low = Lowerer(budget)
     blocks: list = []
     if node.small:

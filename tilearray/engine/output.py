@@ -72,7 +72,10 @@ def write(x, path, tile, shard, overwrite, resume, engine, name="", dims=None):
             )
         dims = sarray.choose_dims(ref, node.shape, dims, derive_dims(node), labels)
         value = np.asarray(x.compute(engine=engine))
-        return _write_small(value, ref, dims, {"fingerprint": fp, "expression": str(node)})
+        out = _write_small(value, ref, dims, {"fingerprint": fp, "expression": str(node)})
+        if x.stats is not None:  # the client wrote it: count the write in the run's figures
+            x.stats.bytes_written += value.nbytes
+        return out
     engine = engine or cluster.current_engine()
     check_sources(node)  # inputs overwritten since they were opened: refused before writing
     out_loc = str(ref).rstrip("/")

@@ -541,7 +541,10 @@ class TiledArray:
         name : str, optional
             Write the array as member ``name`` of the Zarr group at ``path``
             (created if needed; other members are left alone), so that
-            ``xarray.open_zarr(path)`` gives a Dataset with variable ``name``.
+            ``xarray.open_zarr(path)`` gives a Dataset with variable ``name``
+            once it is complete. Nested names (``"sub/x"``) are allowed;
+            absolute names, empty or ``.``/``..`` segments are refused. The
+            group must be Zarr format 3 (a format 2 group is refused).
         dims : tuple of str, optional
             Dimension names (``dimension_names``). Default: the names the
             expression carries from its inputs (``a @ b``: a's rows, b's
@@ -555,7 +558,8 @@ class TiledArray:
             Replace whatever array is at the target (never a group).
         resume : bool
             Finish an interrupted run of the *same* expression on unchanged
-            inputs, skipping units already done.
+            inputs, skipping units already done (a complete output, matrix
+            or reduction, is returned as stored).
         engine : Engine, optional
             Where to run; default: the current engine.
 
@@ -571,7 +575,9 @@ class TiledArray:
             Something is already at the target (without ``overwrite`` /
             ``resume``), the target is a group or one of the expression's
             inputs, a resume does not match the stored output (expression,
-            inputs, tiling), or ``dims`` conflict with the group.
+            inputs, tiling), ``dims`` conflict with the group, an input was
+            overwritten since it was opened, or ``name`` is invalid or
+            inside a Zarr format 2 group or an array.
         OutputLockedError
             Another live job is writing the same output.
         PlanningError
@@ -635,6 +641,15 @@ def _reduce(op, x, axis, keepdims, ddof) -> TiledArray:
     n = _node(x)
     if op not in OPS:
         raise PlanningError(f"unknown reduction {op!r}; choose from {', '.join(OPS)}")
+    if isinstance(axis, tuple | list) and not op.startswith("arg"):  # NumPy's tuple of axes
+        axes = {int(a) % max(n.ndim, 1) if isinstance(a, int | np.integer) and
+                -n.ndim <= a < max(n.ndim, 1) else None for a in axis}
+        if None in axes or len(axes) != len(axis):
+            raise PlanningError(f"{op}: axis {tuple(axis)!r} is out of bounds or repeated for "
+                                f"shape {n.shape}")
+        axis = None if len(axes) == n.ndim else (axes.pop() if axes else "none")
+        if axis == "none":
+            raise PlanningError(f"{op}: axis=() (reduce nothing) is not supported")
     if axis is not None:
         if not isinstance(axis, int | np.integer) or not -n.ndim <= axis < max(n.ndim, 1):
             raise PlanningError(f"{op}: axis {axis!r} is out of bounds for shape {n.shape}")
