@@ -22,3 +22,15 @@ def thread_engine():
 @pytest.fixture
 def rng():
     return np.random.default_rng(42)
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_dask_scheduler():
+    """A test must not leave dask's global scheduler pointing at a closed
+    distributed Client (later dask/xarray computes would fail)."""
+    import dask
+
+    before = dask.config.get("scheduler", None)
+    yield
+    after = dask.config.get("scheduler", None)
+    assert after == before, f"dask's global scheduler changed from {before!r} to {after!r}"

@@ -95,8 +95,11 @@ def _wait(cond, timeout=60.0, what="condition"):
 
 @pytest.fixture(autouse=True)
 def _small_blocks():
-    # one task per tile (hundreds of tasks), so workers can join or leave mid-job
-    with dask.config.set({"tilearray.map.block-bytes": "40kB"}):
+    # one task per tile (hundreds of tasks), so workers can join or leave mid-job.
+    # The blocking task's distributed.Event makes an in-process worker start its
+    # own Client, which sets dask's global scheduler in this process; restore it.
+    with dask.config.set({"tilearray.map.block-bytes": "40kB",
+                          "scheduler": dask.config.get("scheduler", None)}):
         yield
 
 
