@@ -307,7 +307,11 @@ class Engine:
                   units_total=int(units_total), units_skipped=int(units_skipped),
                   **(_plan_figures(plan) if plan is not None else {}))
         ok = False
-        futures = self.client.get(graph, keys, sync=False)
+        try:
+            futures = self.client.get(graph, keys, sync=False)
+        except BaseException:
+            job_event(self.client, "end", ok=False)  # /metrics must not show it running
+            raise
         keep: set = set()  # keys listed twice must not be released early
         seen: set = set()
         for f in futures:

@@ -127,16 +127,31 @@ class ArrayRef:
         sync(self.store.set(self._key(key), buf))
 
     def set_key_exclusive(self, key: str, value: bytes) -> bool:
-        """Create ``key`` only if absent; False when it already exists."""
-        buf = default_buffer_prototype().buffer.from_bytes(value)
+        """Create ``key`` only if absent; False when it already exists.
+
+        On a local store this is an ``O_CREAT | O_EXCL`` file create (atomic;
+        zarr's ``set_if_not_exists`` ignores the loser of a race). Elsewhere
+        the value is written if absent and read back: True only if it is ours.
+        """
         full = self._key(key)
+        if isinstance(self.store, LocalStore):
+            path = os.path.join(str(self.store.root), full)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as f:
+                f.write(value)
+            return True
+        buf = default_buffer_prototype().buffer.from_bytes(value)
         if sync(self.store.exists(full)):
             return False
         try:
             sync(self.store.set_if_not_exists(full, buf))
         except (FileExistsError, NotImplementedError):
             return False
-        return True
+        return self.get_key(key) == value
 
     def get_key(self, key: str) -> bytes | None:
         buf = sync(self.store.get(self._key(key), default_buffer_prototype()))
@@ -620,10 +635,12 @@ def acquire_lock(ref: ArrayRef) -> None:
     """
     import json
     import socket
+    import uuid
 
-    me = {"host": socket.gethostname(), "pid": os.getpid()}
+    me = {"host": socket.gethostname(), "pid": os.getpid(), "token": uuid.uuid4().hex}
     for _ in range(2):
         if ref.set_key_exclusive(LOCK_KEY, json.dumps(me).encode()):
+            _held[str(ref)] = me["token"]
             return
         raw = ref.get_key(LOCK_KEY)
         try:
@@ -641,9 +658,19 @@ def acquire_lock(ref: ArrayRef) -> None:
     raise OutputLockedError(f"could not lock {str(ref)!r} for writing")
 
 
+_held: dict[str, str] = {}
+"""Output -> token of the lock this process holds on it."""
+
+
 def release_lock(ref: ArrayRef) -> None:
+    """Remove the output's lock if this process holds it (never another job's)."""
+    import json
+
+    token = _held.pop(str(ref), None)
     try:
-        ref.delete_key(LOCK_KEY)
+        owner = json.loads(ref.get_key(LOCK_KEY) or b"{}")
+        if token is not None and owner.get("token") == token:
+            ref.delete_key(LOCK_KEY)
     except Exception:  # best effort; a stale lock is detected next time
         pass
 
