@@ -306,25 +306,20 @@ class Engine:
         job_event(self.client, "start", name=description, tasks=len(graph),
                   units_total=int(units_total), units_skipped=int(units_skipped),
                   **(_plan_figures(plan) if plan is not None else {}))
-        ok = False
+        ok, futures, bar = False, [], None
         try:
             futures = self.client.get(graph, keys, sync=False)
-        except BaseException:
-            job_event(self.client, "end", ok=False)  # /metrics must not show it running
-            raise
-        keep: set = set()  # keys listed twice must not be released early
-        seen: set = set()
-        for f in futures:
-            (keep if f.key in seen else seen).add(f.key)
-        bar = None
-        if not quiet:
-            from tqdm.auto import tqdm
+            keep: set = set()  # keys listed twice must not be released early
+            seen: set = set()
+            for f in futures:
+                (keep if f.key in seen else seen).add(f.key)
+            if not quiet:
+                from tqdm.auto import tqdm
 
-            bar = tqdm(total=len(futures), desc=description, unit="block", file=sys.stderr,
-                       leave=True, dynamic_ncols=True)
-        index = {f.key: i for i, f in enumerate(futures)}
-        values = [None] * len(futures)
-        try:
+                bar = tqdm(total=len(futures), desc=description, unit="block",
+                           file=sys.stderr, leave=True, dynamic_ncols=True)
+            index = {f.key: i for i, f in enumerate(futures)}
+            values = [None] * len(futures)
             # gather each result as it completes and release it, so results
             # (blocks of a compute()) never pile up in worker memory
             for fut in as_completed(futures, loop=self.client.loop):
@@ -337,7 +332,8 @@ class Engine:
                     fut.release()
             ok = True
         except BaseException:
-            self.client.cancel(futures)
+            if futures:
+                self.client.cancel(futures)
             raise
         finally:
             job_event(self.client, "end", ok=ok)

@@ -170,6 +170,19 @@ def derive_dims(x, leaf=lambda src: src.dims) -> tuple | None:
     return None
 
 
+def sources(node):
+    """The stored arrays an expression reads (``Source`` leaves; repeats kept)."""
+    if isinstance(node, Source):
+        yield node
+    for child in ("x", "a", "b"):
+        c = getattr(node, child, None)
+        if isinstance(c, Node):
+            yield from sources(c)
+    for a in getattr(node, "args", ()):
+        if isinstance(a, Node):
+            yield from sources(a)
+
+
 def structure(x):
     """A hashable description of every field of an expression tree: the
     identity used for temporaries, graph keys and resume fingerprints."""

@@ -14,7 +14,7 @@ from ..storage import ArrayRef, Grid, create, done_units, grid_of, mark_complete
 from ..storage import array as sarray
 from . import cluster
 from .lower import Lowered, lower, output_grid
-from .nodes import Node, Source, derive_dims, structure
+from .nodes import Source, derive_dims, sources, structure
 
 log = logging.getLogger("tilearray")
 
@@ -22,21 +22,9 @@ log = logging.getLogger("tilearray")
 def _fingerprint(node) -> str:
     """Token of the expression and the state of every input it reads."""
     parts = [structure(node)]
-    for leaf in _source_nodes(node):
+    for leaf in sources(node):
         parts.append((str(leaf.ref), leaf.shape, str(leaf.dtype), sarray.local_files_state(leaf.ref)))
     return tokenize(*parts)
-
-
-def _source_nodes(node):
-    if isinstance(node, Source):
-        yield node
-    for child in ("x", "a", "b"):
-        c = getattr(node, child, None)
-        if isinstance(c, Node):
-            yield from _source_nodes(c)
-    for a in getattr(node, "args", ()):
-        if isinstance(a, Node):
-            yield from _source_nodes(a)
 
 
 def write(x, path, tile, shard, overwrite, resume, engine, name="", dims=None):
@@ -79,7 +67,7 @@ def write(x, path, tile, shard, overwrite, resume, engine, name="", dims=None):
     engine = engine or cluster.current_engine()
     check_sources(node)  # inputs overwritten since they were opened: refused before writing
     out_loc = str(ref).rstrip("/")
-    for leaf in _source_nodes(node):
+    for leaf in sources(node):
         loc = str(leaf.ref).rstrip("/")
         if loc == out_loc or loc.startswith(out_loc + "/"):
             raise StorageError(

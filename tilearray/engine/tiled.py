@@ -27,6 +27,7 @@ from .nodes import (
     Source,
     Transpose,
     derive_dims,
+    sources,
 )
 
 log = logging.getLogger("tilearray")
@@ -107,30 +108,18 @@ def check_sources(node) -> None:
     from ..storage import grid_of, open_array
 
     seen: set = set()
-
-    def walk(n):
-        if isinstance(n, Source):
-            if id(n) in seen:
-                return
-            seen.add(id(n))
-            arr = open_array(n.ref)
-            g = grid_of(arr)
-            if (tuple(arr.shape), np.dtype(arr.dtype), g.tile, g.unit) != (
-                    tuple(n.shape), np.dtype(n.dtype), n.grid.tile, n.grid.unit):
-                raise StorageError(
-                    f"{str(n.ref)!r} changed since it was opened: now {tuple(arr.shape)} "
-                    f"{arr.dtype} tile={g.tile}, was {tuple(n.shape)} {n.dtype} "
-                    f"tile={n.grid.tile}; open it again (ta.open) and rebuild the expression")
-            return
-        for child in ("x", "a", "b"):
-            c = getattr(n, child, None)
-            if isinstance(c, Node):
-                walk(c)
-        for a in getattr(n, "args", ()):
-            if isinstance(a, Node):
-                walk(a)
-
-    walk(node)
+    for n in sources(node):
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        arr = open_array(n.ref)
+        g = grid_of(arr)
+        if (tuple(arr.shape), np.dtype(arr.dtype), g.tile, g.unit) != (
+                tuple(n.shape), np.dtype(n.dtype), n.grid.tile, n.grid.unit):
+            raise StorageError(
+                f"{str(n.ref)!r} changed since it was opened: now {tuple(arr.shape)} "
+                f"{arr.dtype} tile={g.tile}, was {tuple(n.shape)} {n.dtype} "
+                f"tile={n.grid.tile}; open it again (ta.open) and rebuild the expression")
 
 
 def _check_operand(a, name: str) -> None:
