@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 import tilearray as ta
+from tilearray.testing import assert_close
 
 
 @pytest.fixture
@@ -25,54 +26,51 @@ def test_binary_ops_mismatched_tilings(engine, pair):
     for expr, want in cases:
         got = expr.compute()
         assert got.dtype == want.dtype, str(expr)
-        np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=str(expr))
+        assert_close(got, want, err_msg=str(expr))
 
 
 def test_where_and_maximum(engine, pair):
     x, y, a, b = pair
-    np.testing.assert_allclose(np.where(x > y, x, y), np.maximum(a, b).compute())
+    assert_close(np.where(x > y, x, y), np.maximum(a, b).compute())
 
 
 def test_broadcast_centering_and_scaling(engine, pair):
     x, _, a, _ = pair
-    np.testing.assert_allclose((a - a.mean(axis=0)).compute(), x - x.mean(0), rtol=1e-10)
-    np.testing.assert_allclose((a / a.std(axis=0, keepdims=True)).compute(),
-                               x / x.std(0, keepdims=True), rtol=1e-10)
-    np.testing.assert_allclose((a - a.mean(axis=1, keepdims=True)).compute(),
-                               x - x.mean(1, keepdims=True), rtol=1e-10)
-    np.testing.assert_allclose((a - a.mean()).compute(), x - x.mean(), rtol=1e-10)
+    assert_close((a - a.mean(axis=0)).compute(), x - x.mean(0))
+    assert_close((a / a.std(axis=0, keepdims=True)).compute(), x / x.std(0, keepdims=True))
+    assert_close((a - a.mean(axis=1, keepdims=True)).compute(), x - x.mean(1, keepdims=True))
+    assert_close((a - a.mean()).compute(), x - x.mean())
 
 
 def test_slices_and_transpose(engine, pair):
     x, y, a, b = pair
-    np.testing.assert_allclose(a[10:30, :].compute(), x[10:30, :])
-    np.testing.assert_allclose(a[:, ::2].compute(), x[:, ::2])
-    np.testing.assert_allclose(a[3:40:3, 5:].T.compute(), x[3:40:3, 5:].T)
-    np.testing.assert_allclose((a.T + b.T).compute(), (x + y).T)
-    np.testing.assert_allclose(a[5:20].sum(axis=0).compute(), x[5:20].sum(0))
+    assert_close(a[10:30, :].compute(), x[10:30, :])
+    assert_close(a[:, ::2].compute(), x[:, ::2])
+    assert_close(a[3:40:3, 5:].T.compute(), x[3:40:3, 5:].T)
+    assert_close((a.T + b.T).compute(), (x + y).T)
+    assert_close(a[5:20].sum(axis=0).compute(), x[5:20].sum(0))
 
 
 def test_covariance_fused(engine, tmp_path, pair):
     x, _, a, _ = pair
     c = a - a.mean(axis=0)
     cov = (c.T @ c) / (x.shape[0] - 1)
-    np.testing.assert_allclose(cov.compute(), np.cov(x, rowvar=False), rtol=1e-9)
+    assert_close(cov.compute(), np.cov(x, rowvar=False))
     out = (c.T @ c).to_zarr(tmp_path / "cov.zarr")
     xc = x - x.mean(0)
-    np.testing.assert_allclose(out.compute(), xc.T @ xc, rtol=1e-9)
+    assert_close(out.compute(), xc.T @ xc)
 
 
 def test_matmul_inside_expression(engine, pair):
     x, y, a, b = pair
-    np.testing.assert_allclose(((a @ b.T) * 2).sum(axis=0).compute(), ((x @ y.T) * 2).sum(0),
-                               rtol=1e-9)
+    assert_close(((a @ b.T) * 2).sum(axis=0).compute(), ((x @ y.T) * 2).sum(0))
 
 
 def test_elementwise_to_zarr(engine, tmp_path, pair):
     x, y, a, b = pair
     out = (a - b).to_zarr(tmp_path / "d.zarr", tile=(8, 8))
     assert out.grid.tile == (8, 8)
-    np.testing.assert_allclose(out.compute(), x - y)
+    assert_close(out.compute(), x - y)
 
 
 def test_incompatible_shapes_name_both(tmp_path, rng, pair):
@@ -88,16 +86,15 @@ def test_numpy_vectors_broadcast_like_reduction_results(engine, pair):
     x, y, a, b = pair
     mu = x.mean(axis=0)                       # a row computed in NumPy
     col = np.arange(x.shape[0], dtype=np.float32)[:, None]
-    np.testing.assert_allclose((a - mu).compute(), x - mu, rtol=1e-12)
-    np.testing.assert_allclose((mu - a).compute(), mu - x, rtol=1e-12)
-    np.testing.assert_allclose((a * col + np.array(2.0)).compute(), x * col + 2.0, rtol=1e-6)
-    np.testing.assert_allclose(np.add(mu[None, :], a).compute(), mu[None, :] + x, rtol=1e-12)
-    np.testing.assert_allclose(((a - mu) ** 2).sum(axis=0).compute(), ((x - mu) ** 2).sum(axis=0),
-                               rtol=1e-10)
+    assert_close((a - mu).compute(), x - mu)
+    assert_close((mu - a).compute(), mu - x)
+    assert_close((a * col + np.array(2.0)).compute(), x * col + 2.0)
+    assert_close(np.add(mu[None, :], a).compute(), mu[None, :] + x)
+    assert_close(((a - mu) ** 2).sum(axis=0).compute(), ((x - mu) ** 2).sum(axis=0))
     kept = mu.copy()
     e = a - kept
     kept[:] = 0  # the expression holds its own copy
-    np.testing.assert_allclose(e.compute(), x - mu, rtol=1e-12)
+    assert_close(e.compute(), x - mu)
     with pytest.raises(TypeError, match="from_numpy"):
         a + x                                 # a whole matrix must be stored first
     with pytest.raises(TypeError, match="from_numpy"):
@@ -110,13 +107,12 @@ def test_numpy_vectors_broadcast_like_reduction_results(engine, pair):
 
 def test_clip_with_one_bound_and_transposed_small_results(engine, pair):
     x, _, a, _ = pair
-    np.testing.assert_allclose(a.clip(None, 0.5).compute(), np.clip(x, None, 0.5))
-    np.testing.assert_allclose(np.clip(a, -0.5, None).compute(), np.clip(x, -0.5, None))
-    np.testing.assert_allclose(np.clip(a, max=0.1).compute(), np.clip(x, max=0.1))
+    assert_close(a.clip(None, 0.5).compute(), np.clip(x, None, 0.5))
+    assert_close(np.clip(a, -0.5, None).compute(), np.clip(x, -0.5, None))
+    assert_close(np.clip(a, max=0.1).compute(), np.clip(x, max=0.1))
     with pytest.raises(TypeError, match="min or max"):
         a.clip()
     m = a.mean(axis=0, keepdims=True)
-    np.testing.assert_allclose(m.T.compute(), x.mean(axis=0, keepdims=True).T, rtol=1e-12)
-    np.testing.assert_allclose((a.T - m.T).compute(), (x - x.mean(axis=0)).T, rtol=1e-12)
-    np.testing.assert_allclose(m[:, 1::2].compute(), x.mean(axis=0, keepdims=True)[:, 1::2],
-                               rtol=1e-12)
+    assert_close(m.T.compute(), x.mean(axis=0, keepdims=True).T)
+    assert_close((a.T - m.T).compute(), (x - x.mean(axis=0)).T)
+    assert_close(m[:, 1::2].compute(), x.mean(axis=0, keepdims=True)[:, 1::2])

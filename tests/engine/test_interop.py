@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 import tilearray as ta
+from tilearray.testing import assert_close
 
 
 def test_dask_round_trip_and_asarray(engine, tmp_path, rng):
@@ -11,7 +12,7 @@ def test_dask_round_trip_and_asarray(engine, tmp_path, rng):
     assert a.grid.tile == (16, 10)
     np.testing.assert_array_equal(np.asarray(a), x)
     np.testing.assert_array_equal(a.to_dask().compute(), x)
-    np.testing.assert_allclose(np.asarray(a * 2), 2 * x)
+    assert_close(np.asarray(a * 2), 2 * x)
     with pytest.raises(ta.PlanningError, match="stored array"):
         (a * 2).to_dask()
 
@@ -70,16 +71,16 @@ def test_group_members_open_in_xarray(engine, tmp_path, rng):
         ds = xr.open_zarr(g)
     assert set(ds.data_vars) == {"A", "B", "C", "colmean", "G"}
     assert ds.C.dims == ("A_row", "B_col") and ds.colmean.dims == ("A_col",)
-    np.testing.assert_allclose(ds.C.values, x @ y)
-    np.testing.assert_allclose(ds.colmean.values, x.mean(axis=0))
-    np.testing.assert_allclose(m, x.mean(axis=0))
-    np.testing.assert_allclose(ds.G.values, x.T @ x)
+    assert_close(ds.C.values, x @ y)
+    assert_close(ds.colmean.values, x.mean(axis=0))
+    assert_close(m, x.mean(axis=0))
+    assert_close(ds.G.values, x.T @ x)
     np.testing.assert_array_equal(ds.A.values, x)  # zeros are not masked as fill values
     # each member still opens with ta.open, and as a DataArray
-    np.testing.assert_allclose(np.asarray(ta.open(g, "C")), x @ y)
+    assert_close(np.asarray(ta.open(g, "C")), x @ y)
     da_ = ta.open(g, "C").to_xarray()
     assert da_.name == "C" and da_.dims == ("A_row", "B_col")
-    np.testing.assert_allclose(da_.values, x @ y)
+    assert_close(da_.values, x @ y)
 
 
 def test_group_member_resume_overwrite_and_guards(engine, tmp_path, rng):
@@ -94,10 +95,10 @@ def test_group_member_resume_overwrite_and_guards(engine, tmp_path, rng):
     with pytest.raises(ta.StorageError, match="already exists"):
         (a * 2).to_zarr(g, name="C")
     again = (a * 2).to_zarr(g, name="C", resume=True)  # complete: nothing rerun
-    np.testing.assert_allclose(np.asarray(again), 2 * x)
+    assert_close(np.asarray(again), 2 * x)
     (a + 1).to_zarr(g, name="C", overwrite=True)  # replaces C only
     ds = xr.open_zarr(g)
-    np.testing.assert_allclose(ds.C.values, x + 1)
+    assert_close(ds.C.values, x + 1)
     np.testing.assert_array_equal(ds.A.values, x)
     assert ds.attrs["owner"] == "me"
     b = ta.from_numpy(x, tmp_path / "b.zarr", tile=(8, 8))
@@ -178,7 +179,7 @@ def test_numpy_functions_are_lazy_and_match(engine, small):
         assert isinstance(got, ta.TiledArray), got
         v = got.compute()
         assert np.shape(v) == np.shape(want)
-        np.testing.assert_allclose(v, want, rtol=1e-5, atol=1e-12)
+        assert_close(v, want)
     assert np.shape(a) == (30, 20) and np.ndim(a) == 2 and np.size(a) == 600
     with pytest.raises(TypeError, match=r"numpy\.cumsum is not supported.*np\.asarray"):
         np.cumsum(a)
@@ -219,7 +220,7 @@ def test_shard_without_tile_is_a_clear_error(engine, small, tmp_path):
         (a + 1).plan(shard=(12, 12))
     out = (a + 1).to_zarr(tmp_path / "o.zarr", shard=(16, 16))  # a multiple: fine
     assert out.grid.unit == (16, 16)
-    np.testing.assert_allclose(np.asarray(out), x + 1)
+    assert_close(np.asarray(out), x + 1)
 
 
 def test_resume_with_other_tiling_is_refused(engine, small, tmp_path):
@@ -230,7 +231,7 @@ def test_resume_with_other_tiling_is_refused(engine, small, tmp_path):
     with pytest.raises(ta.StorageError, match=r"shard=\(20, 20\).*shard=None"):
         (a * 3).to_zarr(tmp_path / "o.zarr", shard=(20, 20), resume=True)
     same = (a * 3).to_zarr(tmp_path / "o.zarr", tile=(10, 10), resume=True)
-    np.testing.assert_allclose(np.asarray(same), 3 * x)
+    assert_close(np.asarray(same), 3 * x)
 
 
 # -- config schema -------------------------------------------------------------------------
@@ -306,8 +307,8 @@ def test_reduction_output_resume_returns_stored_result(engine, tmp_path, rng, mo
     x = rng.standard_normal((20, 12))
     g = tmp_path / "g.zarr"
     a = ta.from_numpy(x, g, name="X", tile=(8, 8))
-    np.testing.assert_allclose(a.mean(axis=0).to_zarr(g, name="m"), x.mean(axis=0))
-    np.testing.assert_allclose(a.sum().to_zarr(g, name="s"), x.sum())
+    assert_close(a.mean(axis=0).to_zarr(g, name="m"), x.mean(axis=0))
+    assert_close(a.sum().to_zarr(g, name="s"), x.sum())
     meta = zarr.open_array(g, path="m", mode="r").attrs["tilearray"]
     assert meta["complete"] is True and meta["fingerprint"]
     with pytest.raises(ta.StorageError, match="already exists"):
@@ -318,8 +319,7 @@ def test_reduction_output_resume_returns_stored_result(engine, tmp_path, rng, mo
 
     with monkeypatch.context() as mp:
         mp.setattr(TiledArray, "compute", boom)
-        np.testing.assert_allclose(a.mean(axis=0).to_zarr(g, name="m", resume=True),
-                                   x.mean(axis=0))
+        assert_close(a.mean(axis=0).to_zarr(g, name="m", resume=True), x.mean(axis=0))
         assert a.sum().to_zarr(g, name="s", resume=True) == pytest.approx(x.sum())
         for other in (a.sum(axis=0), a.mean(axis=1), (a * 2).mean(axis=0)):
             with pytest.raises(ta.StorageError, match="cannot resume.*different expression"):
@@ -328,10 +328,9 @@ def test_reduction_output_resume_returns_stored_result(engine, tmp_path, rng, mo
     z = zarr.open_array(g, path="m", mode="r+")
     z.attrs["tilearray"] = {**meta, "complete": False}
     z[...] = 0
-    np.testing.assert_allclose(a.mean(axis=0).to_zarr(g, name="m", resume=True),
-                               x.mean(axis=0))
+    assert_close(a.mean(axis=0).to_zarr(g, name="m", resume=True), x.mean(axis=0))
     ds = xr.open_zarr(g)
-    np.testing.assert_allclose(ds.m.values, x.mean(axis=0))
+    assert_close(ds.m.values, x.mean(axis=0))
     assert ds.m.attrs["tilearray"]["complete"] is True
 
 

@@ -4,6 +4,7 @@ import zarr
 from helpers import rand
 
 import tilearray as ta
+from tilearray.testing import assert_close
 
 
 def _arr(tmp_path, name, x, tile, shard=None, v2=False):
@@ -36,10 +37,9 @@ def test_matmul_matches_numpy(engine, tmp_path, rng, case, dtype):
     expr = a @ b
     assert expr.shape == (m, n) and expr.dtype == (x @ y).dtype
     got = expr.compute()
-    rtol = 1e-4 if dtype == "float32" else 1e-10
-    np.testing.assert_allclose(got, x @ y, rtol=rtol, atol=rtol * 10)
+    assert_close(got, x @ y)
     c = expr.to_zarr(tmp_path / "c.zarr", tile=(16, 16), shard=(32, 32))
-    np.testing.assert_allclose(c.compute(), x @ y, rtol=rtol, atol=rtol * 10)
+    assert_close(c.compute(), x @ y)
     assert c.stats.tasks >= 1 and c.stats.bytes_read > 0
 
 
@@ -48,14 +48,14 @@ def test_mixed_dtypes_promote(engine, tmp_path, rng):
     a, b = _arr(tmp_path, "a.zarr", x, (8, 8)), _arr(tmp_path, "b.zarr", y, (8, 8))
     expr = a @ b
     assert expr.dtype == np.float64
-    np.testing.assert_allclose(expr.compute(), x.astype("f8") @ y, rtol=1e-6)
+    assert_close(expr.compute(), x.astype("f8") @ y)
 
 
 def test_transposed_gram_and_v2_input(engine, tmp_path, rng):
     x = rng.standard_normal((300, 24))
     a = _arr(tmp_path, "a.zarr", x, (50, 10), v2=True)
-    np.testing.assert_allclose((a.T @ a).compute(), x.T @ x, rtol=1e-10)
-    np.testing.assert_allclose((a @ a.T).compute(), x @ x.T, rtol=1e-10)
+    assert_close((a.T @ a).compute(), x.T @ x)
+    assert_close((a @ a.T).compute(), x @ x.T)
 
 
 def test_k_split_path(engine, tmp_path, rng):
@@ -68,8 +68,8 @@ def test_k_split_path(engine, tmp_path, rng):
     with ta.Engine(n_workers=1, threads_per_worker=4, memory_per_worker="2GiB",
                    processes=False, quiet=True):
         c = expr.to_zarr(tmp_path / "g.zarr")
-        np.testing.assert_allclose(c.compute(), x.T @ x, rtol=1e-9)
-        np.testing.assert_allclose(expr.compute(), x.T @ x, rtol=1e-9)
+        assert_close(c.compute(), x.T @ x)
+        assert_close(expr.compute(), x.T @ x)
 
 
 def test_shape_mismatch_names_both_shapes(tmp_path, rng):

@@ -12,6 +12,7 @@ import tilearray as ta
 from tilearray.engine.nodes import Source
 from tilearray.storage import ArrayRef
 from tilearray.testing import CountingStore, counts, reset_counts
+from tilearray.testing import assert_close
 
 
 def _counted(tmp_path, name, x, tile, shard=None):
@@ -82,7 +83,7 @@ def test_io_aggregation_counts_match_plan(thread_engine, tmp_path, rng):
         plan = expr.plan(engine=thread_engine)
         reset_counts(name)
         got = expr.compute(engine=thread_engine)
-        np.testing.assert_allclose(got, want, rtol=1e-10)
+        assert_close(got, want)
         assert counts(name)["gets"] == plan.store_gets
         assert expr.stats.bytes_read == plan.bytes_read
         assert expr.stats.read_requests == plan.reads
@@ -94,12 +95,10 @@ def test_fusion_reads_each_input_once(thread_engine, tmp_path, rng):
     a = _counted(tmp_path, "a.zarr", x, (40, 40))
     b = _counted(tmp_path, "b.zarr", y, (40, 40))
     reset_counts(name)
-    np.testing.assert_allclose((a - b).sum(axis=0).compute(engine=thread_engine),
-                               (x - y).sum(0))
+    assert_close((a - b).sum(axis=0).compute(engine=thread_engine), (x - y).sum(0))
     assert counts(name)["gets"] == a.grid.n_units + b.grid.n_units
     reset_counts(name)
-    np.testing.assert_allclose((a - a.mean(axis=0)).compute(engine=thread_engine),
-                               x - x.mean(0))
+    assert_close((a - a.mean(axis=0)).compute(engine=thread_engine), x - x.mean(0))
     assert counts(name)["gets"] <= 2 * a.grid.n_units
 
 
@@ -123,7 +122,7 @@ def test_out_of_core_matmul_stays_under_budget(tmp_path):
         assert c.stats.peak_worker_memory - idle <= plan.peak_task_memory
     x = a.to_dask()[:256].compute()
     rows = c.to_dask()[:256].compute()
-    np.testing.assert_allclose(rows, x @ b.to_dask().compute(), rtol=1e-9)
+    assert_close(rows, x @ b.to_dask().compute())
     assert os.path.exists(tmp_path / "c.zarr")
 
 
@@ -137,5 +136,5 @@ def test_fusion_mixed_tilings_reads_each_unit_once(thread_engine, tmp_path, rng)
     plan = expr.plan(budget=ta.Budget(2**30, 1, 1))
     assert plan.bytes_read == x.nbytes + y.nbytes
     reset_counts(name)
-    np.testing.assert_allclose(expr.compute(engine=thread_engine), (x - y).sum(0))
+    assert_close(expr.compute(engine=thread_engine), (x - y).sum(0))
     assert counts(name)["gets"] == a.grid.n_units + b.grid.n_units

@@ -5,6 +5,7 @@ import pytest
 from helpers import rand
 
 import tilearray as ta
+from tilearray.testing import assert_close
 
 SIMPLE = ["sum", "mean", "min", "max", "prod", "var", "std", "any", "all", "argmin", "argmax"]
 
@@ -41,7 +42,7 @@ def test_reductions_match_numpy(engine, arrays, dtype, axis, keepdims):
         assert np.shape(got) == np.shape(want), (op, axis, keepdims)
         assert np.asarray(got).dtype == np.asarray(want).dtype, (op, dtype)
         rtol = 1e-5 if dtype == "float32" or op == "prod" else 1e-10
-        np.testing.assert_allclose(got, want, rtol=rtol, err_msg=f"{op} axis={axis}")
+        assert_close(got, want, err_msg=f"{op} axis={axis}")
 
 
 @pytest.mark.parametrize("op", ["nansum", "nanmean", "nanmin", "nanmax", "count_nonzero"])
@@ -53,7 +54,7 @@ def test_nan_variants(engine, tmp_path, rng, op, axis):
     a = ta.from_numpy(x, tmp_path / "n.zarr", tile=(10, 7))
     got = getattr(a, op)(axis=axis).compute()
     want = _np(op, x, axis, False)
-    np.testing.assert_allclose(got, want, rtol=1e-10)
+    assert_close(got, want)
 
 
 def test_nan_propagates_in_plain_sum(engine, tmp_path):
@@ -69,9 +70,8 @@ def test_nan_propagates_in_plain_sum(engine, tmp_path):
 def test_var_std_ddof_and_stability(engine, tmp_path, rng, ddof):
     x = 1e8 + rng.standard_normal((200, 13))  # catastrophic for sum-of-squares
     a = ta.from_numpy(x, tmp_path / "v.zarr", tile=(16, 13))
-    np.testing.assert_allclose(a.var(axis=0, ddof=ddof).compute(), x.var(0, ddof=ddof),
-                               rtol=1e-6)
-    np.testing.assert_allclose(a.std(ddof=ddof).compute(), x.std(ddof=ddof), rtol=1e-6)
+    assert_close(a.var(axis=0, ddof=ddof).compute(), x.var(0, ddof=ddof))
+    assert_close(a.std(ddof=ddof).compute(), x.std(ddof=ddof))
 
 
 def test_float32_column_sums_accurate(engine, tmp_path):
@@ -80,19 +80,18 @@ def test_float32_column_sums_accurate(engine, tmp_path):
     a = ta.from_numpy(x, tmp_path / "f.zarr", tile=(65536, 4))
     got = a.sum(axis=0).compute()
     assert got.dtype == np.float32
-    np.testing.assert_allclose(got, x.astype("f8").sum(0), rtol=1e-5)
-    np.testing.assert_allclose(a.mean(axis=0).compute(), x.astype("f8").mean(0), rtol=1e-5)
+    assert_close(got, x.astype("f8").sum(0))
+    assert_close(a.mean(axis=0).compute(), x.astype("f8").mean(0))
 
 
 def test_norms(engine, tmp_path, rng):
     x = rng.standard_normal((31, 17))
     a = ta.from_numpy(x, tmp_path / "n.zarr", tile=(8, 8))
     for ord_ in [None, "fro", 1, -1, np.inf, -np.inf]:
-        np.testing.assert_allclose(ta.linalg.norm(a, ord_).compute(), np.linalg.norm(x, ord_))
+        assert_close(ta.linalg.norm(a, ord_).compute(), np.linalg.norm(x, ord_))
     for axis in (0, 1):
         for ord_ in [None, 2, 1, np.inf, -np.inf, 0, 3]:
-            np.testing.assert_allclose(ta.linalg.norm(a, ord_, axis=axis).compute(),
-                                       np.linalg.norm(x, ord_, axis=axis), rtol=1e-10)
+            assert_close(ta.linalg.norm(a, ord_, axis=axis).compute(), np.linalg.norm(x, ord_, axis=axis))
     with pytest.raises(ta.PlanningError, match="ord=2"):
         ta.linalg.norm(a, 2)
 
@@ -106,11 +105,10 @@ def test_norms_of_integer_matrices_are_float_like_numpy(engine, tmp_path, dtype)
     for ord_ in [None, 1, -1, np.inf, -np.inf]:
         got, want = np.linalg.norm(a, ord_).compute(), np.linalg.norm(x, ord_)
         assert np.asarray(got).dtype == np.asarray(want).dtype == np.float64
-        np.testing.assert_allclose(got, want, rtol=1e-12)
+        assert_close(got, want)
     for axis in (0, 1):
         for ord_ in [None, 1, np.inf, 0, 3]:
-            np.testing.assert_allclose(ta.linalg.norm(a, ord_, axis=axis).compute(),
-                                       np.linalg.norm(x, ord_, axis=axis), rtol=1e-12)
+            assert_close(ta.linalg.norm(a, ord_, axis=axis).compute(), np.linalg.norm(x, ord_, axis=axis))
 
 
 def test_reduction_errors(tmp_path, rng):
@@ -128,17 +126,16 @@ def test_reduction_to_zarr(engine, tmp_path, rng):
     v = a.mean(axis=0).to_zarr(tmp_path / "m.zarr")
     import zarr
 
-    np.testing.assert_allclose(zarr.open_array(tmp_path / "m.zarr")[:], x.mean(0))
-    np.testing.assert_allclose(v, x.mean(0))
+    assert_close(zarr.open_array(tmp_path / "m.zarr")[:], x.mean(0))
+    assert_close(v, x.mean(0))
 
 
 def test_tuple_axes_like_numpy(engine, tmp_path, rng):
     x = rng.standard_normal((23, 17))
     a = ta.from_numpy(x, tmp_path / "t.zarr", tile=(8, 8))
-    np.testing.assert_allclose(a.sum(axis=(0, 1)).compute(), x.sum(axis=(0, 1)))
-    np.testing.assert_allclose(a.mean(axis=(1, 0), keepdims=True).compute(),
-                               x.mean(axis=(1, 0), keepdims=True))
-    np.testing.assert_allclose(np.std(a, axis=(-1,)).compute(), np.std(x, axis=(-1,)))
+    assert_close(a.sum(axis=(0, 1)).compute(), x.sum(axis=(0, 1)))
+    assert_close(a.mean(axis=(1, 0), keepdims=True).compute(), x.mean(axis=(1, 0), keepdims=True))
+    assert_close(np.std(a, axis=(-1,)).compute(), np.std(x, axis=(-1,)))
     with pytest.raises(ta.PlanningError, match="out of bounds or repeated"):
         a.sum(axis=(0, 0))
     with pytest.raises(ta.PlanningError, match="out of bounds"):

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from tilearray.testing import assert_close
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -188,7 +189,7 @@ def test_plan_errors_from_tilearray_exit_1(data):
 def test_matmul_matches_numpy(work):
     p = ok(cli("matmul", "a.zarr", "b.zarr", "-o", "c.zarr", *JOB, cwd=work))
     a, b = read(work / "a.zarr"), read(work / "b.zarr")
-    np.testing.assert_allclose(read(work / "c.zarr"), a @ b, rtol=1e-10, atol=1e-10)
+    assert_close(read(work / "c.zarr"), a @ b)
     summary = p.stdout.strip().splitlines()
     assert len(summary) == 1
     assert summary[0].startswith("tilearray: matmul a.zarr @ b.zarr -> c.zarr (300, 150) float64")
@@ -203,12 +204,12 @@ def test_matmul_transposes_and_output_layout(work):
     a, b = read(work / "a.zarr"), read(work / "b.zarr")
     ok(cli("matmul", "a.zarr", "a.zarr", "--transpose-a", "-o", "gram.zarr",
            "--tile", 32, 32, "--shard", 64, 64, *JOB, cwd=work))
-    np.testing.assert_allclose(read(work / "gram.zarr"), a.T @ a, rtol=1e-10, atol=1e-9)
+    assert_close(read(work / "gram.zarr"), a.T @ a)
     info = json.loads(ok(cli("info", "--json", "gram.zarr", cwd=work)).stdout)
     assert info["tile"] == [32, 32] and info["io_unit"] == [64, 64]
 
     ok(cli("matmul", "b.zarr", "b.zarr", "--transpose-b", "-o", "bbt.zarr", *JOB, cwd=work))
-    np.testing.assert_allclose(read(work / "bbt.zarr"), b @ b.T, rtol=1e-10, atol=1e-9)
+    assert_close(read(work / "bbt.zarr"), b @ b.T)
 
 
 def test_matmul_existing_output_overwrite_and_resume(work):
@@ -227,7 +228,7 @@ def test_matmul_existing_output_overwrite_and_resume(work):
     ok(cli("matmul", "b.zarr", "b.zarr", "--transpose-b", "-o", "c.zarr", "--overwrite", *JOB,
            cwd=work))
     b = read(work / "b.zarr")
-    np.testing.assert_allclose(read(work / "c.zarr"), b @ b.T, rtol=1e-10, atol=1e-9)
+    assert_close(read(work / "c.zarr"), b @ b.T)
 
 
 def test_matmul_mismatched_shapes_fails_with_one_line(work):
@@ -274,11 +275,11 @@ def test_reduce_to_zarr_matches_numpy(work):
     p = ok(cli("reduce", "a.zarr", "--op", "mean", "--axis", 0, "-o", "m.zarr", *JOB,
                cwd=work))
     assert p.stdout.startswith("tilearray: mean(axis=0) of a.zarr -> m.zarr (200,) float64")
-    np.testing.assert_allclose(read(work / "m.zarr"), a.mean(axis=0), rtol=1e-12, atol=1e-14)
+    assert_close(read(work / "m.zarr"), a.mean(axis=0))
 
     ok(cli("reduce", "a.zarr", "--op", "std", "--axis", 1, "--ddof", 1, "-o", "s.zarr", *JOB,
            cwd=work))
-    np.testing.assert_allclose(read(work / "s.zarr"), a.std(axis=1, ddof=1), rtol=1e-12)
+    assert_close(read(work / "s.zarr"), a.std(axis=1, ddof=1))
 
     err = one_line_error(cli("reduce", "a.zarr", "--op", "sum", "-o", "m.zarr", *JOB,
                              cwd=work))
@@ -296,7 +297,7 @@ def test_reduce_prints_values(work):
 
     p = ok(cli("reduce", "a.zarr", "--op", "norm", "--axis", 1, *JOB, cwd=work))
     values = np.array([float(v) for v in p.stdout.split()])
-    np.testing.assert_allclose(values, np.linalg.norm(a, axis=1), rtol=1e-12)
+    assert_close(values, np.linalg.norm(a, axis=1))
 
     p = ok(cli("reduce", "a.zarr", "--op", "argmax", "--axis", 0, *JOB, cwd=work))
     assert [int(v) for v in p.stdout.split()] == list(a.argmax(axis=0))
@@ -361,7 +362,7 @@ def test_existing_scheduler(work):
                    "--scheduler-address", cluster.scheduler_address, cwd=work))
         assert "| ran " in p.stdout
         a, b = read(work / "a.zarr"), read(work / "b.zarr")
-        np.testing.assert_allclose(read(work / "c.zarr"), a @ b, rtol=1e-10, atol=1e-10)
+        assert_close(read(work / "c.zarr"), a @ b)
     err = one_line_error(cli("reduce", "a.zarr", "--op", "sum", "--quiet",
                              "--scheduler-address", "tcp://127.0.0.1:1",
                              "--connect-timeout", 2, cwd=work))
@@ -400,7 +401,7 @@ def test_mpi_flag_uses_engine_mpi_and_exits_quietly_off_the_client_rank(work, mo
     assert main([*args, "--threads-per-worker", "1"]) == 0
     assert calls[-1] == {"memory_per_worker": 2**30, "threads_per_worker": 1, "quiet": True}
     a, b = read(work / "a.zarr"), read(work / "b.zarr")
-    np.testing.assert_allclose(read(out), a @ b, rtol=1e-10, atol=1e-10)
+    assert_close(read(out), a @ b)
     assert capsys.readouterr().out.startswith("tilearray: matmul ")
 
 
@@ -419,7 +420,7 @@ def test_mpi_matmul_under_the_launcher(work):
     assert p.returncode == 0, p.stderr
     assert p.stdout.count("tilearray: matmul a.zarr @ b.zarr -> c.zarr") == 1  # client rank only
     a, b = read(work / "a.zarr"), read(work / "b.zarr")
-    np.testing.assert_allclose(read(work / "c.zarr"), a @ b, rtol=1e-10, atol=1e-10)
+    assert_close(read(work / "c.zarr"), a @ b)
 
     # bad input: every rank fails the same check before booting the cluster, and exits 1
     p = mpi("reduce", "missing.zarr", "--op", "sum")
@@ -479,7 +480,7 @@ def test_reduce_resume_keeps_a_complete_output(work):
     p = ok(cli("reduce", "a.zarr", "--op", "mean", "--axis", 0, "-o", "m.zarr", "--resume",
                *JOB, cwd=work))
     assert "already complete" in p.stdout
-    np.testing.assert_allclose(read(work / "m.zarr"), a.mean(axis=0), rtol=1e-12)
+    assert_close(read(work / "m.zarr"), a.mean(axis=0))
     err = one_line_error(cli("reduce", "a.zarr", "--op", "sum", "--axis", 0, "-o", "m.zarr",
                              "--resume", *JOB, cwd=work))
     assert "cannot resume" in err

@@ -12,6 +12,7 @@ from distributed import Client, Event, Scheduler, SpecCluster, Worker
 from helpers import make
 
 import tilearray as ta
+from tilearray.testing import assert_close
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -42,7 +43,7 @@ def test_existing_cluster_budget_is_set_by_the_smallest_worker(uneven_cluster, t
         x = rng.standard_normal((220, 170))
         A, X = make(tmp_path, "a", a, (64, 50)), make(tmp_path, "x", x, (50, 64))
         out = (A @ X).to_zarr(tmp_path / "c.zarr")
-        np.testing.assert_allclose(out.compute(), a @ x, rtol=1e-10)
+        assert_close(out.compute(), a @ x)
         assert eng.budget().worker == small
 
         # one 4096² tile per task cannot fit 400 MiB / 2 threads: the refusal
@@ -147,7 +148,7 @@ def test_worker_joining_mid_job_gets_tasks(tmp_path, rng):
         assert not job.is_alive() and "error" not in box, box.get("error")
         ran = _tilearray_workers(client, since, "map")
         assert ran.get(new, 0) >= 1
-        np.testing.assert_allclose(box["value"].compute(), expected, rtol=1e-12)
+        assert_close(box["value"].compute(), expected)
 
 
 def test_worker_retired_mid_job_hands_its_work_back(tmp_path, rng):
@@ -173,7 +174,7 @@ def test_worker_retired_mid_job_hands_its_work_back(tmp_path, rng):
         assert not job.is_alive() and "error" not in box, box.get("error")
         after = _tilearray_workers(client, retired_at, "map")
         assert set(after) <= {held_on} and after.get(held_on, 0) >= 1
-        np.testing.assert_allclose(box["value"].compute(), expected, rtol=1e-12)
+        assert_close(box["value"].compute(), expected)
 
 
 def test_adaptive_engine_scales_up_for_a_job(tmp_path, rng):
@@ -194,7 +195,7 @@ def test_adaptive_engine_scales_up_for_a_job(tmp_path, rng):
         hold.result(timeout=60)
         job.join(90)
         assert not job.is_alive() and "error" not in box, box.get("error")
-        np.testing.assert_allclose(box["value"].compute(), expected, rtol=1e-12)
+        assert_close(box["value"].compute(), expected)
 
 
 def test_adaptive_rejects_bad_bounds_and_existing_clients():

@@ -12,6 +12,7 @@ import tilearray as ta
 from tilearray.engine.nodes import Source
 from tilearray.storage import ArrayRef
 from tilearray.testing import FailingStore, counts, reset_counts
+from tilearray.testing import assert_close
 
 
 def _wrapped(path, store):
@@ -48,12 +49,12 @@ def test_transient_read_failures_retried_in_job(thread_engine, tmp_path, rng):
     store = FailingStore(LocalStore(str(tmp_path / "a.zarr")), "job-flaky", "c/1/", 2)
     a = _wrapped(tmp_path / "a.zarr", store)
     gram = a.T @ a
-    np.testing.assert_allclose(gram.compute(engine=thread_engine), x.T @ x, rtol=1e-10)
+    assert_close(gram.compute(engine=thread_engine), x.T @ x)
     assert counts("job-flaky")["failures"] >= 2
     assert gram.stats.read_retries >= 1
     s = a.sum(axis=1)
     reset_counts("job-flaky")
-    np.testing.assert_allclose(s.compute(engine=thread_engine), x.sum(1))
+    assert_close(s.compute(engine=thread_engine), x.sum(1))
     # concurrent chunk reads of one request may fail together and share a retry
     assert 1 <= s.stats.read_retries <= counts("job-flaky")["failures"]
 
@@ -78,11 +79,11 @@ def test_second_writer_refused_stale_lock_taken_over(engine, tmp_path, rng):
     lock.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getppid()}))
     with pytest.raises(ta.OutputLockedError, match=str(os.getppid())):
         (a * 3).to_zarr(out, overwrite=True)
-    np.testing.assert_allclose(ta.open(out).compute(), 2 * x)  # untouched
+    assert_close(ta.open(out).compute(), 2 * x)  # untouched
     # a dead writer's lock is stale
     lock.write_text(json.dumps({"host": socket.gethostname(), "pid": 2**22 + 12345}))
     c = (a * 3).to_zarr(out, overwrite=True)
-    np.testing.assert_allclose(c.compute(), 3 * x)
+    assert_close(c.compute(), 3 * x)
     assert not lock.exists()
 
 

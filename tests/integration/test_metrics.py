@@ -10,6 +10,7 @@ import pytest
 from helpers import make, scrape
 
 import tilearray as ta
+from tilearray.testing import assert_close
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -44,7 +45,7 @@ def test_metrics_move_during_a_run_and_match_the_run(tmp_path, rng, engine):
     out = box["out"]
     st = out.stats
     after = scrape(engine)
-    np.testing.assert_allclose(out.compute(), a * b - 1)
+    assert_close(out.compute(), a * b - 1)
     # the counters moved while the job was still running ...
     assert seen_running, "no scrape saw the job running with units written"
     mid = seen_running[0]
@@ -108,7 +109,7 @@ def test_tree_combines_are_not_counted_twice(tmp_path, rng, engine):
     for what, expr, want in cases:
         before = scrape(engine)
         e = expr()
-        np.testing.assert_allclose(e.compute(), want, rtol=1e-10, err_msg=what)
+        assert_close(e.compute(), want, err_msg=what)
         after = scrape(engine)
         st = e.stats
         assert after["tilearray_bytes_read_total"] - before["tilearray_bytes_read_total"] \
@@ -124,7 +125,7 @@ def test_tree_combines_are_not_counted_twice(tmp_path, rng, engine):
         out = g.to_zarr(tmp_path / "g.zarr", tile=(20, 20))
         after = scrape(engine)
     st = out.stats
-    np.testing.assert_allclose(out.compute(), x.T @ x, rtol=1e-10)
+    assert_close(out.compute(), x.T @ x)
     d = {k: after[k] - before[k] for k in after if k.endswith("_total")}
     assert d["tilearray_bytes_read_total"] == st.bytes_read
     assert d["tilearray_units_written_total"] == st.units_written == 4

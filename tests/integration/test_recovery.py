@@ -14,6 +14,7 @@ import pytest
 from helpers import scrape
 
 import tilearray as ta
+from tilearray.testing import assert_close
 
 N, TILE = 1536, 128
 
@@ -67,7 +68,7 @@ def test_driver_killed_then_resumed(tmp_path):
         per_block = total // n_blocks
         assert 0 < c.stats.tasks <= n_blocks - done_before // per_block
         x, y = a.compute(engine=eng), b.compute(engine=eng)
-        np.testing.assert_allclose(c.compute(engine=eng), x @ y, rtol=1e-9)
+        assert_close(c.compute(engine=eng), x @ y)
 
 
 @pytest.mark.timeout(120)
@@ -103,4 +104,4 @@ def test_worker_killed_mid_matmul(tmp_path):
         # the scheduler's metrics count the same reruns
         assert scrape(eng)["tilearray_task_retries_total"] >= c.stats.task_retries
         x, y = a.compute(engine=eng), b.compute(engine=eng)
-        np.testing.assert_allclose(c.compute(engine=eng), x @ y, rtol=1e-9)
+        assert_close(c.compute(engine=eng), x @ y)

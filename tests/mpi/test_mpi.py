@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import tilearray as ta
+from tilearray.testing import assert_close
 
 pytest.importorskip("mpi4py")
 pytest.importorskip("dask_mpi")
@@ -82,10 +83,10 @@ def test_matmul_and_reductions_vs_numpy(small):
     assert info["worker_memory_limits"] == [2**30, 2**30]
     assert info["n_workers"] == 2 and info["threads_per_worker"] == 1
     assert info["is_default"]
-    np.testing.assert_allclose(_stored(d / "c.zarr"), a @ b, rtol=1e-10, atol=1e-10)
+    assert_close(_stored(d / "c.zarr"), a @ b)
     r = np.load(d / "reductions.npz")
-    np.testing.assert_allclose(r["sum0"], a.sum(axis=0), rtol=1e-10, atol=1e-10)
-    np.testing.assert_allclose(r["std1"], a.std(axis=1), rtol=1e-10)
+    assert_close(r["sum0"], a.sum(axis=0))
+    assert_close(r["std1"], a.std(axis=1))
 
 
 @pytest.mark.mpi
@@ -117,7 +118,7 @@ def test_script_without_main_guard(small):
     assert rc == 0, err
     assert "Traceback" not in err, err
     assert elapsed < 60  # the client did not wait 60 s for workers that never came
-    np.testing.assert_allclose(np.load(d / "sum.npy"), a.sum(axis=0), rtol=1e-10)
+    assert_close(np.load(d / "sum.npy"), a.sum(axis=0))
 
 
 def _baseline_for_many_tasks(a, b, tile, lo=20, hi=200):
@@ -179,7 +180,7 @@ def test_worker_rank_sigkilled_mid_matmul(tmp_path):
     assert "mpiexec ended with status" in err  # the rank's death was seen, and survived
     after = json.loads((tmp_path / "after.json").read_text())
     assert after["workers_left"] == 1
-    np.testing.assert_allclose(_stored(tmp_path / "c.zarr"), a @ b, rtol=1e-9, atol=1e-9)
+    assert_close(_stored(tmp_path / "c.zarr"), a @ b)
 
 
 @pytest.mark.mpi
