@@ -112,6 +112,7 @@ class BlockCosts:
         e = (np.asarray(row_edges, dtype=np.int64), np.asarray(col_edges, dtype=np.int64))
         self.sizes = (np.diff(e[0]), np.diff(e[1]))
         self._paths = []
+        self._units = []  # (bytes of one unit, leaf axis 0, leaf axis 1) per path
         for p in paths(spec):
             g = p.leaf.grid
             ax = [_axis(e[p.axes[d]], p.start[d], p.step[d], g.shape[d], g.unit[d], g.tile[d])
@@ -119,6 +120,7 @@ class BlockCosts:
             # as (result rows, result cols)
             r, c = (ax[0], ax[1]) if p.axes == (0, 1) else (ax[1], ax[0])
             self._paths.append((p.leaf.dtype.itemsize, g.sharded, r, c))
+            self._units.append((p.leaf.dtype.itemsize * g.unit[0] * g.unit[1], ax[0], ax[1]))
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -179,6 +181,16 @@ class BlockCosts:
     def total_read_bytes(self) -> int:
         return int(sum(int(r.length.sum()) * int(c.length.sum()) * item
                        for item, _, r, c in self._paths))
+
+    def min_request_bytes(self) -> int:
+        """Largest request a block's read makes when banded as finely as
+        :func:`~tilearray.storage.plan_reads` allows: one unit row across the
+        block when it spans several unit rows, else one unit."""
+        out = 0
+        for unit, r, c in self._units:
+            rows, cols = int(r.units.max(initial=0)), int(c.units.max(initial=0))
+            out = max(out, unit * (cols if rows > 1 else 1))
+        return out
 
     def max_extent(self, axis: int) -> int:
         """Longest read, in leaf elements, along result ``axis`` over all paths."""

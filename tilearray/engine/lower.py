@@ -328,15 +328,15 @@ class Lowerer:
             plus fused temporaries."""
             if rows_edges not in a_panel_cache:
                 c = layout.BlockCosts(a_spec, rows_edges, a_k)
-                a_panel_cache[rows_edges] = c.max_read_bytes(exact=False)
+                a_panel_cache[rows_edges] = c.max_read_bytes(exact=False), c.min_request_bytes()
             if cols_edges not in b_panel_cache:
                 c = layout.BlockCosts(b_spec, b_k, cols_edges)
-                b_panel_cache[cols_edges] = c.max_read_bytes(exact=False)
-            ra, rb = a_panel_cache[rows_edges], b_panel_cache[cols_edges]
+                b_panel_cache[cols_edges] = c.max_read_bytes(exact=False), c.min_request_bytes()
+            (ra, qa), (rb, qb) = a_panel_cache[rows_edges], b_panel_cache[cols_edges]
             bm, bn = max_interval(rows_edges), max_interval(cols_edges)
             pa = max(ra, bm * ka * ca) + bm * ka * ca * ta
             pb = max(rb, kb * bn * cb) + kb * bn * cb * tb
-            return pa, pb
+            return pa, pb, max(qa, qb)
 
         def memory(re, ce, prefetch: bool) -> int:
             """Peak of one task: the accumulator and the current panels, plus
@@ -346,14 +346,13 @@ class Lowerer:
             accumulator and one output unit copied and encoded at a time."""
             bm, bn = max_interval(re), max_interval(ce)
             acc = bm * bn * dtype.itemsize
-            pa, pb = panel_bytes(re, ce)
+            pa, pb, request = panel_bytes(re, ce)
             if gram and bm == m and bn == n:
                 pa = 0  # X.T @ X in one block: each panel serves as both operands
             if prefetch:
                 reading = 2 * max(pa, pb)
-            else:
-                widest = _min_band(a_spec, b_spec, max(bm, bn, ka, kb))
-                reading = min(2 * max(band, widest), max(pa, pb))
+            else:  # each request compressed + decoded, at most the panel twice
+                reading = min(2 * max(band, request), max(pa, pb))
             return _as_rss(acc + max(2 * out_unit, pa + pb + reading))
 
         budget = self.budget.task_memory
@@ -577,15 +576,6 @@ def _band_bytes(a_spec, b_spec, panel_width: int, task_memory: int) -> int:
         wide = max(u0, u1) * max(panel_width, min(u0, u1)) * leaf.dtype.itemsize
         out = max(out, unit, min(wide, task_memory // 8))
     return out
-
-
-def _min_band(a_spec, b_spec, extent: int) -> int:
-    """The largest request a banded panel read can still make: one unit deep
-    across a panel ``extent`` long (bands never split a unit)."""
-    from ..graphs.spec import leaves
-
-    return max((max(leaf.grid.unit) * extent * leaf.dtype.itemsize
-                for leaf in leaves(a_spec) + leaves(b_spec)), default=0)
 
 
 def _per_element(spec, dtype: np.dtype) -> int:
