@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: run test bench notebook lint clean
+.PHONY: run test bench stress notebook lint clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,10 @@ test: $(VENV)/.installed-test
 bench: $(VENV)/.installed-bench
 	$(PY) benchmarks/matmul.py
 	$(PY) benchmarks/reductions.py
+
+# Fault injection at scale: every fault kind at many random kill points (seed printed)
+stress: $(VENV)/.installed-test
+	$(PY) tests/stress/fault_matrix.py --runs 100 --n 768
 
 # JupyterLab on the analytics notebook (TILEARRAY_NB_ROWS=200000 for a quick run)
 notebook: $(VENV)/.installed-notebook
