@@ -128,8 +128,18 @@ class ArrayRef:
 
     def open(self, mode: str = "r") -> zarr.Array:
         """Open the array. Not cached: a task opens it once (one small metadata
-        read), and a stale handle could outlive an overwritten array."""
-        return zarr.open_array(self.store, path=self.path or None, mode=mode)
+        read), and a stale handle could outlive an overwritten array.
+
+        Raises
+        ------
+        StorageError
+            Nothing is there (any more): e.g. an input deleted while a job runs.
+        """
+        try:
+            return zarr.open_array(self.store, path=self.path or None, mode=mode)
+        except (ArrayNotFoundError, FileNotFoundError) as e:
+            raise StorageError(f"no Zarr array at {str(self)!r} (deleted?): "
+                               f"{type(e).__name__}: {e}") from None
 
     # -- raw keys next to the array (done markers) ---------------------------------
     def _key(self, *parts: str) -> str:
@@ -387,6 +397,17 @@ def mark_complete(ref: ArrayRef, extra: dict | None = None) -> None:
     meta["complete"] = True
     arr.attrs[ATTR_KEY] = meta
     refresh_consolidated(ref)
+
+
+def every_unit_stored(arr: zarr.Array) -> bool:
+    """True for a complete tilearray output of format 2 or later: each of its
+    I/O units was written (empty ones too), so a missing chunk file is lost
+    data. Other arrays -- written by others, or by tilearray before format 2
+    -- may leave all-fill-value chunks unstored: a missing chunk reads as the
+    fill value, as in Zarr."""
+    meta = info_attrs(arr)
+    fmt = meta.get("format")
+    return meta.get("complete") is True and isinstance(fmt, int) and fmt >= 2
 
 
 def is_complete(ref: ArrayRef) -> bool:
