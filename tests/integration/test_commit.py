@@ -170,3 +170,58 @@ def test_racing_writers_of_group_members_lose_none(racers):
         ds = xr.open_zarr(g)
         assert set(ds.data_vars) == set(names), (seed, trial)
         assert_close(ds["m1_2"].values, x * 3)
+
+
+def _live_lock(path):
+    """A lock held by a live process of this host (the test's parent process)."""
+    import socket
+
+    import psutil
+
+    parent = os.getppid()
+    with open(path, "w") as f:
+        json.dump({"host": socket.gethostname(), "pid": parent,
+                   "started": psutil.Process(parent).create_time(), "token": "other"}, f)
+    return parent
+
+
+@pytest.mark.timeout(120)
+def test_locked_output_refused_before_anything_is_created(engine, tmp_path):
+    x = np.arange(64.0).reshape(8, 8)
+    a = ta.from_numpy(x, tmp_path / "a.zarr", tile=(4, 4))
+    for expr, out in ((a * 2, tmp_path / "c.zarr"), (a.sum(axis=0), tmp_path / "s.zarr")):
+        pid = _live_lock(str(out) + ".tilearray.lock")
+        with pytest.raises(ta.OutputLockedError, match=f"pid {pid} on host") as e:
+            expr.to_zarr(out)
+        assert str(out) in str(e.value) and "started" in str(e.value)
+        assert not out.exists()  # nothing created
+        with open(str(out) + ".tilearray.lock") as f:
+            assert json.load(f)["token"] == "other"  # and the other job's lock kept
+        os.unlink(str(out) + ".tilearray.lock")
+        expr.to_zarr(out)  # free again
+
+
+@pytest.mark.timeout(120)
+def test_locked_existing_output_says_locked_not_already_exists(engine, tmp_path):
+    """While another job writes it, an existing output is reported as locked
+    (not "already exists"), whether or not overwrite= was passed, and left alone."""
+    x = np.arange(64.0).reshape(8, 8)
+    a = ta.from_numpy(x, tmp_path / "a.zarr", tile=(4, 4))
+    out = tmp_path / "c.zarr"
+    (a * 2).to_zarr(out)
+    _live_lock(str(out) + ".tilearray.lock")
+    for kw in ({}, {"overwrite": True}, {"resume": True}):
+        with pytest.raises(ta.OutputLockedError):
+            (a * 3).to_zarr(out, **kw)
+    os.unlink(str(out) + ".tilearray.lock")
+    assert_close(ta.open(out).compute(), 2 * x)
+
+
+@pytest.mark.timeout(120)
+def test_refused_job_creates_nothing(engine, tmp_path):
+    x = np.arange(64.0).reshape(8, 8)
+    a = ta.from_numpy(x, tmp_path / "a.zarr", tile=(4, 4))
+    out = tmp_path / "new" / "c.zarr"
+    with pytest.raises((ta.StorageError, ta.PlanningError)):
+        (a * 2).to_zarr(out, tile=(4, 4), shard=(6, 6))  # not a multiple of the tile
+    assert not (tmp_path / "new").exists()
