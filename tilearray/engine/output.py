@@ -20,11 +20,17 @@ from .nodes import Source, derive_dims, sources, structure
 log = logging.getLogger("tilearray")
 
 
-def _fingerprint(node) -> str:
-    """Token of the expression and the state of every input it reads."""
+def _fingerprint(node, states: dict | None = None) -> str:
+    """Token of the expression and the state of every input it reads
+    (``states``: from :func:`input_states`, to walk each input's files once)."""
     parts = [structure(node)]
     for leaf in sources(node):
-        parts.append((str(leaf.ref), leaf.shape, str(leaf.dtype), sarray.local_files_state(leaf.ref)))
+        if states is not None and str(leaf.ref) in states:
+            st = states[str(leaf.ref)][1]
+            files = st if isinstance(st, tuple) else None  # local_files_state's value
+        else:
+            files = sarray.local_files_state(leaf.ref)
+        parts.append((str(leaf.ref), leaf.shape, str(leaf.dtype), files))
     return tokenize(*parts)
 
 
@@ -215,7 +221,7 @@ def write(x, path, tile, shard, overwrite, resume, engine, name="", dims=None):
     engine = engine or cluster.current_engine()
     check_sources(node)  # inputs overwritten since they were opened: refused before writing
     states = input_states(node)
-    fp = _fingerprint(node)
+    fp = _fingerprint(node, states)
     args = (ref, node, fp, tile, shard, dims, overwrite, resume)
     state = _refusing(ref, _inspect, *args)
     if state.complete:
@@ -281,7 +287,7 @@ def _write_small_result(x, ref, overwrite, resume, engine, dims, labels):
         return None
 
     states = input_states(node)
-    fp = _fingerprint(node)
+    fp = _fingerprint(node, states)
     done = _refusing(ref, inspect)
     if done is not None:
         log.info("%s is already complete", ref)

@@ -60,7 +60,7 @@ def describe(store: Store, path: str = "") -> str:
 
 
 _RESERVED_NAMES = frozenset({"zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata",
-                             "tilearray.done", "tilearray.lock"})
+                             "tilearray.done", "tilearray.lock", "tilearray.consolidate.lock"})
 
 
 def check_name(name: str | None) -> str:

@@ -254,7 +254,12 @@ def _acquire(slot: _Slot, what: str, refuse) -> str:
         if not is_stale(owner):
             refuse(owner)
         # stale: reclaim it under an exclusive claim, only if it is still that lock
-        if not claim.create(mine):
+        try:
+            claimed = claim.create(mine)
+        except OSError as e:
+            raise _CannotCreate(f"cannot create {str(claim)!r}: {type(e).__name__}: {e}") \
+                from None
+        if not claimed:
             other = _parse(claim.read())
             if other and is_stale(other):
                 raise OutputLockedError(
