@@ -57,7 +57,7 @@ def input_states(node) -> dict:
     return out
 
 
-def changed_input(states: dict) -> StorageError | None:
+def changed_input(states: dict, out: ArrayRef) -> StorageError | None:
     """An error naming the first input whose state differs from ``states``, or None."""
     for loc, (ref, before) in states.items():
         now = _input_state(ref)
@@ -65,25 +65,25 @@ def changed_input(states: dict) -> StorageError | None:
             gone = now is None or (isinstance(now, tuple) and now[2] == 0)
             return StorageError(
                 f"input {loc!r} {'was deleted' if gone else 'was modified'} while the job "
-                "read it; the output is left incomplete (never marked complete on stale data) "
-                "— rerun once the input is stable (overwrite=True)")
+                f"writing {str(out)!r} read it; {str(out)!r} is not marked complete (never on "
+                "stale data) — rerun once the input is stable (overwrite=True)")
     return None
 
 
-def verify_inputs(states: dict) -> None:
+def verify_inputs(states: dict, out: ArrayRef) -> None:
     """Raise if any input changed since the job recorded ``states``."""
-    err = changed_input(states)
+    err = changed_input(states, out)
     if err is not None:
         raise err
 
 
-def _run_checked(states: dict, fn, *args, **kwargs):
+def _run_checked(states: dict, out: ArrayRef, fn, *args, **kwargs):
     """``fn(...)``; when it fails, an input that changed meanwhile is named
     (a deleted input otherwise surfaces as a raw FileNotFoundError)."""
     try:
         return fn(*args, **kwargs)
     except Exception as e:
-        err = changed_input(states)
+        err = changed_input(states, out)
         if err is not None:
             raise err from e
         if isinstance(e, FileNotFoundError) and not isinstance(e, StorageError):
@@ -244,12 +244,12 @@ def write(x, path, tile, shard, overwrite, resume, engine, name="", dims=None):
         try:
             create_temporaries(low)
             _, stats = _run_checked(
-                states, engine.run, low.graph, low.keys,
+                states, ref, engine.run, low.graph, low.keys,
                 description=f"-> {os.path.basename(str(ref))}", plan=low.plan,
                 units_skipped=len(state.skip),
                 units_total=state.grid.n_units + temporary_units(low))
             stats.skipped_units = len(state.skip)
-            verify_inputs(states)  # read unchanged from start to end: else never complete
+            verify_inputs(states, ref)  # read unchanged from start to end: else never complete
             sarray.check_lock_held(ref)
             mark_complete(ref, {"fingerprint": fp})
         finally:
@@ -298,8 +298,8 @@ def _write_small_result(x, ref, overwrite, resume, engine, dims, labels):
         if done is not None:
             return np.asarray(done[...])
         dims = sarray.choose_dims(ref, node.shape, dims, derive_dims(node), labels)
-        value = np.asarray(_run_checked(states, x.compute, engine=engine))
-        verify_inputs(states)
+        value = np.asarray(_run_checked(states, ref, x.compute, engine=engine))
+        verify_inputs(states, ref)
         out = _write_small(value, ref, dims, {"fingerprint": fp, "expression": str(node)})
     finally:
         sarray.release_lock(ref)
