@@ -102,7 +102,7 @@ def _local_path(ref: ArrayRef) -> str | None:
 def check_target(ref: ArrayRef, node) -> None:
     """Refuse, before anything is written, a target that is (or holds, or lies
     inside) one of the expression's inputs -- symbolic links resolved -- a
-    symbolic link itself, or something that is not a Zarr array."""
+    symbolic link itself (see also :func:`check_target_kind`)."""
     out_loc = str(ref).rstrip("/")
     out_file = _local_path(ref)
     out_real = os.path.realpath(out_file) if out_file is not None else None
@@ -125,6 +125,13 @@ def check_target(ref: ArrayRef, node) -> None:
         raise StorageError(
             f"{str(ref)!r} is a symbolic link (to {os.path.realpath(out_file)!r}); tilearray "
             "does not replace a link: write to its target itself, or remove the link")
+
+
+def check_target_kind(ref: ArrayRef) -> None:
+    """Refuse a target that is a regular file, a group or other files. Part of
+    inspecting the target (while another job replaces an array, its directory
+    is briefly neither: that job's lock then says so)."""
+    out_file = _local_path(ref)
     if out_file is not None and os.path.exists(out_file) and not os.path.isdir(out_file):
         raise StorageError(
             f"{str(ref)!r} is a regular file, not a Zarr array; refusing to replace it "
@@ -141,7 +148,7 @@ def _refusing(ref: ArrayRef, fn, *args):
     :class:`OutputLockedError` when another job is writing it right now."""
     try:
         return fn(*args)
-    except StorageError:
+    except OSError:  # StorageError, or a file vanishing under another job's overwrite
         sarray.check_unlocked(ref)
         raise
 
@@ -169,6 +176,7 @@ class _State:
 
 def _inspect(ref, node, fp, tile, shard, dims, overwrite, resume) -> _State:
     """Decide from the target's state; raises the refusals (nothing is written)."""
+    check_target_kind(ref)
     existing = existing_array(ref)
     if existing is not None and resume and not overwrite:
         meta = sarray.info_attrs(existing)
@@ -268,6 +276,7 @@ def _write_small_result(x, ref, overwrite, resume, engine, dims, labels):
     node = x._node
 
     def inspect():
+        check_target_kind(ref)
         existing = existing_array(ref)
         if existing is not None and resume and not overwrite:
             meta = sarray.info_attrs(existing)
