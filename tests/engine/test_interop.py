@@ -142,7 +142,7 @@ def test_incomplete_member_and_lock_do_not_confuse_xarray(engine, tmp_path, rng)
     g = tmp_path / "g.zarr"
     ta.from_numpy(x, g, name="A", tile=(8, 8))
     ref = ArrayRef.from_location(g, "A")
-    sarray.acquire_lock(ref)  # a live writer's lock and the done markers sit inside A/
+    sarray.acquire_lock(ref)  # a live writer: its lock beside A/ (A.tilearray.lock), done markers in A/
     try:
         ds = xr.open_zarr(g, consolidated=False)
         np.testing.assert_array_equal(ds.A.values, x)
