@@ -207,3 +207,59 @@ def test_engine_mpi_in_a_reimporting_child_is_refused(monkeypatch):
     monkeypatch.setattr(multiprocessing, "parent_process", lambda: object())
     with pytest.raises(ta.ClusterError, match='__name__ == "__main__"'):
         ta.Engine.mpi()
+
+
+def _kill_then_go(d, target, killed):
+    """on_start: once the victim job wrote its pids, SIGKILL ``target`` (a role,
+    ``_sh`` for that rank's wrapper shell), then let the job compute."""
+    import psutil
+
+    def run(proc):
+        pids = d / "pids.json"
+        deadline = time.monotonic() + 90
+        while not pids.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                return
+            time.sleep(0.02)
+        info = json.loads(pids.read_text())
+        role, _, shell = target.partition("_")
+        pid = info["workers"][0] if role == "worker" else info[role]
+        if shell:
+            pid = psutil.Process(pid).ppid()
+            assert psutil.Process(pid).cmdline()[:2] == ["sh", "-c"], "not the rank's wrapper"
+        os.kill(pid, signal.SIGKILL)
+        killed["pid"] = pid
+        time.sleep(0.3)
+        (d / "go").write_text("")
+
+    return run
+
+
+@pytest.mark.mpi
+@needs_mpiexec
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("target, finishes", [
+    ("worker", True), ("worker_sh", True),
+    ("scheduler_sh", True), ("client_sh", True),
+    ("client", False), ("scheduler", False),
+])
+def test_launcher_status_when_a_process_is_killed(small, target, finishes):
+    """Kill one process the launcher starts (a rank, or its wrapper shell): the
+    status is 0 with the right result whenever rank 1 finished, non-zero when
+    rank 1 or the scheduler was killed; never 0 for an unfinished client."""
+    d, a, b = small
+    killed = {}
+    rc, out, err, elapsed = launcher("victim", d, timeout=100,
+                                     on_start=_kill_then_go(d, target, killed))
+    assert "pid" in killed, f"nothing was killed\n{err}"
+    assert elapsed < 100, err  # no wait for a timeout of its own (100 s)
+    if finishes:
+        assert rc == 0, err
+        assert "client rank done" in out
+        assert_close(_stored(d / "c.zarr"), a @ b)
+    else:
+        assert rc != 0, err
+        assert "client rank done" not in out
+        if (d / "c.zarr").exists():
+            with pytest.raises(ta.StorageError, match="incomplete"):
+                ta.open(d / "c.zarr")
