@@ -263,3 +263,46 @@ def test_launcher_status_when_a_process_is_killed(small, target, finishes):
         if (d / "c.zarr").exists():
             with pytest.raises(ta.StorageError, match="incomplete"):
                 ta.open(d / "c.zarr")
+
+
+@pytest.mark.parametrize("py, wrapper, mpiexec_rc, wrapped, expected", [
+    (0, 0, 0, True, 0),        # a normal run
+    (3, 3, 0, True, 3),        # sys.exit(3)
+    (0, 137, 9, True, 0),      # killed by hydra after it had reported: it finished
+    (0, 3, 0, True, 3),        # `raise SystemExit(3)`: the process's status wins
+    (None, 137, 0, True, 137),  # rank 1 SIGKILLed: its wrapper saw it
+    (0, None, 9, True, 0),     # rank 1's wrapper killed, the rank finished
+    (None, None, 0, True, 1),  # no report at all: never 0
+    (None, None, 9, True, 9),
+    (None, None, 0, False, 0),  # unknown MPI, no wrapper: mpiexec's status
+])
+def test_launcher_decides_rank_1s_status(py, wrapper, mpiexec_rc, wrapped, expected):
+    from tilearray.engine.mpirun import decide
+
+    code, why = decide(py, wrapper, mpiexec_rc, wrapped)
+    assert code == expected
+    if (mpiexec_rc != 0 and code == 0) or (py is None and wrapper is None and wrapped):
+        assert why  # the launcher says why it does not report mpiexec's failure
+
+
+def test_status_channel_roundtrip(tmp_path):
+    from tilearray.engine import mpirun as m
+
+    path = str(tmp_path / "client-status")
+    assert not m.reported(path) and not m.client_alive(path, stale=60)
+    m.start_heartbeat(path, period=0.05)
+    assert m.client_alive(path, stale=60)  # this process, on this host
+    m.write_status(path, 7)
+    assert m.reported(path) and m._read_int(path) == 7
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+    (tmp_path / "client-status.alive").write_text(f"{2**22 + 12345} {os.uname().nodename}\n")
+    assert not m.client_alive(path, stale=60)  # no such pid
+
+
+def test_launcher_refuses_bad_n_before_creating_anything(tmp_path, monkeypatch):
+    from tilearray.engine import mpirun as m
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="n must be at least 1, got 0"):
+        m.mpirun(0, ["job.py"], mpiexec="/bin/true")
+    assert os.listdir(tmp_path) == []
