@@ -306,3 +306,24 @@ def test_launcher_refuses_bad_n_before_creating_anything(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="n must be at least 1, got 0"):
         m.mpirun(0, ["job.py"], mpiexec="/bin/true")
     assert os.listdir(tmp_path) == []
+
+
+def test_openmpi_without_recovery_is_said_plainly(tmp_path):
+    """An Open MPI whose mpiexec lacks --enable-recovery: the launcher says the
+    job cannot survive a lost rank, and still reports rank 1's status."""
+    fake = tmp_path / "mpiexec"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'for a in "$@"; do [ "$a" = --version ] && { echo "mpiexec (Open MPI) 4.0.0"; '
+        '[ "$1" = --enable-recovery ] && exit 213; exit 0; }; done\n'
+        '[ "$1" = --enable-recovery ] && exit 213\n'
+        'while [ "$1" != -n ]; do shift; done; shift 2\n'
+        'OMPI_COMM_WORLD_RANK=1 "$@"\n'  # one "rank 1", under the launcher's wrapper
+        "exit 0\n")
+    fake.chmod(0o755)
+    cmd = [sys.executable, "-m", "tilearray.engine.mpi", "-n", "3", "--mpiexec", str(fake),
+           "--timeout", "60", "--", sys.executable, "-c", "import sys; sys.exit(3)"]
+    rc, out, err, _ = _run(cmd, tmp_path, 90)
+    assert rc == 3, err  # rank 1's status, from its wrapper (the fake mpiexec said 0)
+    assert "cannot survive the loss of a rank" in err
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".tilearray-mpi-")]

