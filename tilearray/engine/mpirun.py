@@ -119,6 +119,8 @@ def leave_launcher_group(path: str | None) -> None:
     """
     if not path or os.environ.get(FINALIZE_ENV) != "skip":
         return
+    if not os.path.isdir(os.path.dirname(path)):
+        return  # status directory not shared with this node: no watch, stay in reach
     with contextlib.suppress(OSError):
         if os.getpgid(0) != os.getpid():
             os.setpgid(0, 0)
