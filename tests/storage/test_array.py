@@ -261,3 +261,16 @@ def test_open_1d_and_0d_say_how_to_read_them(tmp_path):
         ta.open(tmp_path / "g.zarr", "colmean")
     with pytest.raises(ta.StorageError, match=r"0-D array of shape \(\).*zarr\.open_array"):
         ta.open(tmp_path / "g.zarr", "total")
+
+
+def test_done_units_ignore_a_killed_writers_temporary_file(tmp_path):
+    """A job killed while writing a done marker leaves LocalStore's
+    ``<name>.<uuid>.partial``; it is not a marker (found by the fault matrix)."""
+    from tilearray.storage import ArrayRef, done_units
+    from tilearray.storage.array import DONE_DIR, mark_unit_done
+
+    ref = ArrayRef.from_location(tmp_path / "o.zarr")
+    mark_unit_done(ref, 1, 2)
+    d = tmp_path / "o.zarr" / DONE_DIR
+    (d / "3.4.abf307e889a84fc780e08f6979db6b9f.partial").write_bytes(b"")
+    assert done_units(ref) == {(1, 2)}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import logging
 import os
 import sys
@@ -296,7 +297,7 @@ class Engine:
         On failure every pending task is cancelled and the first error raised.
         ``plan`` and the unit counts are reported to the scheduler's metrics.
         """
-        from distributed import as_completed
+        from distributed import wait
 
         from .metrics import job_event
 
@@ -316,20 +317,33 @@ class Engine:
             if not quiet:
                 from tqdm.auto import tqdm
 
-                bar = tqdm(total=len(futures), desc=description, unit="block",
+                bar = tqdm(total=len(seen), desc=description, unit="block",
                            file=sys.stderr, leave=True, dynamic_ncols=True)
-            index = {f.key: i for i, f in enumerate(futures)}
+            index: dict = {}
+            for i, f in enumerate(futures):
+                index.setdefault(f.key, []).append(i)
             values = [None] * len(futures)
             # gather each result as it completes and release it, so results
-            # (blocks of a compute()) never pile up in worker memory
-            for fut in as_completed(futures, loop=self.client.loop):
-                values[index[fut.key]] = fut.result()  # raises the task's exception
-                if bar is not None:
-                    bar.update(1)
-                if fut.key not in keep and values[index[fut.key]][0] is not None:
-                    # a data-carrying result (a compute() block): free it on the
-                    # worker now; stats-only results stay until retries are counted
-                    fut.release()
+            # (blocks of a compute()) never pile up in worker memory. Futures
+            # are polled with wait(), not as_completed(): a result lost with a
+            # worker right after it finished is computed again, and wait()
+            # sees it pending again where as_completed() would wait forever.
+            pending = {f.key: f for f in futures}
+            while pending:
+                with contextlib.suppress(TimeoutError), self.client.as_current():
+                    wait(list(itertools.islice(pending.values(), 1000)), timeout=2,
+                         return_when="FIRST_COMPLETED")
+                for fut in [f for f in pending.values() if f.done()]:
+                    value = fut.result()  # raises the task's exception
+                    for i in index[fut.key]:
+                        values[i] = value
+                    del pending[fut.key]
+                    if bar is not None:
+                        bar.update(1)
+                    if fut.key not in keep and value[0] is not None:
+                        # a data-carrying result (a compute() block): free it on the
+                        # worker now; stats-only results stay until retries are counted
+                        fut.release()
             ok = True
         except BaseException:
             if futures:

@@ -373,11 +373,14 @@ def mark_unit_done(ref: ArrayRef, i: int, j: int) -> None:
 
 
 def done_units(ref: ArrayRef) -> set[tuple[int, int]]:
-    """Units whose done marker is present."""
+    """Units whose done marker is present. Other names are ignored: a job
+    killed while writing a marker leaves the store's temporary file
+    (LocalStore writes ``<name>.<uuid>.partial`` and renames it)."""
     out = set()
     for name in ref.list_keys(DONE_DIR):
-        i, _, j = name.partition(".")
-        out.add((int(i), int(j)))
+        i, dot, j = name.partition(".")
+        if dot and i.isdigit() and j.isdigit():
+            out.add((int(i), int(j)))
     return out
 
 
@@ -644,21 +647,57 @@ def refresh_consolidated(ref: ArrayRef) -> None:
 
 
 def _refresh(ref: ArrayRef, parents: list[str]) -> None:
+    """Rewrite each parent group's listing in one write of its ``zarr.json``.
+
+    The listing is built from a copy of the metadata documents of the
+    complete members only, consolidated in memory: writing zarr's full
+    listing first and filtering it after would, if the job were killed
+    between the two writes, leave an incomplete member listed."""
     import json
     import warnings
 
     for parent in parents:
+        key = f"{parent}/zarr.json" if parent else "zarr.json"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "not part of the Zarr v3 specification"
             try:
-                zarr.consolidate_metadata(ref.store, path=parent or None)
-                key = f"{parent}/zarr.json" if parent else "zarr.json"
-                buf = sync(ref.store.get(key, default_buffer_prototype()))
-                doc = json.loads(buf.to_bytes()) if buf is not None else None
-                if isinstance(doc, dict) and _drop_incomplete(doc.get("consolidated_metadata")):
-                    out = default_buffer_prototype().buffer.from_bytes(
-                        json.dumps(doc, indent=2).encode())
-                    sync(ref.store.set(key, out))
+                mirror = zarr.storage.MemoryStore()
+                _copy_complete_metadata(ref.store, parent, mirror)
+                zarr.consolidate_metadata(mirror)
+                buf = sync(mirror.get("zarr.json", default_buffer_prototype()))
+                doc = json.loads(buf.to_bytes())
+                _drop_incomplete(doc.get("consolidated_metadata"))  # nested groups too
+                out = default_buffer_prototype().buffer.from_bytes(
+                    json.dumps(doc, indent=2).encode())
+                sync(ref.store.set(key, out))
             except Exception:  # best effort: a read-only parent, a v2 group, ...
                 pass
+
+
+def _copy_complete_metadata(store, parent: str, mirror) -> None:
+    """Copy ``zarr.json`` of the group at ``parent`` and of every member below
+    it that is not an incomplete tilearray output into ``mirror`` (paths
+    relative to the group). Arrays are not descended into (chunks are not
+    listed)."""
+    import json
+
+    proto = default_buffer_prototype()
+    base = f"{parent}/" if parent else ""
+
+    def copy(rel: str) -> None:
+        buf = sync(store.get(f"{base}{rel}zarr.json", proto))
+        if buf is None:
+            return
+        doc = json.loads(buf.to_bytes())
+        if rel and _incomplete(doc):
+            return
+        if doc.get("node_type") == "group":
+            doc.pop("consolidated_metadata", None)
+        sync(mirror.set(f"{rel}zarr.json", proto.buffer.from_bytes(json.dumps(doc).encode())))
+        if doc.get("node_type") == "group":
+            for child in collect_aiterator(store.list_dir(f"{base}{rel}".rstrip("/"))):
+                if child != "zarr.json":
+                    copy(f"{rel}{child}/")
+
+    copy("")
 
