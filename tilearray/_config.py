@@ -21,7 +21,8 @@ from dask.utils import parse_bytes
 from .errors import TilearrayError
 
 _here = os.path.dirname(__file__)
-with open(os.path.join(_here, "tilearray.yaml")) as f:
+_fn = os.path.join(_here, "tilearray.yaml")
+with open(_fn) as f:
     _defaults = yaml.safe_load(f)
 with open(os.path.join(_here, "tilearray-schema.yaml")) as f:
     _schema = yaml.safe_load(f)
