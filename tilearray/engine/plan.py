@@ -140,9 +140,8 @@ def check_worker_memory(memory_per_worker, threads_per_worker: int = 1,
     b = Budget.from_config(mem, 1, threads_per_worker)
     need = b.minimum_memory_per_worker
     if mem < need:
-        shown = format_bytes(mem) if isinstance(memory_per_worker, str) else f"{mem} bytes"
         raise error(
-            f"{argument}={memory_per_worker!r} ({shown}) is below what a worker process "
+            f"{argument}={memory_per_worker!r} ({format_bytes(mem)}) is below what a worker process "
             f"needs: an idle worker takes {format_bytes(b.baseline)} "
             f"(tilearray.memory.worker-baseline) and tasks may fill {b.fraction:g} of the "
             f"limit (tilearray.memory.target-fraction), so with {b.threads_per_worker} "
