@@ -302,11 +302,19 @@ class Engine:
         if _active is self:
             _active = None
         if self._owns:
-            with contextlib.suppress(Exception):
-                self.client.close()
-            with contextlib.suppress(Exception):
-                if self.cluster is not None:
-                    self.cluster.close()
+            # in-process workers log their comms closing ("Batched Comm Closed",
+            # at INFO, once LocalCluster has restored the log level): not news
+            quiet = logging.getLogger("distributed.batched")
+            level = quiet.level
+            quiet.setLevel(logging.ERROR)
+            try:
+                with contextlib.suppress(Exception):
+                    self.client.close()
+                with contextlib.suppress(Exception):
+                    if self.cluster is not None:
+                        self.cluster.close()
+            finally:
+                quiet.setLevel(level)
             if getattr(self, "_environ", None) is not None:
                 _restore_environ(self._environ)
         self._owns = False
