@@ -132,6 +132,8 @@ class Engine:
         with ``client=``), or ``processes=True`` where worker processes
         cannot start (see ``processes``). Later: the LocalCluster could not
         start.
+    tilearray._config.ConfigError
+        A ``tilearray.*`` config value outside its schema (checked first).
 
     Examples
     --------
