@@ -231,7 +231,12 @@ class Engine:
                     )
                     client = Client(self.cluster, set_as_default=False)
             except Exception as e:
-                raise ClusterError(f"could not start a LocalCluster ({n} x {threads}): {e}") from e
+                hint = ""
+                if processes and "Nanny failed" in str(e):
+                    hint = (f" (worker processes re-run the main script: if it starts the engine "
+                            f"outside {_GUARD!r}, add the guard, or pass processes=False)")
+                raise ClusterError(f"could not start a LocalCluster ({n} x {threads}): "
+                                   f"{e}{hint}") from e
             self._spec = (mem, threads, n)
             if adaptive is not None:
                 self.cluster.adapt(minimum=lo, maximum=hi)
