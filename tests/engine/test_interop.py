@@ -142,7 +142,7 @@ def test_incomplete_member_and_lock_do_not_confuse_xarray(engine, tmp_path, rng)
     g = tmp_path / "g.zarr"
     ta.from_numpy(x, g, name="A", tile=(8, 8))
     ref = ArrayRef.from_location(g, "A")
-    sarray.acquire_lock(ref)  # a live writer's lock and the done markers sit inside A/
+    sarray.acquire_lock(ref)  # a live writer: its lock beside A/ (A.tilearray.lock), done markers in A/
     try:
         ds = xr.open_zarr(g, consolidated=False)
         np.testing.assert_array_equal(ds.A.values, x)
@@ -173,13 +173,13 @@ def test_numpy_functions_are_lazy_and_match(engine, small):
         (np.transpose(a), x.T), (np.clip(a, -1, 1), np.clip(x, -1, 1)),
         (np.linalg.norm(a), np.linalg.norm(x)),
         (np.linalg.norm(a, axis=0), np.linalg.norm(x, axis=0)),
-        (np.mean(a - np.mean(a, axis=0), axis=0), np.zeros(20)),
+        (np.mean(a - np.mean(a, axis=0), axis=0), np.mean(x - np.mean(x, axis=0), axis=0)),
     ]
     for got, want in cases:
         assert isinstance(got, ta.TiledArray), got
         v = got.compute()
         assert np.shape(v) == np.shape(want)
-        assert_close(v, want)
+        assert_close(v, want, scale=np.abs(x).max())  # the last case cancels to ~1e-17
     assert np.shape(a) == (30, 20) and np.ndim(a) == 2 and np.size(a) == 600
     with pytest.raises(TypeError, match=r"numpy\.cumsum is not supported.*np\.asarray"):
         np.cumsum(a)

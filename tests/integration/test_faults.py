@@ -74,7 +74,7 @@ def test_second_writer_refused_stale_lock_taken_over(engine, tmp_path, rng):
     a = ta.from_numpy(x, tmp_path / "a.zarr", tile=(10, 10))
     out = tmp_path / "c.zarr"
     (a * 2).to_zarr(out)
-    lock = out / "tilearray.lock"
+    lock = tmp_path / "c.zarr.tilearray.lock"  # next to the array: an overwrite keeps it
     # a live writer (this very process stands in for another job)
     lock.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getppid()}))
     with pytest.raises(ta.OutputLockedError, match=str(os.getppid())):

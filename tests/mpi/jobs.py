@@ -68,6 +68,27 @@ def kill(d):
         })
 
 
+def victim(d):
+    """Writes every rank's pid, waits for the test to kill one, then a matmul."""
+    import time
+
+    # a short timeout: a lost client or scheduler ends the job within seconds
+    with ta.Engine.mpi(memory_per_worker="1GiB", timeout="10s") as engine:
+        client = engine.client
+        _write_json(os.path.join(d, "pids.json"), {
+            "client": os.getpid(),
+            "scheduler": client.run_on_scheduler(os.getpid),
+            "workers": sorted(client.run(os.getppid).values()),  # the ranks, not the Nannies'
+        })
+        go = os.path.join(d, "go")
+        deadline = time.monotonic() + 60
+        while not os.path.exists(go) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        a, b = ta.open(os.path.join(d, "a.zarr")), ta.open(os.path.join(d, "b.zarr"))
+        (a @ b).to_zarr(os.path.join(d, "c.zarr"), overwrite=True)
+    print("client rank done", flush=True)  # output after a kill: hydra's next event
+
+
 if __name__ == "__main__":
     job, directory = sys.argv[1], sys.argv[2]
     globals()[job](directory)

@@ -207,3 +207,123 @@ def test_engine_mpi_in_a_reimporting_child_is_refused(monkeypatch):
     monkeypatch.setattr(multiprocessing, "parent_process", lambda: object())
     with pytest.raises(ta.ClusterError, match='__name__ == "__main__"'):
         ta.Engine.mpi()
+
+
+def _kill_then_go(d, target, killed):
+    """on_start: once the victim job wrote its pids, SIGKILL ``target`` (a role,
+    ``_sh`` for that rank's wrapper shell), then let the job compute."""
+    import psutil
+
+    def run(proc):
+        pids = d / "pids.json"
+        deadline = time.monotonic() + 90
+        while not pids.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                return
+            time.sleep(0.02)
+        info = json.loads(pids.read_text())
+        role, _, shell = target.partition("_")
+        pid = info["workers"][0] if role == "worker" else info[role]
+        if shell:
+            pid = psutil.Process(pid).ppid()
+            assert psutil.Process(pid).cmdline()[:2] == ["sh", "-c"], "not the rank's wrapper"
+        os.kill(pid, signal.SIGKILL)
+        killed["pid"] = pid
+        time.sleep(0.3)
+        (d / "go").write_text("")
+
+    return run
+
+
+@pytest.mark.mpi
+@needs_mpiexec
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("target, finishes", [
+    ("worker", True), ("worker_sh", True),
+    ("scheduler_sh", True), ("client_sh", True),
+    ("client", False), ("scheduler", False),
+])
+def test_launcher_status_when_a_process_is_killed(small, target, finishes):
+    """Kill one process the launcher starts (a rank, or its wrapper shell): the
+    status is 0 with the right result whenever rank 1 finished, non-zero when
+    rank 1 or the scheduler was killed; never 0 for an unfinished client."""
+    d, a, b = small
+    killed = {}
+    rc, out, err, elapsed = launcher("victim", d, timeout=100,
+                                     on_start=_kill_then_go(d, target, killed))
+    assert "pid" in killed, f"nothing was killed\n{err}"
+    assert elapsed < 100, err  # no wait for a timeout of its own (100 s)
+    if finishes:
+        assert rc == 0, err
+        assert "client rank done" in out
+        assert_close(_stored(d / "c.zarr"), a @ b)
+    else:
+        assert rc != 0, err
+        assert "client rank done" not in out
+        if (d / "c.zarr").exists():
+            with pytest.raises(ta.StorageError, match="incomplete"):
+                ta.open(d / "c.zarr")
+
+
+@pytest.mark.parametrize("py, wrapper, mpiexec_rc, wrapped, expected", [
+    (0, 0, 0, True, 0),        # a normal run
+    (3, 3, 0, True, 3),        # sys.exit(3)
+    (0, 137, 9, True, 0),      # killed by hydra after it had reported: it finished
+    (0, 3, 0, True, 3),        # `raise SystemExit(3)`: the process's status wins
+    (None, 137, 0, True, 137),  # rank 1 SIGKILLed: its wrapper saw it
+    (0, None, 9, True, 0),     # rank 1's wrapper killed, the rank finished
+    (None, None, 0, True, 1),  # no report at all: never 0
+    (None, None, 9, True, 9),
+    (None, None, 0, False, 0),  # unknown MPI, no wrapper: mpiexec's status
+])
+def test_launcher_decides_rank_1s_status(py, wrapper, mpiexec_rc, wrapped, expected):
+    from tilearray.engine.mpirun import decide
+
+    code, why = decide(py, wrapper, mpiexec_rc, wrapped)
+    assert code == expected
+    if (mpiexec_rc != 0 and code == 0) or (py is None and wrapper is None and wrapped):
+        assert why  # the launcher says why it does not report mpiexec's failure
+
+
+def test_status_channel_roundtrip(tmp_path):
+    from tilearray.engine import mpirun as m
+
+    path = str(tmp_path / "client-status")
+    assert not m.reported(path) and not m.client_alive(path, stale=60)
+    m.start_heartbeat(path, period=0.05)
+    assert m.client_alive(path, stale=60)  # this process, on this host
+    m.write_status(path, 7)
+    assert m.reported(path) and m._read_int(path) == 7
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+    (tmp_path / "client-status.alive").write_text(f"{2**22 + 12345} {os.uname().nodename}\n")
+    assert not m.client_alive(path, stale=60)  # no such pid
+
+
+def test_launcher_refuses_bad_n_before_creating_anything(tmp_path, monkeypatch):
+    from tilearray.engine import mpirun as m
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="n must be at least 1, got 0"):
+        m.mpirun(0, ["job.py"], mpiexec="/bin/true")
+    assert os.listdir(tmp_path) == []
+
+
+def test_openmpi_without_recovery_is_said_plainly(tmp_path):
+    """An Open MPI whose mpiexec lacks --enable-recovery: the launcher says the
+    job cannot survive a lost rank, and still reports rank 1's status."""
+    fake = tmp_path / "mpiexec"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'for a in "$@"; do [ "$a" = --version ] && { echo "mpiexec (Open MPI) 4.0.0"; '
+        '[ "$1" = --enable-recovery ] && exit 213; exit 0; }; done\n'
+        '[ "$1" = --enable-recovery ] && exit 213\n'
+        'while [ "$1" != -n ]; do shift; done; shift 2\n'
+        'OMPI_COMM_WORLD_RANK=1 "$@"\n'  # one "rank 1", under the launcher's wrapper
+        "exit 0\n")
+    fake.chmod(0o755)
+    cmd = [sys.executable, "-m", "tilearray.engine.mpi", "-n", "3", "--mpiexec", str(fake),
+           "--timeout", "60", "--", sys.executable, "-c", "import sys; sys.exit(3)"]
+    rc, out, err, _ = _run(cmd, tmp_path, 90)
+    assert rc == 3, err  # rank 1's status, from its wrapper (the fake mpiexec said 0)
+    assert "cannot survive the loss of a rank" in err
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".tilearray-mpi-")]

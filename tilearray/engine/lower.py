@@ -26,8 +26,9 @@ from ..graphs import elemwise as gel
 from ..graphs import matmul as gmm
 from ..graphs import reduction as gred
 from ..graphs.blocks import group_edges, intervals, max_interval, split_points, tree
-from ..graphs.spec import Const, Dep, Op, Read, Slice, Trans, n_temporaries, read_cost, unit_edges
+from ..graphs.spec import Const, Dep, Op, Read, Slice, Trans, n_temporaries, unit_edges
 from ..storage import ArrayRef, Grid
+from . import layout
 from .nodes import (
     Constant,
     Elemwise,
@@ -175,8 +176,8 @@ class Lowerer:
         m, n = node.shape
         dtype = np.dtype(node.dtype)
         temps = _op_temporaries(spec) * max(dtype.itemsize, 8)
-        row_edges, col_edges, peak = self._fit_blocks(spec, node.shape, out_grid, temps,
-                                                      dtype.itemsize)
+        costs, peak = self._fit_blocks(spec, node.shape, out_grid, temps, dtype.itemsize)
+        row_edges, col_edges = costs.row_edges, costs.col_edges
         token = tokenize("map", spec, row_edges, col_edges, str(out), str(dtype), deps)
         keys, blocks = [], []
         nbytes = nreq = gets = written = 0
@@ -184,7 +185,7 @@ class Lowerer:
             for j, cols in enumerate(intervals(col_edges)):
                 if out_grid is not None and _all_done(out_grid, rows, cols, skip):
                     continue
-                b, r, g = read_cost(spec, rows, cols)
+                b, r, g = costs.at(i, j)
                 nbytes, nreq, gets = nbytes + b, nreq + r, gets + g
                 size = (rows[1] - rows[0]) * (cols[1] - cols[0])
                 key = ("map-" + token, i, j)
@@ -203,7 +204,8 @@ class Lowerer:
         return keys, blocks
 
     def _fit_blocks(self, spec, shape, out_grid, temp_bytes_per_elem, out_itemsize=0):
-        """Block edges whose every task fits, shrinking the target until it does.
+        """The layout whose every task fits and that reads least (see
+        :func:`layout.search`): its :class:`~layout.BlockCosts` and peak.
 
         A task holds its reads compressed and decoded (``2b``), zarr's chunk
         buffers in flight (at most ``async.concurrency`` chunks, never more
@@ -215,36 +217,24 @@ class Lowerer:
         write_flight = 0
         if out_grid is not None:  # one output unit copied + encoded at a time
             write_flight = 2 * out_grid.unit[0] * out_grid.unit[1] * max(out_itemsize, 1)
-        cap = min(self.budget.task_memory, _config.get_bytes("map.block-bytes"))
-        while True:
-            row_edges, col_edges = self._block_edges(spec, shape, out_grid, per_elem, cap)
-            peak = 0
-            for rows in intervals(row_edges):
-                for cols in intervals(col_edges):
-                    b, _, _ = read_cost(spec, rows, cols)
-                    size = (rows[1] - rows[0]) * (cols[1] - cols[0])
-                    out = size * out_itemsize
-                    task = (2 * b + min(read_flight, b) + size * temp_bytes_per_elem
-                            + out + min(write_flight, out))
-                    peak = max(peak, _as_rss(task))
-            if peak <= self.budget.task_memory or cap <= 1:
-                return row_edges, col_edges, peak
-            smaller = cap // 2
-            if self._block_edges(spec, shape, out_grid, per_elem, smaller) == (row_edges, col_edges):
-                return row_edges, col_edges, peak  # cannot shrink further (one unit)
-            cap = smaller
 
-    def _block_edges(self, spec, shape, out_grid, per_elem, cap):
-        m, n = shape
-        max_elems = max(cap // max(per_elem, 1), 1)
-        rows_c = _candidates(spec, 0, m, out_grid)
-        cols_c = _candidates(spec, 1, n, out_grid)
-        if max_interval(rows_c) * n <= max_elems:
-            col_edges = (0, n) if out_grid is None else group_edges(cols_c, n)
-        else:
-            col_edges = group_edges(cols_c, max(int(math.sqrt(max_elems)), 1))
-        row_edges = group_edges(rows_c, max(max_elems // max(max_interval(col_edges), 1), 1))
-        return row_edges, col_edges
+        def peak_of(costs: layout.BlockCosts) -> int:
+            b = costs.read_bytes()
+            if b is None:  # many blocks: bound by the largest along each axis
+                b = costs.max_read_bytes()
+                size = int(costs.sizes[0].max(initial=0)) * int(costs.sizes[1].max(initial=0))
+            else:
+                size = np.multiply.outer(costs.sizes[0], costs.sizes[1])
+            out = size * out_itemsize
+            task = (2 * b + np.minimum(read_flight, b) + size * temp_bytes_per_elem
+                    + out + np.minimum(write_flight, out))
+            return _as_rss(int(np.max(task, initial=0)))
+
+        cap = min(self.budget.task_memory, _config.get_bytes("map.block-bytes"))
+        hard = (None, None) if out_grid is None else (out_grid.unit_edges(0),
+                                                      out_grid.unit_edges(1))
+        return layout.search(spec, shape, *hard, max(cap // max(per_elem, 1), 1), peak_of,
+                             self.budget.task_memory)
 
     # -- reductions -------------------------------------------------------------
     def reduce(self, node: Reduce) -> str:
@@ -264,7 +254,8 @@ class Lowerer:
         # op results, plus the float64 accumulation copy / (x - mean)**2 of var
         extra = 2 if node.op in ("var", "std") else 1
         temps = (_op_temporaries(spec) + extra) * max(in_dtype.itemsize, 8)
-        row_edges, col_edges, peak = self._fit_blocks(spec, (m, n), None, temps)
+        costs, peak = self._fit_blocks(spec, (m, n), None, temps)
+        row_edges, col_edges = costs.row_edges, costs.col_edges
         token = tokenize("reduce", node.op, node.axis, node.ddof, spec, row_edges, col_edges,
                          deps)
         name = f"reduce-{node.op}-{token}"
@@ -275,7 +266,7 @@ class Lowerer:
                 key = (name, "map", i, j)
                 self.graph[key] = (gred.reduce_map, spec, rows, cols, node.op, node.axis, n, deps)
                 parts[i, j] = key
-                b, r, g = read_cost(spec, rows, cols)
+                b, r, g = costs.at(i, j)
                 nbytes, nreq, gets = nbytes + b, nreq + r, gets + g
         self._check_fits("reduce", peak, str(node))
         split_every = int(_config.get("reduction.split-every"))
@@ -319,48 +310,75 @@ class Lowerer:
         dtype = np.dtype(node.dtype)
         a_units, b_units = unit_edges(a_spec, 1, k), unit_edges(b_spec, 0, k)
         a_k, b_k = _panels(a_units), _panels(b_units)
-        rows_c = _candidates(a_spec, 0, m, out_grid)
-        cols_c = _candidates(b_spec, 1, n, out_grid)
         ka, kb = max_interval(a_k), max_interval(b_k)
-        # bytes per panel element: the panel and its fused temporaries, cast to dtype
-        fa = n_temporaries(a_spec) * max(_leaf_itemsize(a_spec), dtype.itemsize)
-        fb = n_temporaries(b_spec) * max(_leaf_itemsize(b_spec), dtype.itemsize)
-        band = _band_bytes(a_spec, b_spec, max(ka, kb))
+        # bytes per panel element of each fused temporary, cast to dtype
+        ca = max(_leaf_itemsize(a_spec), dtype.itemsize)
+        cb = max(_leaf_itemsize(b_spec), dtype.itemsize)
+        ta, tb = _op_temporaries(a_spec), _op_temporaries(b_spec)
+        band = _band_bytes(a_spec, b_spec, max(ka, kb), self.budget.task_memory)
         gram = a_spec == Trans(b_spec) and a_k == b_k
         out_unit = (out_grid.unit[0] * out_grid.unit[1] if out_grid is not None else 0) \
             * dtype.itemsize
+        a_panel_cache: dict = {}
+        b_panel_cache: dict = {}
 
-        def memory(bm: int, bn: int, prefetch: bool) -> int:
-            """Peak of one task: accumulator, current panels, and either the
-            panel in flight (compressed + decoded) or one band's decode buffers;
-            at the end the accumulator and its encoded copy being written."""
+        def panel_bytes(rows_edges, cols_edges) -> tuple[int, int]:
+            """Largest A panel (rows block x K panel) and B panel (K panel x
+            cols block): the whole units read, or the region cast to dtype,
+            plus fused temporaries."""
+            if rows_edges not in a_panel_cache:
+                c = layout.BlockCosts(a_spec, rows_edges, a_k)
+                a_panel_cache[rows_edges] = c.max_read_bytes(exact=False), c.min_request_bytes()
+            if cols_edges not in b_panel_cache:
+                c = layout.BlockCosts(b_spec, b_k, cols_edges)
+                b_panel_cache[cols_edges] = c.max_read_bytes(exact=False), c.min_request_bytes()
+            (ra, qa), (rb, qb) = a_panel_cache[rows_edges], b_panel_cache[cols_edges]
+            bm, bn = max_interval(rows_edges), max_interval(cols_edges)
+            pa = max(ra, bm * ka * ca) + bm * ka * ca * ta
+            pb = max(rb, kb * bn * cb) + kb * bn * cb * tb
+            return pa, pb, max(qa, qb)
+
+        def memory(re, ce, prefetch: bool) -> int:
+            """Peak of one task: the accumulator and the current panels, plus
+            the panel in flight (compressed + decoded) when prefetching, or,
+            reading in place, one band's buffers while a panel fills (a panel
+            read in one request is its own decoded buffer); at the end the
+            accumulator and one output unit copied and encoded at a time."""
+            bm, bn = max_interval(re), max_interval(ce)
             acc = bm * bn * dtype.itemsize
-            pa, pb = bm * ka * fa, kb * bn * fb
+            pa, pb, request = panel_bytes(re, ce)
             if gram and bm == m and bn == n:
                 pa = 0  # X.T @ X in one block: each panel serves as both operands
-            reading = 2 * max(pa, pb) if prefetch else 2 * band
-            # writing: the block plus one unit copied and encoded at a time
+            if prefetch:
+                reading = 2 * max(pa, pb)
+            else:  # each request compressed + decoded, at most the panel twice
+                reading = min(2 * max(band, request), max(pa, pb))
             return _as_rss(acc + max(2 * out_unit, pa + pb + reading))
 
         budget = self.budget.task_memory
-        step = max(min(max_interval(rows_c), max_interval(cols_c)), 1)
+        hard = (None, None) if out_grid is None else (out_grid.unit_edges(0),
+                                                      out_grid.unit_edges(1))
         layouts = []  # every distinct layout that fits, for either read mode
         smallest = None
-        # roughly square blocks (and 1:2 / 2:1), growing until they no longer fit
-        for prefetch, (fr, fc) in itertools.product((True, False), ((1, 1), (1, 2), (2, 1))):
-            t, last = step, None
-            while True:
-                re, ce = group_edges(rows_c, t * fr), group_edges(cols_c, t * fc)
-                if (re, ce) != last:
-                    mem = memory(max_interval(re), max_interval(ce), prefetch)
-                    if mem <= budget:
-                        layouts.append((re, ce, mem, prefetch))
-                    elif smallest is None or mem < smallest[2]:
-                        smallest = (re, ce, mem, prefetch)
-                    last = (re, ce)
-                if mem > budget or t >= max(m, n):
-                    break
-                t += step
+        for rows_c in layout.bases(a_spec, 0, m, hard[0]):
+            for cols_c in layout.bases(b_spec, 1, n, hard[1]):
+                step = max(min(max_interval(rows_c), max_interval(cols_c)), 1)
+                # roughly square blocks (and 1:2 / 2:1), growing until they no longer fit
+                for prefetch, (fr, fc) in itertools.product((True, False),
+                                                            ((1, 1), (1, 2), (2, 1))):
+                    t, last = step, None
+                    while True:
+                        re, ce = group_edges(rows_c, t * fr), group_edges(cols_c, t * fc)
+                        if (re, ce) != last:
+                            mem = memory(re, ce, prefetch)
+                            if mem <= budget:
+                                layouts.append((re, ce, mem, prefetch))
+                            elif smallest is None or mem < smallest[2]:
+                                smallest = (re, ce, mem, prefetch)
+                            last = (re, ce)
+                        if mem > budget or t >= max(m, n):
+                            break
+                        t += step
         if not layouts:
             self._check_fits("matmul", smallest[2], str(node))
 
@@ -397,6 +415,16 @@ class Lowerer:
             b_k = tuple(sorted(set(b_k) | set(k_split)))
         token = tokenize("matmul", a_spec, b_spec, row_edges, col_edges, k_split, str(out), deps)
         name = "matmul-" + token
+        a_costs = layout.BlockCosts(a_spec, row_edges, a_k)
+        b_costs = layout.BlockCosts(b_spec, b_k, col_edges)
+        a_iv, b_iv = intervals(a_k), intervals(b_k)
+        segments = []  # per K segment: its A and B panels and their index ranges
+        for k0, k1 in (intervals(k_split) if k > 0 else [(0, 0)]):
+            qa = [q for q, p in enumerate(a_iv) if k0 <= p[0] < k1]
+            qb = [q for q, p in enumerate(b_iv) if k0 <= p[0] < k1]
+            segments.append((tuple(a_iv[q] for q in qa), tuple(b_iv[q] for q in qb),
+                             (qa[0], qa[-1] + 1) if qa else (0, 0),
+                             (qb[0], qb[-1] + 1) if qb else (0, 0)))
         keys, blocks = [], []
         nbytes = nreq = gets = written = 0
         for i, rows in enumerate(intervals(row_edges)):
@@ -404,15 +432,12 @@ class Lowerer:
                 if out_grid is not None and _all_done(out_grid, rows, cols, skip):
                     continue
                 parts = []
-                for s, (k0, k1) in enumerate(intervals(k_split) if k > 0 else [(0, 0)]):
-                    pa = tuple(p for p in intervals(a_k) if k0 <= p[0] < k1)
-                    pb = tuple(p for p in intervals(b_k) if k0 <= p[0] < k1)
-                    for p in (() if gmm.is_gram(a_spec, b_spec, rows, cols, pa, pb) else pa):
-                        b, r, g = read_cost(a_spec, rows, p)
+                for s, (pa, pb, qa, qb) in enumerate(segments):
+                    if not gmm.is_gram(a_spec, b_spec, rows, cols, pa, pb):
+                        b, r, g = a_costs.band(0, i, *qa)
                         nbytes, nreq, gets = nbytes + b, nreq + r, gets + g
-                    for p in pb:
-                        b, r, g = read_cost(b_spec, p, cols)
-                        nbytes, nreq, gets = nbytes + b, nreq + r, gets + g
+                    b, r, g = b_costs.band(1, j, *qb)
+                    nbytes, nreq, gets = nbytes + b, nreq + r, gets + g
                     args = (a_spec, b_spec, rows, cols, pa, pb, dtype)
                     if len(k_split) <= 2 and out is not None:
                         key = (name, i, j)
@@ -505,25 +530,6 @@ def _panels(edges) -> tuple[int, ...]:
     return group_edges(edges, max(MIN_PANEL, 1))
 
 
-def _candidates(spec, axis: int, n: int, out_grid: Grid | None) -> tuple[int, ...]:
-    """Block edges: output unit edges (hard), preferring ones on input unit edges.
-
-    Edges shared by every input (no input's unit split between two blocks)
-    are preferred unless they make blocks far coarser than the union's.
-    """
-    union = unit_edges(spec, axis, n)
-    shared = unit_edges(spec, axis, n, common=True)
-    soft = shared if max_interval(shared) <= 4 * max(max_interval(union), 1) else union
-    if out_grid is None:
-        return soft
-    hard = out_grid.unit_edges(axis)
-    common = tuple(sorted(set(hard) & set(soft)))
-    # use the shared edges unless that makes blocks much coarser than either grid
-    if common and max_interval(common) <= 4 * max(max_interval(hard), max_interval(soft)):
-        return common
-    return hard
-
-
 def _op_temporaries(spec) -> int:
     """Arrays a region evaluation makes beyond the reads themselves."""
     from ..graphs.spec import leaves
@@ -557,15 +563,18 @@ def _leaf_itemsize(spec) -> int:
     return max((leaf.dtype.itemsize for leaf in leaves(spec)), default=8)
 
 
-def _band_bytes(a_spec, b_spec, panel_width: int) -> int:
-    """Largest read request when panels are read band by band: one unit deep
-    across the panel's width (at least one whole unit)."""
+def _band_bytes(a_spec, b_spec, panel_width: int, task_memory: int) -> int:
+    """Read request bound when panels are read in place, band by band: one
+    unit deep across the panel's width, at most an eighth of the task's
+    memory, and never less than one whole unit (units are never split)."""
     from ..graphs.spec import leaves
 
     out = 0
     for leaf in leaves(a_spec) + leaves(b_spec):
         u0, u1 = leaf.grid.unit
-        out = max(out, max(u0, u1) * max(panel_width, min(u0, u1)) * leaf.dtype.itemsize)
+        unit = u0 * u1 * leaf.dtype.itemsize
+        wide = max(u0, u1) * max(panel_width, min(u0, u1)) * leaf.dtype.itemsize
+        out = max(out, unit, min(wide, task_memory // 8))
     return out
 
 
@@ -648,6 +657,8 @@ def output_grid(node, tile, shard) -> Grid:
     tile = tuple(int(t) for t in tile)
     if len(tile) != 2 or any(t <= 0 for t in tile):
         raise PlanningError(f"tile must be 2 positive integers, got {tile}")
+    if shard is None:  # a tile larger than the array is clipped to it
+        tile = tuple(min(t, max(n, 1)) for t, n in zip(tile, node.shape, strict=True))
     if shard is not None:
         shard = tuple(int(s) for s in shard)
         if len(shard) != 2 or any(s <= 0 or s % t for s, t in zip(shard, tile, strict=True)):
@@ -666,8 +677,8 @@ def leaf_tile(node, axis: int, default: int = 1024) -> int:
         return node.grid.tile[axis]
     if isinstance(node, Transpose):
         return leaf_tile(node.x, 1 - axis, default)
-    if isinstance(node, SliceNode):
-        return leaf_tile(node.x, axis, default)
+    if isinstance(node, SliceNode):  # a strided slice's tile covers one parent tile
+        return max(-(-leaf_tile(node.x, axis, default) // node.step[axis]), 1)
     if isinstance(node, MatMul):
         return leaf_tile(node.a if axis == 0 else node.b, axis, default)
     if isinstance(node, Elemwise):

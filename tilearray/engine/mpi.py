@@ -14,7 +14,8 @@ serve the cluster and exit with status 0 once the client rank is done::
 Run it with the launcher (``python -m tilearray.engine.mpi -n 8 job.py``, or
 :func:`mpirun`), which passes the right recovery flags to the installed MPI and
 exits with the *client rank's* status, or with a plain ``mpiexec -n 8 python
-job.py``, where a worker rank that dies takes the whole job down with it.
+job.py``, where a worker rank that dies takes the whole job down with it. The
+launcher and the status channel it reads are in :mod:`tilearray.engine.mpirun`.
 
 Measured facts this module is built on (MPICH 5.0 hydra from the ``mpich``
 wheel, dask-mpi 2026.3, distributed 2026.8):
@@ -30,6 +31,13 @@ wheel, dask-mpi 2026.3, distributed 2026.8):
   handler, which spawned children (the Nanny's worker, multiprocessing's
   resource tracker) reset to "terminate": every rank ignores SIGUSR1 after
   MPI_Init, and ignored signals stay ignored in children.
+* When a rank's *wrapper* shell is SIGKILLed, hydra's proxy, at its next event
+  (any rank's output), SIGKILLs the process group of every rank, the client
+  included, whose work may be done but not yet reported. Under the launcher
+  every rank therefore moves to a process group of its own at :func:`start`;
+  the job's end is then the launcher's: it removes its status directory, and
+  every rank watches that directory (and an abort mark) and ends itself.
+  Non-client ranks leave only once the client rank has reported its status.
 * After a rank was killed, ``MPI_Finalize`` hung on the surviving ranks, so
   under the launcher (hydra) finalization is skipped, which hydra accepts when
   auto-cleanup is disabled. Under a plain ``mpiexec`` ranks finalize as usual.
@@ -63,11 +71,8 @@ import atexit
 import contextlib
 import logging
 import os
-import shutil
 import signal
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import types
@@ -76,13 +81,23 @@ from ..errors import ClusterError
 
 log = logging.getLogger("tilearray")
 
-STATUS_ENV = "TILEARRAY_MPI_STATUS"
-"""Set by :func:`mpirun`: file the client rank writes its exit status to."""
-FINALIZE_ENV = "TILEARRAY_MPI_FINALIZE"
-"""Set by :func:`mpirun`: ``skip`` (hydra) or seconds to wait in MPI_Finalize."""
+from .mpirun import (  # noqa: F401  (the launcher's public names live here too)
+    _SHELL_WRAPPER,
+    CLIENT_RANK,
+    FINALIZE_ENV,
+    STATUS_ENV,
+    await_client,
+    find_mpiexec,
+    leave_launcher_group,
+    main,
+    mark_abort,
+    mpi_flavor,
+    mpirun,
+    start_heartbeat,
+    write_status,
+)
 
-SCHEDULER_RANK, CLIENT_RANK = 0, 1
-_SHELL_WRAPPER = 'trap "" USR1; "$@"; exit $?'
+SCHEDULER_RANK = 0
 
 # per-process state
 _watch: dict | None = None  # scheduler rank: settings of the client watchdog
@@ -181,6 +196,7 @@ def _barrier(comm, timeout: float, what: str) -> None:
                 f"{timeout:.0f} s (a rank failed before it, or ranks run different scripts); "
                 "aborting the job\n")
             _flush()
+            mark_abort(os.environ.get(STATUS_ENV))
             comm.Abort(1)
         time.sleep(delay)
         delay = min(delay * 2, 0.05)
@@ -350,12 +366,8 @@ class _ClientExit:
 
     def at_exit(self) -> None:
         code = 0 if self.code is None else self.code
-        if self.status_path:
-            with contextlib.suppress(OSError):
-                tmp = self.status_path + ".tmp"
-                with open(tmp, "w") as f:
-                    f.write(f"{code}\n")
-                os.replace(tmp, self.status_path)
+        if self.status_path:  # first: the cluster's shutdown may end this process
+            write_status(self.status_path, code)
         self.shutdown_cluster()
         _flush()
         if os.environ.get(FINALIZE_ENV) == "skip" and not _finalize_disabled:
@@ -502,6 +514,8 @@ def start(engine_cls, memory_per_worker=None, threads_per_worker=1, nanny=True,
             "`if __name__ == \"__main__\":` so that importing it has no side effects.")
     wait = _seconds(timeout, 60)
     threads = int(threads_per_worker or 1)
+    # under the launcher: out of hydra's reach when a rank's wrapper is killed
+    leave_launcher_group(os.environ.get(STATUS_ENV))
 
     import mpi4py
 
@@ -566,12 +580,16 @@ def start(engine_cls, memory_per_worker=None, threads_per_worker=1, nanny=True,
             sys.stderr.write(f"tilearray.mpi: the {role} on rank {rank} failed: "
                              f"{type(e).__name__}: {e}\n")
             _flush()
-            if rank == SCHEDULER_RANK:
-                comm.Abort(1)  # every other rank waits for the scheduler's address
+            if rank == SCHEDULER_RANK:  # every other rank waits for the scheduler's address
+                mark_abort(os.environ.get(STATUS_ENV))
+                comm.Abort(1)
             os._exit(1)
         _flush()
         if not exit:
             return None
+        # under the launcher: leave only once the client rank has reported its
+        # status (or is gone); see tilearray.engine.mpirun
+        await_client(os.environ.get(STATUS_ENV), stale=max(wait, 10.0))
         if os.environ.get(FINALIZE_ENV) == "skip":
             if not _finalize_disabled:
                 _flush()
@@ -583,6 +601,8 @@ def start(engine_cls, memory_per_worker=None, threads_per_worker=1, nanny=True,
         sys.exit(0)
 
     # -- client rank
+    if os.environ.get(STATUS_ENV):
+        start_heartbeat(os.environ[STATUS_ENV])  # the launcher waits while it beats
     initialize(**kwargs)
     from distributed import Client
 
@@ -621,131 +641,6 @@ def start(engine_cls, memory_per_worker=None, threads_per_worker=1, nanny=True,
     log.info("tilearray.mpi: %d workers x %d threads, %s per worker", n_workers, threads,
              mem)
     return engine
-
-
-# ------------------------------------------------------------------------- launcher
-def find_mpiexec() -> str:
-    """The ``mpiexec`` next to the running Python (a venv's, from the ``mpich``
-    wheel), else the first ``mpiexec``/``mpirun`` on PATH."""
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    if os.access(here, os.X_OK):
-        return here
-    for name in ("mpiexec", "mpirun"):
-        found = shutil.which(name)
-        if found:
-            return found
-    raise ClusterError("no mpiexec found next to Python or on PATH; "
-                       "install MPI (e.g. `pip install mpich mpi4py`)")
-
-
-def mpi_flavor(mpiexec: str) -> str:
-    """``"hydra"`` (MPICH, Intel MPI), ``"openmpi"`` or ``"unknown"``."""
-    try:
-        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
-                             timeout=20).stdout
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    if "HYDRA" in out or "hydra" in out:
-        return "hydra"
-    if "Open MPI" in out or "OpenRTE" in out or "open-mpi" in out or "prte" in out.lower():
-        return "openmpi"
-    return "unknown"
-
-
-def mpirun(n: int, argv, *, mpiexec: str | None = None, mpiexec_args=(),
-           timeout: float | None = None, status_dir: str | None = None, env=None) -> int:
-    """Run ``argv`` on ``n`` MPI ranks; return the client rank's exit status.
-
-    A script path as ``argv[0]`` runs with this Python. The MPI launcher is
-    told not to take the job down when a worker rank dies (MPICH/hydra:
-    ``-disable-auto-cleanup`` and each rank under a shell that turns a
-    signal death into an exit status and ignores hydra's SIGUSR1; Open MPI:
-    ``--enable-recovery``), so dask reruns the lost work on the other workers.
-    The client rank writes its exit status to a file (in ``status_dir``,
-    default the current directory, which must be shared by all nodes) and that
-    status, not mpiexec's, is returned; if the client rank left none (killed,
-    or never reached ``Engine.mpi()``), mpiexec's status is returned.
-    ``timeout`` (seconds) ends the whole job with status 124.
-    """
-    argv = [str(a) for a in argv]
-    if not argv:
-        raise ValueError("mpirun: nothing to run")
-    if argv[0].endswith(".py"):
-        argv = [sys.executable, *argv]
-    exe = mpiexec or find_mpiexec()
-    flavor = mpi_flavor(exe)
-    base = status_dir or (os.getcwd() if os.access(os.getcwd(), os.W_OK) else None)
-    tmpdir = tempfile.mkdtemp(prefix=".tilearray-mpi-", dir=base)
-    status = os.path.join(tmpdir, "client-status")
-    env = dict(os.environ if env is None else env)
-    env[STATUS_ENV] = status
-    if flavor == "hydra":
-        env[FINALIZE_ENV] = "skip"
-        cmd = [exe, "-disable-auto-cleanup", "-genv", STATUS_ENV, status,
-               "-genv", FINALIZE_ENV, "skip", *mpiexec_args, "-n", str(int(n)),
-               "sh", "-c", _SHELL_WRAPPER, "sh", *argv]
-    elif flavor == "openmpi":
-        env[FINALIZE_ENV] = "30"
-        cmd = [exe, "--enable-recovery", "-x", STATUS_ENV, "-x", FINALIZE_ENV,
-               *mpiexec_args, "-n", str(int(n)), *argv]
-    else:
-        sys.stderr.write(f"tilearray.mpi: unknown MPI launcher {exe}; running it without "
-                         "recovery flags (a dead worker rank may end the job)\n")
-        cmd = [exe, *mpiexec_args, "-n", str(int(n)), *argv]
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
-    try:
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            sys.stderr.write(f"tilearray.mpi: job still running after {timeout} s; ending it\n")
-            _end(proc)
-            return 124
-        except KeyboardInterrupt:
-            _end(proc, first=signal.SIGINT)
-            return 130
-        try:
-            with open(status) as f:
-                code = int(f.read().strip())
-        except (OSError, ValueError):
-            return rc  # no Engine.mpi() on the client rank, or it was killed
-        if rc != 0 and code == 0:
-            sys.stderr.write(f"tilearray.mpi: mpiexec ended with status {rc} (a rank died?); "
-                             "the client rank finished with status 0\n")
-        return code
-    finally:
-        shutil.rmtree(tmpdir, ignore_errors=True)
-
-
-def _end(proc, first=signal.SIGTERM) -> None:
-    for sig, wait in ((first, 10), (signal.SIGKILL, 10)):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def main(argv=None) -> int:
-    """``python -m tilearray.engine.mpi -n 4 job.py [args]``"""
-    import argparse
-
-    p = argparse.ArgumentParser(
-        prog="python -m tilearray.engine.mpi",
-        description="Run a tilearray batch script on N MPI ranks (scheduler, client, "
-                    "N-2 workers) so that a dead worker rank does not end the job; exit "
-                    "with the client rank's status.")
-    p.add_argument("-n", "--np", dest="n", type=int, required=True, help="number of ranks")
-    p.add_argument("--mpiexec", help="MPI launcher (default: next to Python, else on PATH)")
-    p.add_argument("--timeout", type=float, help="end the job after this many seconds")
-    p.add_argument("command", nargs=argparse.REMAINDER,
-                   help="script.py [args] (run with this Python) or any command")
-    a = p.parse_args(argv)
-    cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
-    if not cmd:
-        p.error("nothing to run")
-    return mpirun(a.n, cmd, mpiexec=a.mpiexec, timeout=a.timeout)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 
 import numpy as np
 from dask.base import tokenize
@@ -19,68 +20,163 @@ from .nodes import Source, derive_dims, sources, structure
 log = logging.getLogger("tilearray")
 
 
-def _fingerprint(node) -> str:
-    """Token of the expression and the state of every input it reads."""
+def _fingerprint(node, states: dict | None = None) -> str:
+    """Token of the expression and the state of every input it reads
+    (``states``: from :func:`input_states`, to walk each input's files once)."""
     parts = [structure(node)]
     for leaf in sources(node):
-        parts.append((str(leaf.ref), leaf.shape, str(leaf.dtype), sarray.local_files_state(leaf.ref)))
+        if states is not None and str(leaf.ref) in states:
+            st = states[str(leaf.ref)][1]
+            files = st if isinstance(st, tuple) else None  # local_files_state's value
+        else:
+            files = sarray.local_files_state(leaf.ref)
+        parts.append((str(leaf.ref), leaf.shape, str(leaf.dtype), files))
     return tokenize(*parts)
 
 
-def write(x, path, tile, shard, overwrite, resume, engine, name="", dims=None):
-    """``x.to_zarr(...)``: run ``x`` into the Zarr array at ``path``/``name``."""
-    from .tiled import TiledArray, check_sources
+# -- inputs: recorded when the job starts, verified before its output is marked complete --
 
-    node = x._node
-    ref = ArrayRef.from_location(path, name)
-    sarray.check_parents(ref)  # inside an array or a Zarr v2 group: refused before any work
-    labels = derive_dims(node, lambda src: ("row", "col"))
-    if node.small or node.ndim != 2:
-        # a reduction's vector/scalar: computed in memory, stored as a plain Zarr array
-        existing = existing_array(ref)
-        if existing is None and has_data(ref):
-            raise StorageError(f"{str(ref)!r} exists and is not a Zarr array; refusing to "
-                               "replace it")
-        fp = _fingerprint(node)
-        if existing is not None and resume and not overwrite:
-            meta = sarray.info_attrs(existing)
-            if meta.get("fingerprint") != fp or existing.shape != tuple(node.shape):
-                raise StorageError(
-                    f"cannot resume {str(ref)!r}: it was written by a different expression "
-                    "or from inputs that have changed since; pass overwrite=True to start again"
-                )
-            if meta.get("complete"):
-                log.info("%s is already complete", ref)
-                return np.asarray(existing[...])
-            # same expression, but its write was cut short: compute and write it again
-        elif existing is not None and not overwrite:
-            raise StorageError(
-                f"{str(ref)!r} already exists; pass overwrite=True to replace it "
-                "(or resume=True to reuse a complete result of the same expression)"
-            )
-        dims = sarray.choose_dims(ref, node.shape, dims, derive_dims(node), labels)
-        value = np.asarray(x.compute(engine=engine))
-        out = _write_small(value, ref, dims, {"fingerprint": fp, "expression": str(node)})
-        if x.stats is not None:  # the client wrote it: count the write in the run's figures
-            x.stats.bytes_written += value.nbytes
-        return out
-    engine = engine or cluster.current_engine()
-    check_sources(node)  # inputs overwritten since they were opened: refused before writing
+
+def _input_state(ref: ArrayRef):
+    """What must not change under a running job: a local array's files (newest
+    mtime, bytes, count), else its stored metadata."""
+    state = sarray.local_files_state(ref)
+    if state is not None:
+        return state
+    try:
+        return ref.get_key("zarr.json") or ref.get_key(".zarray")
+    except Exception:
+        return None
+
+
+def input_states(node) -> dict:
+    """``{location: (ref, state)}`` of every stored input of ``node``."""
+    out: dict = {}
+    for leaf in sources(node):
+        out.setdefault(str(leaf.ref), (leaf.ref, _input_state(leaf.ref)))
+    return out
+
+
+def changed_input(states: dict, out: ArrayRef) -> StorageError | None:
+    """An error naming the first input whose state differs from ``states``, or None."""
+    for loc, (ref, before) in states.items():
+        now = _input_state(ref)
+        if now != before:
+            gone = now is None or (isinstance(now, tuple) and now[2] == 0)
+            return StorageError(
+                f"input {loc!r} {'was deleted' if gone else 'was modified'} while the job "
+                f"writing {str(out)!r} read it; {str(out)!r} is not marked complete (never on "
+                "stale data) — rerun once the input is stable (overwrite=True)")
+    return None
+
+
+def verify_inputs(states: dict, out: ArrayRef) -> None:
+    """Raise if any input changed since the job recorded ``states``."""
+    err = changed_input(states, out)
+    if err is not None:
+        raise err
+
+
+def _run_checked(states: dict, out: ArrayRef, fn, *args, **kwargs):
+    """``fn(...)``; when it fails, an input that changed meanwhile is named
+    (a deleted input otherwise surfaces as a raw FileNotFoundError)."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:
+        err = changed_input(states, out)
+        if err is not None:
+            raise err from e
+        if isinstance(e, FileNotFoundError) and not isinstance(e, StorageError):
+            raise StorageError(f"a file the job needed is gone: {e}") from e
+        raise
+
+
+# -- the target ---------------------------------------------------------------------------
+
+
+def _local_path(ref: ArrayRef) -> str | None:
+    root = sarray.local_root(ref.store)
+    return None if root is None else os.path.join(root, *[p for p in ref.path.split("/") if p])
+
+
+def check_target(ref: ArrayRef, node) -> None:
+    """Refuse, before anything is written, a target that is (or holds, or lies
+    inside) one of the expression's inputs -- symbolic links resolved -- a
+    symbolic link itself (see also :func:`check_target_kind`)."""
     out_loc = str(ref).rstrip("/")
+    out_file = _local_path(ref)
+    out_real = os.path.realpath(out_file) if out_file is not None else None
     for leaf in sources(node):
         loc = str(leaf.ref).rstrip("/")
-        if loc == out_loc or loc.startswith(out_loc + "/"):
+        same = loc == out_loc or loc.startswith(out_loc + "/")
+        in_file = _local_path(leaf.ref)
+        if not same and out_real is not None and in_file is not None:
+            in_real = os.path.realpath(in_file)
+            same = in_real == out_real or in_real.startswith(out_real + os.sep) \
+                or out_real.startswith(in_real + os.sep)
+        if same:
+            via = f" (through symbolic links: {out_real!r})" if out_real and \
+                out_real != os.path.abspath(out_file) else ""
             raise StorageError(
-                f"{str(ref)!r} holds an input of the expression ({loc!r}); write the result "
-                "elsewhere"
+                f"{str(ref)!r} holds an input of the expression ({loc!r}){via}; write the "
+                "result elsewhere"
             )
+    if out_file is not None and os.path.islink(out_file):
+        raise StorageError(
+            f"{str(ref)!r} is a symbolic link (to {os.path.realpath(out_file)!r}); tilearray "
+            "does not replace a link: write to its target itself, or remove the link")
+
+
+def check_target_kind(ref: ArrayRef) -> None:
+    """Refuse a target that is a regular file, a group or other files. Part of
+    inspecting the target (while another job replaces an array, its directory
+    is briefly neither: that job's lock then says so)."""
+    out_file = _local_path(ref)
+    if out_file is not None and os.path.exists(out_file) and not os.path.isdir(out_file):
+        raise StorageError(
+            f"{str(ref)!r} is a regular file, not a Zarr array; refusing to replace it "
+            "(also with overwrite=True) — choose another path or remove it first")
     if existing_array(ref) is None and has_data(ref):
         raise StorageError(
             f"{str(ref)!r} exists and is not a Zarr array (a group, or other files); refusing "
             "to replace it — choose another path or remove it first"
         )
-    fp = _fingerprint(node)
-    skip: set = set()
+
+
+def _refusing(ref: ArrayRef, fn, *args):
+    """``fn(*args)``; a refusal about the target's state becomes
+    :class:`OutputLockedError` when another job is writing it right now."""
+    try:
+        return fn(*args)
+    except OSError:  # StorageError, or a file vanishing under another job's overwrite
+        sarray.check_unlocked(ref)
+        raise
+
+
+# -- writing ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _State:
+    """What is at the target, and what this job will do with it."""
+
+    existing: object
+    """The opened Zarr array there, or None."""
+    complete: bool
+    """Resume of a complete output: nothing to do."""
+    grid: Grid | None
+    """The output's grid."""
+    skip: frozenset
+    """Units already done (resume)."""
+
+    def key(self):
+        g = self.grid
+        return (self.existing is None, self.complete, g and (g.shape, g.tile, g.unit), self.skip)
+
+
+def _inspect(ref, node, fp, tile, shard, dims, overwrite, resume) -> _State:
+    """Decide from the target's state; raises the refusals (nothing is written)."""
+    check_target_kind(ref)
     existing = existing_array(ref)
     if existing is not None and resume and not overwrite:
         meta = sarray.info_attrs(existing)
@@ -103,41 +199,121 @@ def write(x, path, tile, shard, overwrite, resume, engine, name="", dims=None):
             raise StorageError(f"cannot resume {str(ref)!r} with dims={tuple(dims)}: it is "
                                f"stored with dims={stored_dims}")
         if meta.get("complete"):
-            log.info("%s is already complete", ref)
-            out = TiledArray(source(ref))
-            return out
-        out_grid = grid_of(existing)
-        skip = done_units(ref)
-    elif existing is not None and not overwrite:
+            return _State(existing, True, old, frozenset())
+        return _State(existing, False, old, frozenset(done_units(ref)))
+    if existing is not None and not overwrite:
         raise StorageError(
             f"{str(ref)!r} already exists; pass overwrite=True to replace it "
             "(or resume=True to finish an interrupted run of the same expression)"
         )
-    else:
-        out_grid = output_grid(node, tile, shard)
-    low = lower(node, engine.budget(), ref, out_grid, skip)  # refuse before touching disk
-    if existing is None or overwrite:
-        dims = sarray.choose_dims(ref, node.shape, dims, derive_dims(node), labels)
-    if existing is not None:
-        sarray.acquire_lock(ref)  # refuses while another live job writes it
-    if existing is None or overwrite:
-        create(ref.store, node.shape, node.dtype, out_grid.tile, shard=shard, overwrite=True,
-               path=ref.path, dims=dims,
-               attributes={"tilearray": {"fingerprint": fp, "expression": str(node)}})
-        sarray.acquire_lock(ref)
+    return _State(existing, False, output_grid(node, tile, shard), frozenset())
+
+
+def write(x, path, tile, shard, overwrite, resume, engine, name="", dims=None):
+    """``x.to_zarr(...)``: run ``x`` into the Zarr array at ``path``/``name``.
+
+    The commit protocol: every check that can refuse runs first (nothing is
+    created); then the output's lock is taken (a second writer is refused
+    with :class:`OutputLockedError`) and the target inspected again under it;
+    only then is the array created or replaced, computed, its inputs verified
+    unchanged since the job started, and the output marked complete."""
+    from .tiled import TiledArray, check_sources
+
+    node = x._node
+    ref = ArrayRef.from_location(path, name)
+    sarray.check_parents(ref)  # inside an array or a Zarr v2 group: refused before any work
+    check_target(ref, node)
+    labels = derive_dims(node, lambda src: ("row", "col"))
+    if node.small or node.ndim != 2:
+        return _write_small_result(x, ref, overwrite, resume, engine, dims, labels)
+    engine = engine or cluster.current_engine()
+    check_sources(node)  # inputs overwritten since they were opened: refused before writing
+    states = input_states(node)
+    fp = _fingerprint(node, states)
+    args = (ref, node, fp, tile, shard, dims, overwrite, resume)
+    state = _refusing(ref, _inspect, *args)
+    if state.complete:
+        log.info("%s is already complete", ref)
+        return TiledArray(source(ref))
+    low = lower(node, engine.budget(), ref, state.grid, set(state.skip))  # refuse before disk
+    sarray.acquire_lock(ref)  # before anything is created or replaced
     try:
-        create_temporaries(low)
-        _, stats = engine.run(low.graph, low.keys, description=f"-> {os.path.basename(str(ref))}",
-                              plan=low.plan, units_skipped=len(skip),
-                              units_total=out_grid.n_units + temporary_units(low))
-        stats.skipped_units = len(skip)
-        mark_complete(ref, {"fingerprint": fp})
+        again = _inspect(*args)  # the truth, now that no other job can change it
+        if again.complete:
+            return TiledArray(source(ref))
+        if again.key() != state.key():
+            low = lower(node, engine.budget(), ref, again.grid, set(again.skip))
+        state = again
+        if state.existing is None or overwrite:
+            dims = sarray.choose_dims(ref, node.shape, dims, derive_dims(node), labels)
+            create(ref.store, node.shape, node.dtype, state.grid.tile, shard=shard,
+                   overwrite=True, path=ref.path, dims=dims,
+                   attributes={"tilearray": {"fingerprint": fp, "expression": str(node)}})
+        try:
+            create_temporaries(low)
+            _, stats = _run_checked(
+                states, ref, engine.run, low.graph, low.keys,
+                description=f"-> {os.path.basename(str(ref))}", plan=low.plan,
+                units_skipped=len(state.skip),
+                units_total=state.grid.n_units + temporary_units(low))
+            stats.skipped_units = len(state.skip)
+            verify_inputs(states, ref)  # read unchanged from start to end: else never complete
+            sarray.check_lock_held(ref)
+            mark_complete(ref, {"fingerprint": fp})
+        finally:
+            cleanup(low)
     finally:
-        cleanup(low)
         sarray.release_lock(ref)
     out = TiledArray(source(ref))
     out.stats = stats
     x.stats = stats
+    return out
+
+
+def _write_small_result(x, ref, overwrite, resume, engine, dims, labels):
+    """A reduction's vector/scalar: computed in memory, stored as a plain Zarr
+    array under the same protocol (checks, lock, verified inputs, commit)."""
+    node = x._node
+
+    def inspect():
+        check_target_kind(ref)
+        existing = existing_array(ref)
+        if existing is not None and resume and not overwrite:
+            meta = sarray.info_attrs(existing)
+            if meta.get("fingerprint") != fp or existing.shape != tuple(node.shape):
+                raise StorageError(
+                    f"cannot resume {str(ref)!r}: it was written by a different expression "
+                    "or from inputs that have changed since; pass overwrite=True to start again"
+                )
+            if meta.get("complete"):
+                return existing
+            # same expression, but its write was cut short: compute and write it again
+        elif existing is not None and not overwrite:
+            raise StorageError(
+                f"{str(ref)!r} already exists; pass overwrite=True to replace it "
+                "(or resume=True to reuse a complete result of the same expression)"
+            )
+        return None
+
+    states = input_states(node)
+    fp = _fingerprint(node, states)
+    done = _refusing(ref, inspect)
+    if done is not None:
+        log.info("%s is already complete", ref)
+        return np.asarray(done[...])
+    sarray.acquire_lock(ref)
+    try:
+        done = inspect()
+        if done is not None:
+            return np.asarray(done[...])
+        dims = sarray.choose_dims(ref, node.shape, dims, derive_dims(node), labels)
+        value = np.asarray(_run_checked(states, ref, x.compute, engine=engine))
+        verify_inputs(states, ref)
+        out = _write_small(value, ref, dims, {"fingerprint": fp, "expression": str(node)})
+    finally:
+        sarray.release_lock(ref)
+    if x.stats is not None:  # the client wrote it: count the write in the run's figures
+        x.stats.bytes_written += value.nbytes
     return out
 
 
@@ -193,11 +369,13 @@ def _write_small(value: np.ndarray, ref: ArrayRef, dims, meta: dict | None = Non
     value = np.asarray(value)
     attrs = {"format": sarray.FORMAT_VERSION, **(meta or {})}
     arr = zarr.create_array(ref.store, name=ref.path or None, shape=value.shape,
-                            dtype=value.dtype, overwrite=True, zarr_format=3,
-                            dimension_names=tuple(dims),
+                            dtype=value.dtype, overwrite=sarray.clear_for_overwrite(ref),
+                            zarr_format=3, dimension_names=tuple(dims),
+                            config={"write_empty_chunks": True},
                             attributes={sarray.ATTR_KEY: {**attrs, "complete": False}})
     sarray.refresh_consolidated(ref)
     arr[...] = value
+    sarray.check_lock_held(ref)
     arr.attrs[sarray.ATTR_KEY] = {**attrs, "complete": True}
     sarray.refresh_consolidated(ref)
     return value

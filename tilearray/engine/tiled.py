@@ -476,7 +476,7 @@ class TiledArray:
         """
         out_grid = None
         out = None
-        if self.ndim == 2 and not self._node.small:
+        if self.ndim == 2 and not self._node.small and (path or tile or shard):
             out_grid = output_grid(self._node, tile, shard)
             out = ArrayRef.from_location(path, name) if path else None
         return self._lower(out, out_grid, budget=budget, engine=engine).plan

@@ -23,12 +23,24 @@ from zarr.errors import ArrayNotFoundError, ContainsGroupError, NodeTypeValidati
 from zarr.storage import LocalStore
 
 from .. import _config
-from ..errors import IncompleteOutputError, OutputLockedError, StorageError
+from ..errors import IncompleteOutputError, StorageError
 from .geometry import Grid
+from .locks import (  # noqa: F401  (the output lock, re-exported)
+    acquire_lock,
+    check_lock_held,
+    output_lock_key,
+    check_unlocked,
+    group_lock,
+    local_root,
+    lock_path,
+    release_lock,
+)
 
 ATTR_KEY = "tilearray"
 DONE_DIR = "tilearray.done"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""Version 2: every I/O unit of a complete output is stored (empty chunks are
+written too), so a missing chunk file is data loss, not the fill value."""
 SUPPORTED_KINDS = "biuf"  # bool, signed/unsigned integers, floats
 
 
@@ -94,7 +106,7 @@ def describe(store: Store, path: str = "") -> str:
 
 
 _RESERVED_NAMES = frozenset({"zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata",
-                             "tilearray.done", "tilearray.lock"})
+                             "tilearray.done", "tilearray.lock", "tilearray.consolidate.lock"})
 
 
 def check_name(name: str | None) -> str:
@@ -118,7 +130,8 @@ def check_name(name: str | None) -> str:
         why = "it has an empty segment (a trailing '/' or '//')"
     elif any(seg in (".", "..") for seg in name.split("/")):
         why = "'.' and '..' segments are not allowed"
-    elif any(seg in _RESERVED_NAMES for seg in name.split("/")):
+    elif any(seg in _RESERVED_NAMES or seg.endswith(".tilearray.lock")
+             or seg.endswith(".tilearray.lock.reclaim") for seg in name.split("/")):
         why = "it uses a name Zarr or tilearray keeps for its own keys"
     else:
         return name
@@ -172,8 +185,18 @@ class ArrayRef:
 
     def open(self, mode: str = "r") -> zarr.Array:
         """Open the array. Not cached: a task opens it once (one small metadata
-        read), and a stale handle could outlive an overwritten array."""
-        return zarr.open_array(self.store, path=self.path or None, mode=mode)
+        read), and a stale handle could outlive an overwritten array.
+
+        Raises
+        ------
+        StorageError
+            Nothing is there (any more): e.g. an input deleted while a job runs.
+        """
+        try:
+            return zarr.open_array(self.store, path=self.path or None, mode=mode)
+        except (ArrayNotFoundError, FileNotFoundError) as e:
+            raise StorageError(f"no Zarr array at {str(self)!r} (deleted?): "
+                               f"{type(e).__name__}: {e}") from None
 
     # -- raw keys next to the array (done markers) ---------------------------------
     def _key(self, *parts: str) -> str:
@@ -182,33 +205,6 @@ class ArrayRef:
     def set_key(self, key: str, value: bytes) -> None:
         buf = default_buffer_prototype().buffer.from_bytes(value)
         sync(self.store.set(self._key(key), buf))
-
-    def set_key_exclusive(self, key: str, value: bytes) -> bool:
-        """Create ``key`` only if absent; False when it already exists.
-
-        On a local store this is an ``O_CREAT | O_EXCL`` file create (atomic;
-        zarr's ``set_if_not_exists`` ignores the loser of a race). Elsewhere
-        the value is written if absent and read back: True only if it is ours.
-        """
-        full = self._key(key)
-        if isinstance(self.store, LocalStore):
-            path = os.path.join(str(self.store.root), full)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            try:
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                return False
-            with os.fdopen(fd, "wb") as f:
-                f.write(value)
-            return True
-        buf = default_buffer_prototype().buffer.from_bytes(value)
-        if sync(self.store.exists(full)):
-            return False
-        try:
-            sync(self.store.set_if_not_exists(full, buf))
-        except (FileExistsError, NotImplementedError):
-            return False
-        return self.get_key(key) == value
 
     def get_key(self, key: str) -> bytes | None:
         buf = sync(self.store.get(self._key(key), default_buffer_prototype()))
@@ -367,10 +363,7 @@ def create(
     if output:
         attrs[ATTR_KEY] = {"format": FORMAT_VERSION, "complete": False, **attrs.get(ATTR_KEY, {})}
     if overwrite:
-        try:
-            ref.delete_prefix(DONE_DIR)
-        except Exception:  # nothing to delete
-            pass
+        overwrite = clear_for_overwrite(ref)
     try:
         arr = zarr.create_array(
             ref.store,
@@ -385,6 +378,7 @@ def create(
             attributes=attrs,
             zarr_format=3,
             overwrite=overwrite,
+            config={"write_empty_chunks": True},  # every unit stored (FORMAT_VERSION 2)
         )
     except (FileExistsError, zarr.errors.ContainsArrayError, ContainsGroupError) as e:
         raise StorageError(
@@ -395,6 +389,25 @@ def create(
     # an overwritten member leaves the group's listing until it is complete again
     refresh_consolidated(ref)
     return arr
+
+
+def clear_for_overwrite(ref: ArrayRef) -> bool:
+    """Prepare replacing the array at ``ref``; returns the ``overwrite`` to pass
+    to Zarr. Done markers go first. The output's lock is never inside what is
+    deleted: on a local store it sits next to the array; on other stores an
+    array at the root keeps its lock key inside, so the old keys are deleted
+    here, all but the lock, and Zarr is told not to overwrite."""
+    try:
+        ref.delete_prefix(DONE_DIR)
+    except Exception:  # nothing to delete
+        pass
+    if local_root(ref.store) is not None or ref.path:
+        return True
+    keep = output_lock_key("", False)
+    for key in collect_aiterator(ref.store.list_prefix("")):
+        if key != keep and not key.startswith(keep + "."):
+            sync(ref.store.delete(key))
+    return False
 
 
 def _clip_block(shape, block, name: str, loc: str) -> tuple[int, int]:
@@ -441,6 +454,17 @@ def mark_complete(ref: ArrayRef, extra: dict | None = None) -> None:
     meta["complete"] = True
     arr.attrs[ATTR_KEY] = meta
     refresh_consolidated(ref)
+
+
+def every_unit_stored(arr: zarr.Array) -> bool:
+    """True for a complete tilearray output of format 2 or later: each of its
+    I/O units was written (empty ones too), so a missing chunk file is lost
+    data. Other arrays -- written by others, or by tilearray before format 2
+    -- may leave all-fill-value chunks unstored: a missing chunk reads as the
+    fill value, as in Zarr."""
+    meta = info_attrs(arr)
+    fmt = meta.get("format")
+    return meta.get("complete") is True and isinstance(fmt, int) and fmt >= 2
 
 
 def is_complete(ref: ArrayRef) -> bool:
@@ -491,10 +515,15 @@ def sibling_dims(ref: ArrayRef) -> dict[str, tuple[int, str]]:
     per dimension name across a group's variables."""
     if not ref.path.strip("/"):
         return {}
+    import warnings
+
     parent = _parents(ref.path)[0]
     try:
-        group = zarr.open_group(ref.store, path=parent or None, mode="r", use_consolidated=False)
-        members = list(group.arrays())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "<member>.tilearray.lock is not recognized"
+            group = zarr.open_group(ref.store, path=parent or None, mode="r",
+                                    use_consolidated=False)
+            members = list(group.arrays())
     except Exception:  # no group yet
         return {}
     mine = ref.path.strip("/").rsplit("/", 1)[-1]
@@ -658,11 +687,24 @@ def refresh_consolidated(ref: ArrayRef) -> None:
     Outputs that are not complete (being written, or left by a failed job) are
     left out of the listing: xarray would read their unwritten units as fill
     values. Writers call this when an output is created (so an overwritten
-    member drops out) and again once it is complete."""
+    member drops out) and again once it is complete.
+
+    Serialised under the store's group lock (:func:`.locks.group_lock`): a
+    refresh reads every member and then rewrites the listing, so two writers
+    of different members refreshing at once would otherwise drop one."""
+    parents = _parents(ref.path) if ref.path.strip("/") else []
+    if not parents:
+        return
+    with group_lock(ref.store) as held:
+        if held:  # else the lock cannot even be created (a read-only store): no refresh
+            _refresh(ref, parents)
+
+
+def _refresh(ref: ArrayRef, parents: list[str]) -> None:
     import json
     import warnings
 
-    for parent in _parents(ref.path) if ref.path.strip("/") else []:
+    for parent in parents:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "not part of the Zarr v3 specification"
             try:
@@ -677,68 +719,3 @@ def refresh_consolidated(ref: ArrayRef) -> None:
             except Exception:  # best effort: a read-only parent, a v2 group, ...
                 pass
 
-
-# -- single-writer lock -----------------------------------------------------------------
-
-LOCK_KEY = "tilearray.lock"
-
-
-def acquire_lock(ref: ArrayRef) -> None:
-    """Record this process as the output's only writer.
-
-    A lock held by a live process refuses the second job; a lock whose
-    process is gone (same host) is stale and taken over. Locks from another
-    host are never guessed stale: remove ``<output>/tilearray.lock`` by hand.
-    """
-    import json
-    import socket
-    import uuid
-
-    me = {"host": socket.gethostname(), "pid": os.getpid(), "token": uuid.uuid4().hex}
-    for _ in range(2):
-        if ref.set_key_exclusive(LOCK_KEY, json.dumps(me).encode()):
-            _held[str(ref)] = me["token"]
-            return
-        raw = ref.get_key(LOCK_KEY)
-        try:
-            owner = json.loads(raw or b"{}")
-        except ValueError:
-            owner = {}
-        if owner.get("host") == me["host"] and not _pid_alive(owner.get("pid")):
-            ref.delete_key(LOCK_KEY)  # stale: its writer died
-            continue
-        raise OutputLockedError(
-            f"{str(ref)!r} is being written by another job (pid {owner.get('pid')} on "
-            f"{owner.get('host')}); wait for it, or if that job is gone remove "
-            f"{str(ref)}/{LOCK_KEY}"
-        )
-    raise OutputLockedError(f"could not lock {str(ref)!r} for writing")
-
-
-_held: dict[str, str] = {}
-"""Output -> token of the lock this process holds on it."""
-
-
-def release_lock(ref: ArrayRef) -> None:
-    """Remove the output's lock if this process holds it (never another job's)."""
-    import json
-
-    token = _held.pop(str(ref), None)
-    try:
-        owner = json.loads(ref.get_key(LOCK_KEY) or b"{}")
-        if token is not None and owner.get("token") == token:
-            ref.delete_key(LOCK_KEY)
-    except Exception:  # best effort; a stale lock is detected next time
-        pass
-
-
-def _pid_alive(pid) -> bool:
-    if not isinstance(pid, int):
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

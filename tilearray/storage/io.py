@@ -11,6 +11,7 @@ block whole, then the done marker of each unit in it.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -18,8 +19,9 @@ import numpy as np
 
 from .. import _config
 from ..errors import CorruptChunkError, StorageError
-from .array import ArrayRef, grid_of, mark_unit_done
+from .array import ArrayRef, every_unit_stored, grid_of, mark_unit_done
 from .geometry import Grid, Range
+from .locks import local_root
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +135,33 @@ def _read_request(arr, ref: ArrayRef, grid: Grid, req: ReadRequest, stats: IOSta
     return data
 
 
+def check_units_stored(arr, ref: ArrayRef, grid: Grid, rows: Range, cols: Range) -> None:
+    """After a read of a complete tilearray output: every unit it covered must
+    still be stored (checked after the read, so a chunk deleted before or
+    during the read is caught); Zarr would have returned the fill value."""
+    units = [(i, j) for i in grid.units_touching(0, rows) for j in grid.units_touching(1, cols)]
+    keys = {u: ref._key(arr.metadata.encode_chunk_key(u)) for u in units}
+    root = local_root(ref.store)
+    if root is not None:
+        present = {u: os.path.exists(os.path.join(root, k)) for u, k in keys.items()}
+    else:
+        import asyncio
+
+        from zarr.core.sync import sync
+
+        async def exists():
+            return await asyncio.gather(*(ref.store.exists(k) for k in keys.values()))
+
+        present = dict(zip(keys, sync(exists()), strict=True))
+    for (i, j), ok in present.items():
+        if not ok:
+            tile = (i * grid.unit[0] // grid.tile[0], j * grid.unit[1] // grid.tile[1])
+            raise CorruptChunkError(
+                str(ref), tile,
+                f"its chunk file {keys[(i, j)]!r} is missing, but the array is a complete "
+                "tilearray output (every unit was written): the data was deleted or lost")
+
+
 def _locate_corruption(arr, ref, grid: Grid, req: ReadRequest, err: Exception) -> StorageError:
     for ti in grid.tiles_touching(0, req.rows):
         for tj in grid.tiles_touching(1, req.cols):
@@ -165,6 +194,7 @@ def read_region(
     reqs = plan_reads(grid, rows, cols, arr.dtype.itemsize, max_bytes)
     if not reqs:
         return np.empty((rows[1] - rows[0], cols[1] - cols[0]), dtype=arr.dtype)
+    stored = every_unit_stored(arr)
     if len(reqs) == 1:
         data = _read_request(arr, ref, grid, reqs[0], stats)
     else:
@@ -173,6 +203,9 @@ def read_region(
         for req in reqs:
             data[req.rows[0] - r0 : req.rows[1] - r0, req.cols[0] - c0 : req.cols[1] - c0] = \
                 _read_request(arr, ref, grid, req, stats)
+    if stored:
+        check_units_stored(arr, ref, grid, (reqs[0].rows[0], reqs[-1].rows[1]),
+                           (reqs[0].cols[0], reqs[-1].cols[1]))
     r0, c0 = reqs[0].rows[0], reqs[0].cols[0]
     return data[rows[0] - r0 : rows[1] - r0, cols[0] - c0 : cols[1] - c0]
 
@@ -187,6 +220,7 @@ def write_block(
     """
     stats = stats if stats is not None else IOStats()
     arr = arr if arr is not None else ref.open(mode="r+")
+    arr = arr.with_config({"write_empty_chunks": True})  # every unit stored (format 2)
     grid = grid_of(arr)
     if not (grid.is_aligned(0, rows) and grid.is_aligned(1, cols)):
         raise StorageError(

@@ -24,7 +24,7 @@ def tolerance(dtype) -> float:
     return RTOL.get(dtype.itemsize, 1e-9) if dtype.kind in "fc" else 0.0
 
 
-def assert_close(actual, desired, *, precision=None, err_msg: str = "") -> None:
+def assert_close(actual, desired, *, precision=None, scale=None, err_msg: str = "") -> None:
     """Assert ``actual`` equals NumPy's ``desired`` up to floating-point rounding.
 
     Parameters
@@ -35,6 +35,10 @@ def assert_close(actual, desired, *, precision=None, err_msg: str = "") -> None:
         The least precise dtype the result was computed from, when it is lower
         than the result's own (``float32`` inputs of a ``float64`` result).
         Defaults to the less precise of the two arrays' dtypes.
+    scale : float, optional
+        The magnitude rounding errors are relative to, for results that cancel
+        (``(x - x.mean(0)).mean(0)`` is ~1e-17 with entries ~1: pass
+        ``max|x|``). The result's own scale, ``max|desired|``, when larger.
     err_msg : str
         Added to the failure message.
 
@@ -54,6 +58,6 @@ def assert_close(actual, desired, *, precision=None, err_msg: str = "") -> None:
         precision = min(floats, key=lambda d: d.itemsize)
     rtol = tolerance(precision)
     finite = np.abs(desired[np.isfinite(desired)]) if desired.size else np.zeros(0)
-    scale = float(finite.max()) if finite.size else 0.0
+    scale = max(float(finite.max()) if finite.size else 0.0, scale or 0.0)
     np.testing.assert_allclose(actual, desired, rtol=rtol, atol=rtol * scale,
                                equal_nan=True, err_msg=err_msg)

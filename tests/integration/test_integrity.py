@@ -1,0 +1,206 @@
+"""Input integrity: an input changed, emptied or deleted while a job runs fails
+the job naming it, and the output is never marked complete; a chunk missing
+from a complete tilearray output is an error naming array and tile; targets
+that are inputs (through symbolic links) or not Zarr arrays are refused."""
+
+import asyncio
+import os
+import shutil
+import threading
+
+import numpy as np
+import pytest
+import zarr
+from zarr.storage import LocalStore, WrapperStore
+
+import tilearray as ta
+from tilearray.storage import ArrayRef, is_complete
+from tilearray.testing import assert_close
+
+N, TILE = 64, 16
+
+_gates: dict = {}
+
+
+class GateStore(WrapperStore):
+    """Holds the job at its ``after``-th done marker: the marker write waits
+    until the test has changed an input (``threading.Event``s in a
+    process-global registry: use an in-process engine)."""
+
+    def __init__(self, store, name="gate", after=1):
+        super().__init__(store)
+        self.name, self.after = name, after
+
+    def __reduce__(self):
+        return (type(self), (self._store, self.name, self.after))
+
+    def _with_store(self, store):
+        return type(self)(store, self.name, self.after)
+
+    def __eq__(self, other):
+        return type(self) is type(other) and self.name == other.name \
+            and self._store == other._store
+
+    async def set(self, key, value):
+        if "tilearray.done/" in key:
+            g = _gates[self.name]
+            with g["lock"]:
+                g["count"] += 1
+                mine = g["count"]
+            if mine == self.after:
+                g["reached"].set()
+                while not g["release"].is_set():  # never block zarr's event loop
+                    await asyncio.sleep(0.005)
+        await self._store.set(key, value)
+
+
+def _gate(name, after):
+    _gates[name] = {"lock": threading.Lock(), "count": 0, "reached": threading.Event(),
+                    "release": threading.Event()}
+    return name, after
+
+
+def _inputs(tmp_path, rng):
+    x, y = rng.standard_normal((N, N)), rng.standard_normal((N, N))
+    a = ta.from_numpy(x, tmp_path / "a.zarr", tile=(TILE, TILE))
+    b = ta.from_numpy(y, tmp_path / "b.zarr", tile=(TILE, TILE))
+    return x, y, a, b
+
+
+def _not_complete(path):
+    with pytest.raises(ta.IncompleteOutputError):
+        ta.open(path)
+    assert not is_complete(ArrayRef.from_location(path))
+
+
+def _delete_chunks(path):
+    shutil.rmtree(os.path.join(path, "c"))  # its zarr.json and done markers kept
+
+
+def _overwrite(path):
+    ta.from_numpy(np.ones((N, N)), path, tile=(TILE, TILE), overwrite=True)
+
+
+def _delete(path):
+    shutil.rmtree(path)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("after", [1, 6, 13])
+@pytest.mark.parametrize("change", [_delete_chunks, _overwrite, _delete],
+                         ids=["chunks-deleted", "overwritten", "deleted"])
+def test_input_changed_mid_run_fails_naming_it(thread_engine, tmp_path, rng, change, after):
+    x, y, a, b = _inputs(tmp_path, rng)
+    out = str(tmp_path / "c.zarr")
+    name, after = _gate(f"{change.__name__}-{after}", after)
+    store = GateStore(LocalStore(out), name, after)
+    result = {}
+
+    def job():
+        try:
+            (a @ b).to_zarr(store, tile=(TILE, TILE), engine=thread_engine)
+            result["ok"] = True
+        except Exception as e:  # judged below
+            result["error"] = e
+
+    t = threading.Thread(target=job)
+    t.start()
+    assert _gates[name]["reached"].wait(120), "the job never wrote a done marker"
+    change(str(tmp_path / "b.zarr"))  # the job holds at its `after`-th done marker
+    _gates[name]["release"].set()
+    t.join(120)
+    err = result.get("error")
+    assert isinstance(err, ta.StorageError), result
+    assert str(tmp_path / "b.zarr") in str(err), err
+    assert not isinstance(err, FileNotFoundError) or isinstance(err, ta.TilearrayError)
+    _not_complete(out)
+    assert not os.path.exists(out + ".tilearray.lock")  # the job let go of its lock
+
+
+@pytest.mark.timeout(120)
+def test_missing_chunk_of_complete_output_is_an_error(engine, tmp_path, rng):
+    x, y, a, b = _inputs(tmp_path, rng)
+    os.unlink(tmp_path / "b.zarr" / "c" / "1" / "2")
+    with pytest.raises(ta.CorruptChunkError, match=r"b\.zarr.*tile index \(1, 2\).*missing"):
+        b.sum().compute()
+    out = tmp_path / "c.zarr"
+    with pytest.raises(ta.CorruptChunkError, match=r"b\.zarr.*\(1, 2\)"):
+        (a @ b).to_zarr(out)
+    _not_complete(out)
+
+
+@pytest.mark.timeout(120)
+def test_missing_shard_of_complete_output_names_its_first_tile(engine, tmp_path, rng):
+    x = rng.standard_normal((32, 32))
+    ta.from_numpy(x, tmp_path / "s.zarr", tile=(8, 8), shard=(16, 16))
+    os.unlink(tmp_path / "s.zarr" / "c" / "1" / "0")
+    with pytest.raises(ta.CorruptChunkError, match=r"tile index \(2, 0\)"):
+        ta.open(tmp_path / "s.zarr").sum(axis=0).compute()
+
+
+@pytest.mark.timeout(120)
+def test_all_zero_units_are_stored_and_read_back(engine, tmp_path):
+    """Zero tiles are written too (else a missing chunk could not be told from one)."""
+    x = np.zeros((32, 32))
+    x[:8, :8] = 1
+    a = ta.from_numpy(x, tmp_path / "z.zarr", tile=(8, 8))
+    assert len(os.listdir(tmp_path / "z.zarr" / "c" / "3")) == 4
+    c = (a * 2).to_zarr(tmp_path / "z2.zarr")
+    assert len(os.listdir(tmp_path / "z2.zarr" / "c" / "3")) == 4
+    assert_close(c.compute(), 2 * x)
+
+
+@pytest.mark.timeout(120)
+def test_missing_chunk_of_foreign_array_is_the_fill_value(engine, tmp_path, rng):
+    x = rng.standard_normal((32, 32))
+    z = zarr.create_array(str(tmp_path / "f.zarr"), shape=x.shape, chunks=(8, 8),
+                          dtype="f8", fill_value=0)
+    z[...] = x
+    os.unlink(tmp_path / "f.zarr" / "c" / "0" / "0")
+    want = x.copy()
+    want[:8, :8] = 0
+    assert_close(ta.open(tmp_path / "f.zarr").sum(axis=0).compute(), want.sum(axis=0))
+
+
+# -- targets ----------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_output_symlinked_to_an_input_refused(engine, tmp_path, rng):
+    x, y, a, b = _inputs(tmp_path, rng)
+    os.symlink(tmp_path / "b.zarr", tmp_path / "link.zarr")
+    (tmp_path / "d").mkdir()
+    os.symlink(tmp_path, tmp_path / "d" / "up")  # a parent that is a link
+    before = sorted(os.listdir(tmp_path / "b.zarr" / "c" / "0"))
+    for target in (tmp_path / "link.zarr", tmp_path / "d" / "up" / "b.zarr"):
+        with pytest.raises(ta.StorageError, match="holds an input") as e:
+            (a @ b).to_zarr(target, overwrite=True)
+        assert str(target) in str(e.value) and str(tmp_path / "b.zarr") in str(e.value)
+    assert_close(ta.open(tmp_path / "b.zarr").compute(), y)  # intact
+    assert sorted(os.listdir(tmp_path / "b.zarr" / "c" / "0")) == before
+    assert not os.path.exists(str(tmp_path / "link.zarr") + ".tilearray.lock")
+
+
+@pytest.mark.timeout(120)
+def test_output_that_is_a_symlink_refused(engine, tmp_path, rng):
+    x, y, a, b = _inputs(tmp_path, rng)
+    (a + 1).to_zarr(tmp_path / "real.zarr")
+    os.symlink(tmp_path / "real.zarr", tmp_path / "alias.zarr")
+    with pytest.raises(ta.StorageError, match="symbolic link") as e:
+        (a * 2).to_zarr(tmp_path / "alias.zarr", overwrite=True)
+    assert str(tmp_path / "alias.zarr") in str(e.value)
+    assert_close(ta.open(tmp_path / "real.zarr").compute(), x + 1)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_target_that_is_a_regular_file_refused(engine, tmp_path, rng, overwrite):
+    x, y, a, b = _inputs(tmp_path, rng)
+    f = tmp_path / "notes.txt"
+    f.write_text("keep me")
+    for expr in (a + b, (a + b).sum(axis=0)):
+        with pytest.raises(ta.StorageError, match="regular file, not a Zarr array") as e:
+            expr.to_zarr(f, overwrite=overwrite)
+        assert str(f) in str(e.value) and "already exists" not in str(e.value)
+    assert f.read_text() == "keep me"
+    assert not os.path.exists(str(f) + ".tilearray.lock")

@@ -1,0 +1,275 @@
+"""Block layouts: which blocks a stage's tasks cover, and what each one costs.
+
+Pure arithmetic on array metadata (no store or cluster calls). A *layout* is
+a pair of edge lists, one per axis of the result; its blocks are the
+products of their intervals. What a block reads is separable by axis: a
+stored array reached through transposes and (strided) slices reads the
+whole I/O units covering an affine image of the block's row range times
+those covering the image of its column range. So the cost of every block of
+a layout comes from two short vectors per stored array
+(:class:`BlockCosts`), and the planner can try many layouts cheaply: its
+work grows with the number of blocks, never with blocks x chunks.
+
+:func:`search` tries the layouts the planner may choose -- block edges on
+the I/O unit edges shared by every input (no unit read twice), on their
+union (finer, some units read by two blocks), and, when writing, on the
+output's unit edges (hard: each output unit written by one task) -- from the
+largest block the target allows down to single cells, and returns the one
+that reads least among those whose every task fits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..graphs.blocks import group_edges, intervals, max_interval
+from ..graphs.spec import Op, Read, Slice, Trans, unit_edges
+
+#: Above this many blocks the peak is bounded per axis instead of block by block.
+EXACT_BLOCKS = 1 << 16
+
+
+@dataclass(frozen=True)
+class Path:
+    """One stored array a spec reads, seen from the result's coordinates.
+
+    Leaf axis ``d`` reads result axis ``axes[d]`` through the affine map
+    ``i -> start[d] + i * step[d]``.
+    """
+
+    leaf: Read
+    axes: tuple[int, int]
+    start: tuple[int, int]
+    step: tuple[int, int]
+
+
+def paths(spec) -> list[Path]:
+    """The distinct stored-array reads of ``spec`` (each read once per block)."""
+    out: dict[Path, None] = {}
+
+    def walk(s, axes, start, step):
+        if isinstance(s, Read):
+            out[Path(s, axes, start, step)] = None
+        elif isinstance(s, Trans):
+            walk(s.x, axes[::-1], start[::-1], step[::-1])
+        elif isinstance(s, Slice):
+            # x[s0::st] then our map: i -> start + i*step on the sliced axis
+            walk(s.x, axes,
+                 tuple(s.start[d] + start[d] * s.step[d] for d in (0, 1)),
+                 tuple(step[d] * s.step[d] for d in (0, 1)))
+        elif isinstance(s, Op):
+            for a in s.args:
+                walk(a, axes, start, step)
+
+    walk(spec, (0, 1), (0, 0), (1, 1))
+    return list(out)
+
+
+@dataclass
+class _Axis:
+    """Per block interval along one result axis, for one path's leaf axis."""
+
+    length: np.ndarray
+    """Elements of the leaf read (whole units covering the image)."""
+    units: np.ndarray
+    """I/O units touched."""
+    tiles: np.ndarray
+    """Tiles inside those units (sum over the units)."""
+    full_tiles: np.ndarray
+    """Tiles inside those units that hold a whole unit's worth of tiles."""
+
+
+def _axis(edges: np.ndarray, start: int, step: int, n: int, unit: int, tile: int) -> _Axis:
+    lo_out, hi_out = edges[:-1], edges[1:]
+    empty = hi_out <= lo_out
+    lo = start + lo_out * step
+    hi = start + (hi_out - 1) * step + 1
+    ul, uh = lo // unit, (np.maximum(hi, lo + 1) - 1) // unit
+    length = np.minimum((uh + 1) * unit, n) - ul * unit
+    units = uh - ul + 1
+    per = unit // tile
+    last = (n - 1) // unit
+    last_tiles = -(-(n - last * unit) // tile)
+    has_last = uh == last
+    tiles = units * per - has_last * (per - last_tiles)
+    full_tiles = (units - (has_last & (last_tiles != per))) * per
+    zero = np.zeros_like(length)
+    return _Axis(*(np.where(empty, zero, v) for v in (length, units, tiles, full_tiles)))
+
+
+class BlockCosts:
+    """Reads of every block of a layout: decoded bytes, requests, store gets.
+
+    Exactly what :func:`tilearray.graphs.spec.read_cost` gives block by block
+    (one whole-unit request per stored array and block), computed per axis.
+    """
+
+    def __init__(self, spec, row_edges, col_edges):
+        self.row_edges, self.col_edges = tuple(row_edges), tuple(col_edges)
+        e = (np.asarray(row_edges, dtype=np.int64), np.asarray(col_edges, dtype=np.int64))
+        self.sizes = (np.diff(e[0]), np.diff(e[1]))
+        self._paths = []
+        self._units = []  # (bytes of one unit, leaf axis 0, leaf axis 1) per path
+        for p in paths(spec):
+            g = p.leaf.grid
+            ax = [_axis(e[p.axes[d]], p.start[d], p.step[d], g.shape[d], g.unit[d], g.tile[d])
+                  for d in (0, 1)]
+            # as (result rows, result cols)
+            r, c = (ax[0], ax[1]) if p.axes == (0, 1) else (ax[1], ax[0])
+            self._paths.append((p.leaf.dtype.itemsize, g.sharded, r, c))
+            self._units.append((p.leaf.dtype.itemsize * g.unit[0] * g.unit[1], ax[0], ax[1]))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return len(self.sizes[0]), len(self.sizes[1])
+
+    def at(self, i: int, j: int) -> tuple[int, int, int]:
+        """``(bytes, requests, store gets)`` of block ``(i, j)``."""
+        nbytes = nreq = gets = 0
+        for item, sharded, r, c in self._paths:
+            n = int(r.length[i]) * int(c.length[j])
+            if n == 0:
+                continue
+            nbytes += n * item
+            nreq += 1
+            units = int(r.units[i]) * int(c.units[j])
+            if sharded:
+                units += (int(r.tiles[i]) * int(c.tiles[j])
+                          - int(r.full_tiles[i]) * int(c.full_tiles[j]))
+            gets += units
+        return nbytes, nreq, gets
+
+    def band(self, axis: int, index: int, lo: int, hi: int) -> tuple[int, int, int]:
+        """``(bytes, requests, store gets)`` summed over the blocks ``index``
+        along ``axis`` and ``lo:hi`` along the other (one row or column of
+        blocks, e.g. a matmul task's K panels)."""
+        nbytes = nreq = gets = 0
+        for item, sharded, r, c in self._paths:
+            one, many = (r, c) if axis == 0 else (c, r)
+            if one.length[index] == 0:
+                continue
+            lengths = many.length[lo:hi]
+            nbytes += int(one.length[index]) * int(lengths.sum()) * item
+            nreq += int(np.count_nonzero(lengths))
+            gets += int(one.units[index]) * int(many.units[lo:hi].sum())
+            if sharded:
+                gets += (int(one.tiles[index]) * int(many.tiles[lo:hi].sum())
+                         - int(one.full_tiles[index]) * int(many.full_tiles[lo:hi].sum()))
+        return nbytes, nreq, gets
+
+    def read_bytes(self) -> np.ndarray | None:
+        """Decoded bytes read by each block, ``(rows, cols)``; None when too many."""
+        if self.shape[0] * self.shape[1] > EXACT_BLOCKS:
+            return None
+        out = np.zeros(self.shape, dtype=np.int64)
+        for item, _, r, c in self._paths:
+            out += np.multiply.outer(r.length * item, c.length)
+        return out
+
+    def max_read_bytes(self, exact: bool = True) -> int:
+        """Largest block's reads (bounded per axis when there are many blocks,
+        or when not ``exact``; the bound is exact for one stored array)."""
+        per_block = self.read_bytes() if exact else None
+        if per_block is not None:
+            return int(per_block.max(initial=0))
+        return int(sum(int(r.length.max(initial=0)) * int(c.length.max(initial=0)) * item
+                       for item, _, r, c in self._paths))
+
+    def total_read_bytes(self) -> int:
+        return int(sum(int(r.length.sum()) * int(c.length.sum()) * item
+                       for item, _, r, c in self._paths))
+
+    def min_request_bytes(self) -> int:
+        """Largest request a block's read makes when banded as finely as
+        :func:`~tilearray.storage.plan_reads` allows: one unit row across the
+        block when it spans several unit rows, else one unit."""
+        out = 0
+        for unit, r, c in self._units:
+            rows, cols = int(r.units.max(initial=0)), int(c.units.max(initial=0))
+            out = max(out, unit * (cols if rows > 1 else 1))
+        return out
+
+    def max_extent(self, axis: int) -> int:
+        """Longest read, in leaf elements, along result ``axis`` over all paths."""
+        vecs = [(r if axis == 0 else c).length for _, _, r, c in self._paths]
+        return int(max((v.max(initial=0) for v in vecs), default=0))
+
+
+def bases(spec, axis: int, n: int, hard: tuple[int, ...] | None) -> list[tuple[int, ...]]:
+    """Edge lists blocks may break on along ``axis``, coarsest first.
+
+    Without an output (``hard`` None): the edges shared by every input's I/O
+    units (no unit split, so none read twice), then their union (every cell
+    inside one unit of each input). With an output, blocks must break on its
+    unit edges: those also shared by the inputs, those on the union, then all
+    of the output's.
+    """
+    shared = unit_edges(spec, axis, n, common=True)
+    union = unit_edges(spec, axis, n)
+    if hard is None:
+        out = [shared, union]
+    else:
+        h = set(hard)
+        out = [tuple(sorted(h & set(shared))), tuple(sorted(h & set(union))), tuple(hard)]
+    seen: list[tuple[int, ...]] = []
+    for b in out:
+        if b and b not in seen:
+            seen.append(b)
+    return seen
+
+
+def shapes(rows_base, cols_base, m: int, n: int, max_elems: int):
+    """Layouts on the given bases, largest blocks first: roughly square blocks
+    of at most ``max_elems`` elements (whole rows when a row of cells fits),
+    halving down to single cells."""
+    last = None
+    target = max(int(max_elems), 1)
+    while True:
+        if max_interval(rows_base) * n <= target:
+            ce = group_edges(cols_base, max(n, 1))
+        else:
+            ce = group_edges(cols_base, max(math.isqrt(target), 1))
+        re = group_edges(rows_base, max(target // max(max_interval(ce), 1), 1))
+        if (re, ce) != last:
+            yield re, ce
+            last = (re, ce)
+        if target <= 1:
+            return
+        target //= 2
+
+
+def n_blocks(layout) -> int:
+    return (len(layout[0]) - 1) * (len(layout[1]) - 1)
+
+
+def search(spec, shape, hard_rows, hard_cols, max_elems: int, peak_of, budget: int):
+    """The layout that reads least among those whose every task fits.
+
+    ``peak_of(costs)`` projects a layout's largest task from its
+    :class:`BlockCosts`. Returns ``(costs, peak)`` of the chosen layout, or
+    of the layout with the smallest peak when none fits (the caller
+    refuses, naming that peak).
+    """
+    m, n = shape
+    best = smallest = None
+    for rb in bases(spec, 0, m, hard_rows):
+        for cb in bases(spec, 1, n, hard_cols):
+            for re, ce in shapes(rb, cb, m, n, max_elems):
+                costs = BlockCosts(spec, re, ce)
+                peak = peak_of(costs)
+                if smallest is None or peak < smallest[1]:
+                    smallest = (costs, peak)
+                if peak <= budget:
+                    rank = (costs.total_read_bytes(), n_blocks((re, ce)))
+                    if best is None or rank < best[0]:
+                        best = (rank, costs, peak)
+                    break  # finer layouts on these bases read no less
+    if best is not None:
+        return best[1], best[2]
+    return smallest
+
+
+__all__ = ["BlockCosts", "Path", "bases", "intervals", "paths", "search", "shapes"]
