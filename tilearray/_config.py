@@ -2,31 +2,159 @@
 
 Read values at call time with :func:`get`; never freeze them in default
 arguments. Override with ``dask.config.set({"tilearray.x.y": ...})`` or
-environment variables ``DASK_TILEARRAY__X__Y``.
+environment variables ``DASK_TILEARRAY__X__Y``. Every value read is checked
+against ``tilearray-schema.yaml``; a bad one is a :class:`ConfigError`
+naming the key, the value and what the key takes.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from typing import Any
 
 import dask.config
 import yaml
 from dask.utils import parse_bytes
 
-_fn = os.path.join(os.path.dirname(__file__), "tilearray.yaml")
+from .errors import TilearrayError
+
+_here = os.path.dirname(__file__)
+_fn = os.path.join(_here, "tilearray.yaml")
 with open(_fn) as f:
     _defaults = yaml.safe_load(f)
+with open(os.path.join(_here, "tilearray-schema.yaml")) as f:
+    _schema = yaml.safe_load(f)
 
 dask.config.update_defaults(_defaults)
 
 
+class ConfigError(TilearrayError, ValueError):
+    """A ``tilearray.*`` configuration value outside what its key takes."""
+
+
 def get(key: str) -> Any:
-    """Return the configured value of ``tilearray.<key>``."""
-    return dask.config.get(f"tilearray.{key}")
+    """Return the configured value of ``tilearray.<key>``, checked against the schema.
+
+    Raises
+    ------
+    ConfigError
+        The value does not fit the key's type or range (the message names
+        the key, the value and how to set it).
+    """
+    return _check(key, dask.config.get(f"tilearray.{key}"))
 
 
 def get_bytes(key: str) -> int:
     """Return ``tilearray.<key>`` parsed as a byte count ("2GiB" -> int)."""
     value = get(key)
     return int(value) if isinstance(value, int | float) else parse_bytes(value)
+
+
+def _key_schema(key: str) -> dict | None:
+    node = _schema["properties"]["tilearray"]
+    for part in key.split("."):
+        node = (node.get("properties") or {}).get(part)
+        if node is None:
+            return None
+    return node
+
+
+def _resolve(schema: dict) -> dict:
+    ref = schema.get("$ref")
+    if ref:
+        node = _schema
+        for part in ref.lstrip("#/").split("/"):
+            node = node[part]
+        return {**node, **{k: v for k, v in schema.items() if k != "$ref"}}
+    return schema
+
+
+def _problem(value, schema: dict) -> tuple[str | None, Any]:
+    """(what is wrong or None, the value coerced: numeric strings of numeric keys)."""
+    kind = _resolve({"$ref": schema["$ref"]}) if "$ref" in schema else schema
+    schema = _resolve(schema)
+    if "oneOf" in schema:
+        for option in schema["oneOf"]:
+            why, v = _problem(value, option)
+            if why is None:
+                if option.get("pattern") and isinstance(v, str):  # a byte string: must parse
+                    try:
+                        if parse_bytes(v) < 0:
+                            return "must not be negative", value
+                    except (ValueError, TypeError):
+                        return "is not a byte size such as '2GiB'", value
+                return None, v
+        desc = kind.get("description", "one of the allowed values").rstrip(".")
+        return f"must be {desc[:1].lower()}{desc[1:]}", value
+    types = schema.get("type")
+    types = [types] if isinstance(types, str) else list(types or [])
+    if types:
+        v, ok = value, False
+        for t in types:
+            if t == "null" and value is None or t == "string" and isinstance(value, str):
+                ok = True
+            elif t in ("integer", "number") and not isinstance(value, bool):
+                if isinstance(value, str):
+                    try:
+                        cand = int(value) if t == "integer" else float(value)
+                    except ValueError:
+                        continue
+                else:
+                    cand = value
+                if t == "integer" and isinstance(cand, float) and cand.is_integer():
+                    cand = int(cand)
+                if (t == "integer" and isinstance(cand, int)) or (
+                        t == "number" and isinstance(cand, int | float) and math.isfinite(cand)):
+                    v, ok = cand, True
+            if ok:
+                break
+        if not ok:
+            names = {"integer": "an integer", "number": "a number", "string": "a string",
+                     "null": "null"}
+            return "must be " + " or ".join(names.get(t, t) for t in types), value
+        value = v
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        for bound, ok, text in (("minimum", lambda b: value >= b, ">="),
+                                ("maximum", lambda b: value <= b, "<="),
+                                ("exclusiveMinimum", lambda b: value > b, ">"),
+                                ("exclusiveMaximum", lambda b: value < b, "<")):
+            if bound in schema and not ok(schema[bound]):
+                return f"must be {text} {schema[bound]}", value
+    if isinstance(value, str) and schema.get("pattern") and not re.match(schema["pattern"], value):
+        return "does not look like a byte size such as '2GiB'", value
+    return None, value
+
+
+def _check(key: str, value: Any) -> Any:
+    schema = _key_schema(key)
+    if schema is None or isinstance(value, dict):
+        return value
+    why, value_ok = _problem(value, schema)
+    if why is None:
+        return value_ok
+    env = "DASK_TILEARRAY__" + key.upper().replace(".", "__").replace("-", "_")
+    what = _resolve(schema).get("description", "")
+    raise ConfigError(
+        f"config tilearray.{key}={value!r} {why}"
+        + (f" ({what.rstrip('.')})" if what else "")
+        + f"; set it with dask.config.set({{'tilearray.{key}': ...}}) or the environment "
+        f"variable {env}"
+    )
+
+
+def check_all() -> None:
+    """Check every ``tilearray.*`` key the schema describes (an Engine does,
+    before it starts a cluster), raising :class:`ConfigError` for the first bad one."""
+
+    def walk(node: dict, prefix: str):
+        for name, sub in (node.get("properties") or {}).items():
+            key = f"{prefix}{name}"
+            if sub.get("type") == "object" and "properties" in sub:
+                yield from walk(sub, key + ".")
+            else:
+                yield key
+
+    for key in walk(_schema["properties"]["tilearray"], ""):
+        get(key)

@@ -36,6 +36,16 @@ import sys
 import time
 import traceback
 
+from tilearray.cli_args import (  # argument types, CLI wording
+    _axis,
+    _bytes,
+    _cli_words,
+    _dtype,
+    _join_option_values,
+    _nonneg_int,
+    _ord,
+    _pos_int,
+)
 from tilearray.cli_expr import ExpressionError, parse_expression
 
 PROG = "tilearray"
@@ -56,71 +66,6 @@ def _reductions() -> tuple[str, ...]:
 
 class UsageError(Exception):
     """Bad command-line input found after argparse (exit status 2)."""
-
-
-# -- argument types -------------------------------------------------------------------
-
-
-def _nonneg_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
-    return v
-
-
-def _pos_int(text: str) -> int:
-    v = _nonneg_int(text)
-    if v == 0:
-        raise argparse.ArgumentTypeError("must be > 0, got 0")
-    return v
-
-
-def _bytes(text: str) -> int:
-    from dask.utils import parse_bytes
-
-    try:
-        v = int(parse_bytes(text))
-    except (ValueError, TypeError):
-        raise argparse.ArgumentTypeError(
-            f"not a byte size: {text!r} (use e.g. 1GiB, 512MiB, 2e9)"
-        ) from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
-    return v
-
-
-def _dtype(text: str):
-    import numpy as np
-
-    try:
-        return np.dtype(text)
-    except TypeError:
-        raise argparse.ArgumentTypeError(f"not a NumPy dtype: {text!r}") from None
-
-
-def _axis(text: str):
-    t = text.strip().lower()
-    if t in ("none", "all"):
-        return None
-    if t in ("0", "1"):
-        return int(t)
-    raise argparse.ArgumentTypeError(f"axis must be 0, 1 or none, got {text!r}")
-
-
-def _ord(text: str):
-    t = text.strip().lower()
-    if t in ("fro", "none"):
-        return None if t == "none" else "fro"
-    if t in ("inf", "+inf", "-inf"):
-        return float("-inf") if t.startswith("-") else float("inf")
-    try:
-        v = float(t)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a norm order: {text!r}") from None
-    return int(v) if v.is_integer() else v
 
 
 def _open(path: str):
@@ -187,18 +132,25 @@ def _same_path(a: str, b: str) -> bool:
     return os.path.realpath(_abs(a)) == os.path.realpath(_abs(b))
 
 
+def _member(output: str, args) -> str:
+    """The path of the output array: ``output``, or member ``--name`` inside it."""
+    name = getattr(args, "name", None)
+    return os.path.join(output, name) if name else output
+
+
 def _check_output(args, output: str, inputs) -> None:
     """Refuse, before any work, outputs that exist (unless asked) or are inputs."""
+    target = _member(output, args)
     for p in inputs:
-        if _same_path(output, p):
-            raise UsageError(f"output {output!r} is also an input; write to another path")
-    if os.path.lexists(_abs(output)) and not (
+        if _same_path(target, p):
+            raise UsageError(f"output {target!r} is also an input; write to another path")
+    if os.path.lexists(_abs(target)) and not (
         getattr(args, "overwrite", False) or getattr(args, "resume", False)
     ):
         from tilearray.errors import StorageError
 
         hint = " (or --resume to finish an interrupted run)" if hasattr(args, "resume") else ""
-        raise StorageError(f"{output!r} already exists; pass --overwrite to replace it{hint}")
+        raise StorageError(f"{target!r} already exists; pass --overwrite to replace it{hint}")
 
 
 def _explicit_cluster(args) -> bool:
@@ -217,6 +169,14 @@ def _check_cluster_args(args) -> None:
                          "--scheduler-address")
     if args.scheduler_address:
         _check_address(args.scheduler_address)
+    if args.memory_per_worker is not None:  # a worker process must fit: refused before any start
+        from tilearray.engine.plan import check_worker_memory
+
+        try:
+            check_worker_memory(args.memory_per_worker, args.threads_per_worker or 1,
+                                error=UsageError)
+        except UsageError as e:
+            raise UsageError(_cli_words(str(e))) from None
 
 
 @contextlib.contextmanager
@@ -559,15 +519,16 @@ def _info_other(path: str, full: str, z, as_json: bool, first: bool) -> None:
 def cmd_random(args) -> int:
     import tilearray as ta
 
-    if os.path.lexists(_abs(args.path)) and not args.overwrite:
+    target = _member(args.path, args)
+    if os.path.lexists(_abs(target)) and not args.overwrite:
         from tilearray.errors import StorageError
 
-        raise StorageError(f"{args.path!r} already exists; pass --overwrite to replace it")
+        raise StorageError(f"{target!r} already exists; pass --overwrite to replace it")
     shape, tile = tuple(args.shape), tuple(args.tile)
     shard = tuple(args.shard) if args.shard else None
     t0 = time.perf_counter()
     kw = dict(tile=tile, shard=shard, dtype=args.dtype, seed=args.seed,
-              overwrite=args.overwrite)
+              overwrite=args.overwrite, name=args.name or "")
     if _explicit_cluster(args):
         with _engine(args) as engine:
             if engine is None:
@@ -582,7 +543,7 @@ def cmd_random(args) -> int:
     g = x.grid
     run = f"ran {stats}" if stats is not None else \
         f"wrote {g.n_units} I/O unit(s) in {elapsed:.1f} s"
-    print(f"{PROG}: random {x.shape} {x.dtype} seed {args.seed} -> {args.path} "
+    print(f"{PROG}: random {x.shape} {x.dtype} seed {args.seed} -> {target} "
           f"(tile {g.tile}, I/O unit {g.unit}) | {run}")
     return 0
 
@@ -629,12 +590,13 @@ def cmd_matmul(args) -> int:
             return 0
         plan = expr.plan(out, engine=engine, **kw)
         _log(args, str(plan))
-        result = expr.to_zarr(out, overwrite=args.overwrite, resume=args.resume,
-                              engine=engine, **kw)
+        result = expr.to_zarr(out, args.name or "", overwrite=args.overwrite,
+                              resume=args.resume, engine=engine, **kw)
         stats = getattr(result, "stats", None) or expr.stats
     ta_, tb_ = (".T" if args.transpose_a else ""), (".T" if args.transpose_b else "")
     lhs = f"{args.a}{ta_} @ {args.b}{tb_}"
-    print(_summary(f"matmul {lhs} -> {args.output} {result.shape} {result.dtype}", plan, stats))
+    print(_summary(f"matmul {lhs} -> {_member(args.output, args)} {result.shape} "
+                   f"{result.dtype}", plan, stats))
     return 0
 
 
@@ -661,6 +623,8 @@ def _format_values(value) -> list[str]:
 
 def cmd_reduce(args) -> int:
     _check_cluster_args(args)
+    if args.name and not args.output:
+        raise UsageError("--name names a member of the -o output group; give -o too")
     if args.output:
         _check_output(args, args.output, [args.a])
     x = _open(args.a)
@@ -673,7 +637,7 @@ def cmd_reduce(args) -> int:
         plan = expr.plan(engine=engine)
         _log(args, str(plan))
         if args.output:
-            value = expr.to_zarr(_abs(args.output), overwrite=args.overwrite,
+            value = expr.to_zarr(_abs(args.output), args.name or "", overwrite=args.overwrite,
                                  resume=args.resume, engine=engine)
         else:
             value = expr.compute(engine=engine)
@@ -682,7 +646,8 @@ def cmd_reduce(args) -> int:
 
     v = np.asarray(value)
     if args.output:
-        print(_summary(f"{what} -> {args.output} {v.shape} {v.dtype}", plan, stats))
+        print(_summary(f"{what} -> {_member(args.output, args)} {v.shape} {v.dtype}", plan,
+                       stats))
     else:
         print("\n".join(_format_values(v)))
         sys.stdout.flush()
@@ -767,6 +732,10 @@ def build_parser() -> argparse.ArgumentParser:
                               "others workers)")
 
     def output_opts(p, resume=True):
+        p.add_argument("--name", metavar="MEMBER",
+                       help="write the array as member MEMBER ('x' or 'sub/x') of the Zarr "
+                            "group at the output path (created if needed; other members are "
+                            "left alone)")
         m = p.add_mutually_exclusive_group()
         m.add_argument("--overwrite", action="store_true",
                        help="replace the output if it exists")
@@ -817,7 +786,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shard", type=_pos_int, nargs=2, metavar=("R", "C"),
                    help="shard (I/O unit), a multiple of the tile (default: unsharded)")
     p.add_argument("--dtype", type=_dtype, default="float64", help="default float64")
-    p.add_argument("--seed", type=int, default=0, help="default 0")
+    p.add_argument("--seed", type=_nonneg_int, default=0, help="0 or more (default 0)")
     output_opts(p, resume=False)
     p.set_defaults(func=cmd_random, parser=p)
 
@@ -910,7 +879,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _one_line(e: BaseException) -> str:
     from tilearray.errors import TilearrayError
 
-    msg = " ".join(str(e).split())
+    msg = _cli_words(" ".join(str(e).split()))
     if not isinstance(e, TilearrayError):
         msg = f"{type(e).__name__}: {msg}" if msg else type(e).__name__
     return msg or type(e).__name__
@@ -961,7 +930,7 @@ def main(argv: list[str] | None = None) -> int:
         return mpirun_main(argv[1:])
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(_join_option_values(argv))
     except SystemExit as e:  # --help, --version, or a usage error (already printed)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     try:

@@ -233,8 +233,8 @@ def test_k8s_without_volume(capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["--memory-per-worker", "lots"], "not a byte size"),
-    (["--workers", "0"], "must be > 0"),
-    (["--threads-per-worker", "-1"], "must be >= 0"),
+    (["--workers", "0"], "must be a positive integer (1 or more), got '0'"),
+    (["--threads-per-worker", "-1"], "must be a positive integer (1 or more), got '-1'"),
     (["--name", "My_Cluster"], "not a valid cluster name"),
     (["--data-pvc", "d", "--data-path", "rel/dir"], "must be absolute"),
     (["--job", "tilearray 'unclosed"], "bad --job command"),

@@ -15,15 +15,16 @@ import os
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import dask
 import psutil
-from dask.utils import format_bytes, parse_bytes
+from dask.utils import format_bytes
 
 from .. import _config
 from ..errors import ClusterError
-from .plan import Budget
+from .plan import Budget, _positive_int, check_worker_memory
 
 log = logging.getLogger("tilearray")
 
@@ -105,8 +106,14 @@ class Engine:
         ``(minimum, maximum)`` workers: the embedded LocalCluster scales with
         the work through dask's adaptive scaling (``cluster.adapt``); tasks
         are planned for ``maximum`` workers of the same size.
-    processes : bool
-        Workers as processes (default) or threads of this process.
+    processes : bool, optional
+        Workers as processes (True) or threads of this process (False).
+        Default (None): processes, unless the main script cannot be re-run
+        by spawned worker processes — code read from standard input
+        (``python - <<EOF``), or a script that starts the engine outside an
+        ``if __name__ == "__main__":`` block — then threads, with a
+        RuntimeWarning saying why. ``processes=True`` there is a
+        ClusterError; ``python -c``, the REPL and notebooks get processes.
     quiet : bool
         No progress bar.
     set_as_default : bool
@@ -119,7 +126,15 @@ class Engine:
     Raises
     ------
     ClusterError
-        The LocalCluster could not start, or ``adaptive`` is invalid.
+        Before anything starts: an invalid argument (``n_workers`` or
+        ``threads_per_worker`` below 1, a ``memory_per_worker`` that is not
+        a positive byte size or is below what a worker process needs — the
+        message names the minimum —, a bad ``adaptive``, sizing arguments
+        with ``client=``), or ``processes=True`` where worker processes
+        cannot start (see ``processes``). Later: the LocalCluster could not
+        start.
+    tilearray._config.ConfigError
+        A ``tilearray.*`` config value outside its schema (checked first).
 
     Examples
     --------
@@ -137,39 +152,59 @@ class Engine:
         memory_per_worker: int | str | None = None,
         client=None,
         *,
-        processes: bool = True,
+        processes: bool | None = None,
         adaptive: tuple[int, int] | None = None,
         quiet: bool = False,
         dashboard: bool = False,
         set_as_default: bool = True,
     ):
+        # every argument, and the tilearray.* config, is checked before anything starts
+        _config.check_all()
+        if client is not None:
+            for arg, v in (("n_workers", n_workers), ("threads_per_worker", threads_per_worker),
+                           ("adaptive", adaptive)):
+                if v is not None:
+                    raise ClusterError(
+                        f"{arg}={v!r} sizes the embedded LocalCluster; it cannot be used with "
+                        "client= (scale an existing cluster with its own tools, e.g. "
+                        "cluster.adapt())")
+        if processes not in (None, True, False):
+            raise ClusterError(f"processes={processes!r} must be True, False or None (default: "
+                               "worker processes where this script allows them)")
+        threads = 1 if threads_per_worker is None else \
+            _positive_int(threads_per_worker, "threads_per_worker", ClusterError)
+        if n_workers is not None:
+            _positive_int(n_workers, "n_workers", ClusterError)
+        if memory_per_worker is not None:
+            memory_per_worker = check_worker_memory(memory_per_worker, threads,
+                                                    error=ClusterError)
+        if adaptive is not None:
+            try:
+                lo, hi = (int(v) for v in adaptive)
+            except (TypeError, ValueError):
+                lo, hi = -1, -1
+            if not 0 <= lo <= hi or hi < 1:
+                raise ClusterError(f"adaptive=(minimum, maximum) needs 0 <= minimum <= maximum "
+                                   f"and maximum >= 1, got adaptive={adaptive!r}")
         self.quiet = quiet
         self._owns = client is None
         self.cluster = None
         self.last_run: RunStats | None = None
         self._memory_override = memory_per_worker
         self._spec = None  # (memory, threads, max workers) of a cluster we start
-        if client is not None and adaptive is not None:
-            raise ClusterError("adaptive= applies to the embedded LocalCluster; scale an existing "
-                               "cluster with its own cluster.adapt()")
         if client is None:
             from distributed import Client, LocalCluster
 
             cores = os.cpu_count() or 1
-            threads = int(threads_per_worker or 1)
             n = int(n_workers or max(cores // threads, 1))
             if adaptive is not None:
-                lo, hi = (int(v) for v in adaptive)
-                if not 0 <= lo <= hi or hi < 1:
-                    raise ClusterError(f"adaptive=(minimum, maximum) needs 0 <= minimum <= maximum "
-                                       f"and maximum >= 1, got {adaptive!r}")
                 n = hi if n_workers is None else int(n_workers)
+            processes = _choose_processes(processes, n)
             if memory_per_worker is None:
                 mem = _config.get_bytes("memory.default-per-worker")
                 mem = min(mem, int(psutil.virtual_memory().total * 0.8 / n))
             else:
-                mem = (parse_bytes(memory_per_worker) if isinstance(memory_per_worker, str)
-                       else int(memory_per_worker))
+                mem = memory_per_worker
             blas = max(cores // (n * threads), 1)
             # distributed's nanny writes its pre-spawn settings (OMP/MKL/OPENBLAS
             # threads = 1, ...) into this process's environment; keep ours
@@ -197,7 +232,12 @@ class Engine:
                     )
                     client = Client(self.cluster, set_as_default=False)
             except Exception as e:
-                raise ClusterError(f"could not start a LocalCluster ({n} x {threads}): {e}") from e
+                hint = ""
+                if processes and "Nanny failed" in str(e):
+                    hint = (f" (worker processes re-run the main script: if it starts the engine "
+                            f"outside {_GUARD!r}, add the guard, or pass processes=False)")
+                raise ClusterError(f"could not start a LocalCluster ({n} x {threads}): "
+                                   f"{e}{hint}") from e
             self._spec = (mem, threads, n)
             if adaptive is not None:
                 self.cluster.adapt(minimum=lo, maximum=hi)
@@ -244,9 +284,7 @@ class Engine:
             raise ClusterError(
                 f"the cluster at {self.client.scheduler.address} has no workers; start some "
                 "(or wait for them) before planning")
-        override = self._memory_override
-        if override is not None:
-            override = parse_bytes(override) if isinstance(override, str) else int(override)
+        override = self._memory_override  # bytes, checked by __init__
         default = _config.get_bytes("memory.default-per-worker")
         candidates = []
         for addr, w in workers.items():
@@ -272,11 +310,19 @@ class Engine:
         if _active is self:
             _active = None
         if self._owns:
-            with contextlib.suppress(Exception):
-                self.client.close()
-            with contextlib.suppress(Exception):
-                if self.cluster is not None:
-                    self.cluster.close()
+            # in-process workers log their comms closing ("Batched Comm Closed",
+            # at INFO, once LocalCluster has restored the log level): not news
+            quiet = logging.getLogger("distributed.batched")
+            level = quiet.level
+            quiet.setLevel(logging.ERROR)
+            try:
+                with contextlib.suppress(Exception):
+                    self.client.close()
+                with contextlib.suppress(Exception):
+                    if self.cluster is not None:
+                        self.cluster.close()
+            finally:
+                quiet.setLevel(level)
             if getattr(self, "_environ", None) is not None:
                 _restore_environ(self._environ)
         self._owns = False
@@ -438,6 +484,121 @@ class Engine:
         from .mpi import start
 
         return start(cls, **kwargs)
+
+
+_GUARD = 'if __name__ == "__main__":'
+
+
+def _spawn_problem() -> str | None:
+    """Why worker processes cannot be spawned from this process, or None.
+
+    A spawned worker process re-runs the main script (multiprocessing's
+    ``spawn``/``forkserver``, distributed's default): a script read from
+    standard input cannot be re-read, and a script whose top-level code starts
+    the engine would start it again in every worker (which multiprocessing
+    refuses: "Nanny failed to start"). ``python -c``, the REPL, notebooks and
+    ``python -m package`` have nothing to re-run.
+    """
+    import multiprocessing
+
+    if dask.config.get("distributed.worker.multiprocessing-method", "spawn") == "fork":
+        return None
+    main = sys.modules.get("__main__")
+    if _bootstrapping():
+        return (f"this is a worker process re-running the main script; the script starts an "
+                f"engine outside the {_GUARD!r} guard")
+    spec = getattr(main, "__spec__", None)
+    name = getattr(spec, "name", None)
+    if name is not None:  # python -m module: re-imported by name, except a package's __main__
+        if name == "__main__" or name.endswith(".__main__"):
+            return None
+        path = getattr(spec, "origin", None) or getattr(main, "__file__", None)
+    else:
+        path = getattr(main, "__file__", None)
+        if path is None:
+            return None
+        if os.path.splitext(os.path.basename(path))[0] == "ipython":
+            return None  # multiprocessing skips it too
+        full = os.path.join(multiprocessing.process.ORIGINAL_DIR or "", path)
+        if not os.path.isfile(full):
+            return (f"the main script {path!r} is not a file (code read from standard input, "
+                    "`python -`), so worker processes cannot re-run it")
+    line = _unguarded_line(main, path)
+    if line is None:
+        return None
+    return (f"{path} starts the engine from line {line}, outside an {_GUARD!r} block, and every "
+            "worker process re-runs the main script")
+
+
+def _bootstrapping() -> bool:
+    """True while a spawned child re-runs the main script (before its target runs)."""
+    import multiprocessing
+
+    return bool(getattr(multiprocessing.current_process(), "_inheriting", False))
+
+
+def _unguarded_line(main, path: str | None) -> int | None:
+    """The line of the main script's top-level code that is (indirectly) starting
+    the engine now, if it is not inside an ``if __name__ == "__main__":`` block."""
+    import ast
+
+    if path is None or main is None:
+        return None
+    try:
+        target = os.path.realpath(path)
+    except (TypeError, ValueError):
+        return None
+    frame, line = sys._getframe(1), None
+    while frame is not None:
+        code = frame.f_code
+        if (frame.f_globals is main.__dict__ and code.co_name == "<module>"
+                and os.path.realpath(code.co_filename) == target):
+            line = frame.f_lineno
+        frame = frame.f_back
+    if line is None:
+        return None
+    try:
+        with open(target, "rb") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and _is_main_test(node.test) and node.body and \
+                node.body[0].lineno <= line <= (node.body[-1].end_lineno or line):
+            return None
+    return line
+
+
+def _is_main_test(test) -> bool:
+    import ast
+
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1
+            and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = [test.left, test.comparators[0]]
+    names = [s for s in sides if isinstance(s, ast.Name) and s.id == "__name__"]
+    consts = [s for s in sides if isinstance(s, ast.Constant) and s.value == "__main__"]
+    return len(names) == 1 and len(consts) == 1
+
+
+def _choose_processes(processes: bool | None, n: int) -> bool:
+    """Worker processes unless the main script cannot be re-run by them: then
+    in-process (thread) workers with a warning, or a ClusterError when
+    ``processes=True`` was asked for. Decided before anything starts."""
+    if processes is False:
+        return False
+    why = _spawn_problem()
+    if why is None:
+        return True
+    guard = f"put the script's code in a file, under {_GUARD!r}"
+    if processes or _bootstrapping():
+        raise ClusterError(f"cannot start worker processes: {why}; {guard}, or pass "
+                           "processes=False for workers that are threads of this process")
+    warnings.warn(
+        f"tilearray: running {n} worker(s) as threads of this process, not as processes: "
+        f"{why}. For worker processes {guard}; pass processes=False to silence this warning",
+        RuntimeWarning, stacklevel=3)
+    return False
 
 
 def _plan_figures(plan) -> dict:

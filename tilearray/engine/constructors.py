@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 
 import numpy as np
@@ -124,8 +126,16 @@ from_numpy.__doc__ = f"""Write a 2-D NumPy array to Zarr v3 and return it as a T
     """
 
 
+def _check_seed(seed) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise ValueError(f"seed={seed!r} must be a non-negative integer (0 or more); "
+                         "nothing was written")
+    return int(seed)
+
+
 def random(shape, path, *, name="", dims=None, tile=(1024, 1024), shard=None,
            dtype="float64", seed=0, overwrite=False, engine=None) -> TiledArray:
+    seed = _check_seed(seed)  # before anything is created
     ref, z = _new_array(path, name, shape, dtype, tile, shard, overwrite, dims)
     grid = grid_of(z)
     graph, keys = {}, []
@@ -163,11 +173,20 @@ random.__doc__ = f"""Write a reproducible random matrix (standard normal for flo
         Floats: standard normal; integers: uniform in [-100, 100] (clipped to the
         dtype's range); bool: fair coin.
     seed : int
+        0 or more (NumPy's seeds).
     engine : Engine, optional
 
     Returns
     -------
     TiledArray
+
+    Raises
+    ------
+    ValueError
+        A negative or non-integer ``seed`` (nothing is created).
+    StorageError
+        Bad shape, dtype, tile or shard, or something is already at the
+        target (without ``overwrite``); nothing is created.
 
     Examples
     --------
@@ -195,11 +214,25 @@ def from_dask(x, path, *, name="", dims=None, overwrite=False, shard=None) -> Ti
 
     Raises
     ------
+    TypeError
+        ``x`` is not a dask array (a NumPy array: use :func:`from_numpy`).
     StorageError
-        Not 2-D, unsupported dtype, or something is already at the target.
+        Not 2-D, unknown (NaN) chunk sizes, unsupported dtype, or something
+        is already at the target; nothing is created.
     """
+    import dask.array as da
+
+    if not isinstance(x, da.Array):
+        hint = ("; for a NumPy array use ta.from_numpy(x, path), or wrap it with "
+                "dask.array.from_array(x)") if isinstance(x, np.ndarray) else ""
+        raise TypeError(f"from_dask needs a dask array, got {type(x).__name__}{hint}")
     if x.ndim != 2:
         raise StorageError(f"from_dask needs a 2-D dask array, got shape {x.shape}")
+    if any(math.isnan(c) for cs in x.chunks for c in cs):
+        raise StorageError(
+            f"from_dask: the dask array has unknown (NaN) chunk sizes {x.chunks} (e.g. after "
+            "boolean indexing); call x.compute_chunk_sizes() first (it computes x once), then "
+            "pass it again")
     tile = tuple(max(c) if c else 1 for c in x.chunks)
     ref, z = _new_array(path, name, x.shape, x.dtype, tile, shard, overwrite, dims)
     x.rechunk(shard or tile).to_zarr(z)

@@ -12,7 +12,7 @@ import inspect
 
 import numpy as np
 
-from .tiled import HANDLED, TiledArray, _reduce, matmul
+from .tiled import HANDLED, TiledArray, matmul, reduce_as
 
 
 def implements(*funcs):
@@ -42,9 +42,7 @@ def _reduction(np_func, op: str):
                                 "on TiledArrays")
         if not isinstance(a, TiledArray):
             raise TypeError(f"np.{np_func.__name__}: expected a TiledArray, got {type(a).__name__}")
-        if dtype is not None:
-            a = a.astype(dtype)
-        return _reduce(op, a, axis, keepdims, ddof)
+        return reduce_as(op, a, axis, keepdims, ddof, dtype)
 
     impl.__name__ = np_func.__name__
     return impl

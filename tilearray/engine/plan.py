@@ -3,11 +3,46 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 
-from dask.utils import format_bytes
+from dask.utils import format_bytes, parse_bytes
 
 from .. import _config
+from ..errors import PlanningError
+
+MIN_TASK_MEMORY = 2**20
+"""The least memory per task (thread) a worker must leave after its baseline, in bytes."""
+
+
+def parse_memory(value, argument: str = "memory_per_worker", error=PlanningError) -> int:
+    """A positive byte count from an int or a string such as ``"2GiB"``.
+
+    The one parser behind ``Engine(memory_per_worker=...)``, ``Budget`` and
+    the CLI's ``--memory-per-worker``; raises ``error`` naming ``argument``
+    and the value it was given.
+    """
+    hint = "give bytes as a positive integer or a string such as '2GiB' or '512MiB'"
+    if isinstance(value, bool) or not isinstance(value, str | numbers.Real):
+        raise error(f"{argument}={value!r} is not a byte size: {hint}")
+    if isinstance(value, str):
+        try:
+            n = parse_bytes(value)
+        except (ValueError, TypeError):
+            raise error(f"{argument}={value!r} is not a byte size: {hint}") from None
+    else:
+        if not math.isfinite(value) or value != int(value):
+            raise error(f"{argument}={value!r} is not a whole number of bytes: {hint}")
+        n = int(value)
+    if n <= 0:
+        raise error(f"{argument}={value!r} must be positive: {hint}")
+    return int(n)
+
+
+def _positive_int(value, argument: str, error=PlanningError) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise error(f"{argument}={value!r} must be a positive integer (1 or more)")
+    return int(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,8 +50,17 @@ class Budget:
     """Memory and parallelism the planner sizes tasks for.
 
     An :class:`Engine` gives its own (``engine.budget()``); build one to plan
-    without a cluster, e.g. ``expr.plan(budget=ta.Budget.from_config(2**30,
-    4, 1))``. Frozen: change it with :func:`dataclasses.replace`.
+    without a cluster, e.g. ``expr.plan(budget=ta.Budget.from_config("1GiB",
+    4, 1))``. ``memory_per_worker`` takes the byte strings ``Engine`` takes
+    (``"2GiB"``) and is stored in bytes. Frozen: change it with
+    :func:`dataclasses.replace`.
+
+    Raises
+    ------
+    PlanningError
+        A byte size that is not positive or not a byte size, ``n_workers`` /
+        ``threads_per_worker`` below 1, a negative ``baseline`` or a
+        ``fraction`` outside (0, 1]; the message names the argument and value.
     """
 
     memory_per_worker: int
@@ -32,14 +76,31 @@ class Budget:
     worker: str | None = None
     """On a cluster: the worker that sets the budget (least memory per thread)."""
 
+    def __post_init__(self):
+        set_ = object.__setattr__  # frozen: normalise in place once, at construction
+        set_(self, "memory_per_worker", parse_memory(self.memory_per_worker))
+        set_(self, "n_workers", _positive_int(self.n_workers, "n_workers"))
+        set_(self, "threads_per_worker",
+             _positive_int(self.threads_per_worker, "threads_per_worker"))
+        if isinstance(self.baseline, str):
+            set_(self, "baseline", parse_memory(self.baseline, "baseline"))
+        if isinstance(self.baseline, bool) or not isinstance(self.baseline, numbers.Integral) \
+                or self.baseline < 0:
+            raise PlanningError(f"baseline={self.baseline!r} must be a byte count >= 0")
+        set_(self, "baseline", int(self.baseline))
+        if isinstance(self.fraction, bool) or not isinstance(self.fraction, numbers.Real) \
+                or not 0 < self.fraction <= 1:
+            raise PlanningError(f"fraction={self.fraction!r} must be a number in (0, 1]")
+        set_(self, "fraction", float(self.fraction))
+
     @classmethod
-    def from_config(cls, memory_per_worker: int, n_workers: int, threads_per_worker: int,
+    def from_config(cls, memory_per_worker: int | str, n_workers: int, threads_per_worker: int,
                     worker: str | None = None):
         """A budget with the baseline and target fraction from ``tilearray.memory.*``."""
         return cls(
-            int(memory_per_worker),
-            int(n_workers),
-            int(threads_per_worker),
+            memory_per_worker,
+            n_workers,
+            threads_per_worker,
             _config.get_bytes("memory.worker-baseline"),
             float(_config.get("memory.target-fraction")),
             worker,
@@ -60,6 +121,34 @@ class Budget:
     def worker_memory_for(self, task_memory: int) -> int:
         """Smallest ``memory_per_worker`` under which a task of this size fits."""
         return math.ceil((task_memory * self.threads_per_worker + self.baseline) / self.fraction)
+
+    @property
+    def minimum_memory_per_worker(self) -> int:
+        """Least ``memory_per_worker`` a worker process needs: its idle baseline
+        plus :data:`MIN_TASK_MEMORY` per thread within ``fraction``, rounded up
+        to whole MiB (so it can be passed back as ``"<n>MiB"``), in bytes."""
+        return -(-self.worker_memory_for(MIN_TASK_MEMORY) // 2**20) * 2**20
+
+
+def check_worker_memory(memory_per_worker, threads_per_worker: int = 1,
+                        argument: str = "memory_per_worker", error=PlanningError) -> int:
+    """Parse a worker memory limit and refuse one a worker process cannot live
+    in (below :attr:`Budget.minimum_memory_per_worker` under the configured
+    ``tilearray.memory.worker-baseline`` and ``target-fraction``), before any
+    worker is started. Returns bytes."""
+    mem = parse_memory(memory_per_worker, argument, error)
+    b = Budget.from_config(mem, 1, threads_per_worker)
+    need = b.minimum_memory_per_worker
+    if mem < need:
+        raise error(
+            f"{argument}={memory_per_worker!r} ({format_bytes(mem)}) is below what a worker process "
+            f"needs: an idle worker takes {format_bytes(b.baseline)} "
+            f"(tilearray.memory.worker-baseline) and tasks may fill {b.fraction:g} of the "
+            f"limit (tilearray.memory.target-fraction), so with {b.threads_per_worker} "
+            f"thread(s) per worker the minimum is {need // 2**20} MiB; pass "
+            f"{argument}=\"{need // 2**20}MiB\" or more"
+        )
+    return mem
 
 
 @dataclass(frozen=True, slots=True)

@@ -144,8 +144,13 @@ HANDLED: dict = {}
 (filled by :mod:`.npfuncs` and ``tilearray.linalg``)."""
 
 
+_DTYPE_OPS = frozenset({"sum", "prod", "mean", "var", "std", "nansum", "nanmean"})
+"""Reductions that take NumPy's ``dtype=`` (the accumulator and result type)."""
+
+
 def _reduction(op: str, summary: str):
-    """A reduction method with a numpydoc docstring (``ddof`` for var/std)."""
+    """A reduction method with a numpydoc docstring (``ddof`` for var/std,
+    ``dtype`` where NumPy takes it)."""
     doc = """{summary} over ``axis`` (lazy), like :func:`numpy.{op}`.
 
     Parameters
@@ -154,7 +159,7 @@ def _reduction(op: str, summary: str):
         Reduce over all elements (None, a 0-d result), down the columns (0,
         one value per column) or along the rows (1, one value per row).{ddof}
     keepdims : bool
-        Keep the reduced axis with length 1.
+        Keep the reduced axis with length 1.{dtype}
 
     Returns
     -------
@@ -168,18 +173,61 @@ def _reduction(op: str, summary: str):
     PlanningError
         ``axis`` out of bounds{empty}.
     """
+    dtype_doc = ""
+    if op in _DTYPE_OPS:
+        dtype_doc = ("\n    dtype : dtype-like, optional (keyword)\n        As NumPy's ``dtype=``: the "
+                     "elements are cast to it and the result has it"
+                     + (" (floating-point only)" if op in ("var", "std") else "") + ".")
     if op in ("var", "std"):
-        def method(self, axis=None, ddof=0, keepdims=False):
-            return self._reduce(op, axis, keepdims, ddof)
+        def method(self, axis=None, ddof=0, keepdims=False, *, dtype=None):
+            return reduce_as(op, self, axis, keepdims, ddof, dtype)
         ddof_doc = "\n    ddof : int\n        Delta degrees of freedom: divide by ``N - ddof``."
+    elif op in _DTYPE_OPS:
+        def method(self, axis=None, keepdims=False, *, dtype=None):
+            return reduce_as(op, self, axis, keepdims, 0, dtype)
+        ddof_doc = ""
     else:
         def method(self, axis=None, keepdims=False):
             return self._reduce(op, axis, keepdims)
         ddof_doc = ""
     empty = ", or a zero-size reduction without identity" if op in NO_IDENTITY else ""
     method.__name__ = method.__qualname__ = op
-    method.__doc__ = doc.format(summary=summary, op=op, ddof=ddof_doc, empty=empty)
+    method.__doc__ = doc.format(summary=summary, op=op, ddof=ddof_doc, empty=empty,
+                                dtype=dtype_doc)
     return method
+
+
+def reduce_as(op, x, axis=None, keepdims=False, ddof=0, dtype=None) -> TiledArray:
+    """``op`` over ``axis`` with NumPy's ``dtype=``: the elements are cast to
+    ``dtype`` and the result is of ``dtype`` (``mean(dtype=int)`` truncates,
+    ``sum(dtype=int8)`` wraps, like NumPy)."""
+    if dtype is None:
+        return _reduce(op, x, axis, keepdims, ddof)
+    if op not in _DTYPE_OPS:
+        raise PlanningError(f"{op}: dtype= is not an argument of numpy.{op}")
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise PlanningError(f"{op}: dtype={dtype!r} is not a NumPy dtype") from None
+    if dt.kind not in "biuf":
+        raise PlanningError(f"{op}: dtype={dt} is not supported; tilearray handles bool, "
+                            "integer and floating-point dtypes")
+    if op in ("var", "std") and dt.kind != "f":
+        raise PlanningError(f"{op}: dtype={dt} is not supported; use a floating-point dtype "
+                            "(NumPy computes integer variances from truncated means)")
+    if op == "nanmean" and dt.kind != "f" and _node(x).dtype.kind == "f":
+        raise PlanningError(f"nanmean: dtype={dt} is not floating-point while the input is "
+                            f"{_node(x).dtype} (NumPy refuses it too)")
+    if op in ("mean", "nanmean") and dt.kind != "f":
+        # NumPy: the sum accumulates in dtype (wrapping), then is divided and cast back
+        total = reduce_as("sum", x, axis, keepdims, 0, dt)
+        count = int(np.prod(_node(x).shape)) // max(int(np.prod(total.shape)), 1)
+        if not count:
+            raise PlanningError(f"{op}: mean of an empty selection with dtype={dt} (NumPy "
+                                "gives NaN, which dtype cannot hold)")
+        return (total / count).astype(dt)
+    res = _reduce(op, TiledArray(_node(x)).astype(dt), axis, keepdims, ddof)
+    return res if res.dtype == dt else res.astype(dt)
 
 
 class TiledArray:
@@ -340,7 +388,8 @@ class TiledArray:
         return _elemwise("clip", self, min, max)
 
     def __getitem__(self, key) -> TiledArray:
-        """Lazy basic slicing with positive steps, e.g. ``a[:100, ::2]``.
+        """Lazy basic slicing with positive steps, e.g. ``a[:100, ::2]``,
+        ``a[..., :3]`` (``...`` stands for the axes not given).
 
         Raises
         ------
@@ -351,7 +400,16 @@ class TiledArray:
         if n.ndim != 2:
             raise PlanningError(f"indexing is supported on 2-D arrays, not shape {n.shape}")
         if not isinstance(key, tuple):
-            key = (key, slice(None))
+            key = (key,)
+        if sum(k is Ellipsis for k in key) > 1:
+            raise PlanningError(f"an index can only have a single ellipsis ('...'), got {key!r}")
+        if Ellipsis in key:
+            i = next(i for i, k in enumerate(key) if k is Ellipsis)
+            fill = (slice(None),) * max(n.ndim - (len(key) - 1), 0)
+            key = key[:i] + fill + key[i + 1:]
+        if len(key) > n.ndim:
+            raise PlanningError(f"too many indices for a {n.ndim}-D array: {key!r}")
+        key = key + (slice(None),) * (n.ndim - len(key))
         if len(key) != 2 or not all(isinstance(k, slice) for k in key):
             raise PlanningError(f"only slices are supported for indexing, got {key!r}")
         starts, steps, shape = [], [], []
@@ -572,12 +630,17 @@ class TiledArray:
         PlanningError
             The plan does not fit the budget, or ``shard`` is not a multiple
             of the tile.
+        ValueError
+            Both ``overwrite`` and ``resume`` (refused before anything).
 
         Examples
         --------
         >>> (a @ b).to_zarr("results.zarr", name="C")      # doctest: +SKIP
         >>> xr.open_zarr("results.zarr").C                 # doctest: +SKIP
         """
+        if overwrite and resume:
+            raise ValueError("to_zarr: overwrite=True and resume=True contradict each other "
+                             "(overwrite starts again, resume keeps what is done); pass one")
         return output.write(self, path, tile, shard, overwrite, resume, engine, name, dims)
 
     def to_dask(self):
@@ -596,7 +659,9 @@ class TiledArray:
 
     def to_xarray(self):
         """An :class:`xarray.DataArray` over the stored data (lazy, dask-backed),
-        with the stored dimension names and the array's name.
+        with the stored dimension names and the array's name: the member name
+        in a group (``"C"``), else the file name without ``.zarr``
+        (``"c.zarr"`` -> ``"c"``).
 
         Raises
         ------
@@ -608,7 +673,11 @@ class TiledArray:
         x = self.to_dask()
         ref = self._node.ref
         dims = self.dims or tuple(f"dim_{i}" for i in range(self.ndim))
-        name = ref.path.strip("/").rsplit("/", 1)[-1] or None
+        name = ref.path.strip("/").rsplit("/", 1)[-1]
+        if not name:
+            name = str(ref).rstrip("/").rsplit("/", 1)[-1]
+            name = name[: -len(".zarr")] if name.endswith(".zarr") and len(name) > 5 else name
+        name = name or None
         return xr.DataArray(x, dims=dims, name=name)
 
     # -- display -------------------------------------------------------------------------

@@ -9,6 +9,7 @@ per-unit done markers under ``<array>/tilearray.done/``.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,19 +44,64 @@ written too), so a missing chunk file is data loss, not the fill value."""
 SUPPORTED_KINDS = "biuf"  # bool, signed/unsigned integers, floats
 
 
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
+
+
 def _as_store(where: str | os.PathLike | Store) -> Store:
+    """The store for a path, a URL (``file://`` as a local path; others through
+    zarr's fsspec store) or a Store (as is)."""
     if isinstance(where, Store):
         return where
+    try:
+        text = os.fspath(where)
+    except TypeError:
+        raise TypeError(
+            f"path={where!r} ({type(where).__name__}) is not a location: pass a path, a URL "
+            "('file://...', 's3://...'), a zarr Store or a zarr.Array / zarr.Group"
+        ) from None
+    text = os.fsdecode(text)
+    if _URL.match(text):
+        return _url_store(text)
     # absolute: workers (and resume fingerprints) must not depend on a cwd
-    return LocalStore(os.path.abspath(os.fspath(where)))
+    return LocalStore(os.path.abspath(text))
+
+
+def _url_store(url: str) -> Store:
+    from urllib.parse import unquote, urlparse
+
+    scheme = url.split("://", 1)[0].lower()
+    if scheme == "file":
+        parts = urlparse(url)
+        if parts.netloc not in ("", "localhost"):
+            raise StorageError(f"{url!r}: a file:// URL must name a local path "
+                               f"(file:///abs/path), not host {parts.netloc!r}")
+        return LocalStore(os.path.abspath(unquote(parts.path)))
+    try:
+        from zarr.storage import FsspecStore
+
+        return FsspecStore.from_url(url, read_only=False)
+    except ImportError as e:
+        raise StorageError(
+            f"cannot open {url!r}: {e}; install fsspec and the filesystem package for "
+            f"{scheme}:// (e.g. s3fs for s3://), or pass a zarr Store"
+        ) from None
+    except (ValueError, TypeError, OSError) as e:
+        raise StorageError(f"cannot open {url!r} through fsspec: {type(e).__name__}: {e}; "
+                           "pass a zarr Store instead") from None
 
 
 def describe(store: Store, path: str = "") -> str:
-    """Human-readable location of an array: a file path for local stores."""
+    """Human-readable location of an array: a file path for local stores, a URL
+    for fsspec stores."""
     root = getattr(store, "root", None)
     if root is None and hasattr(store, "_store"):
         return describe(store._store, path)
-    base = str(root) if root is not None else repr(store)
+    fs = getattr(store, "fs", None)
+    if root is None and fs is not None and isinstance(getattr(store, "path", None), str):
+        protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+        base = f"{protocol}://{store.path.lstrip('/')}"
+    else:
+        base = str(root) if root is not None else repr(store)
     return f"{base}/{path}" if path else base
 
 
@@ -107,11 +153,22 @@ class ArrayRef:
     def from_location(cls, where: str | os.PathLike | Store, path: str = "") -> ArrayRef:
         """The array at ``where``, or member ``path`` of the group there.
 
+        ``where`` is a path, a URL (``file://`` is a local path; ``s3://``
+        and other schemes go through zarr's fsspec store when fsspec and the
+        scheme's package are installed), a zarr Store, or an opened
+        ``zarr.Array`` / ``zarr.Group`` (its store and path).
+
         Raises
         ------
         StorageError
-            ``path`` is not a relative member name (see :func:`check_name`).
+            ``path`` is not a relative member name (see :func:`check_name`),
+            or a URL cannot be opened.
+        TypeError
+            ``where`` is none of these.
         """
+        if isinstance(where, zarr.Array | zarr.Group):
+            inner = "/".join(p for p in (where.path.strip("/"), check_name(path)) if p)
+            return cls(where.store, check_name(inner))
         return cls(_as_store(where), check_name(path))
 
     def __str__(self) -> str:

@@ -1,0 +1,136 @@
+"""Command-line arguments: values the help shows are accepted, bad ones get
+one message that names the flag and the value, and errors speak CLI flags
+(``--overwrite``, ``--name``), not Python arguments."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import zarr
+
+import tilearray as ta
+from tilearray.testing import assert_close
+
+pytestmark = pytest.mark.timeout(150)
+
+JOB = ["--workers", "1", "--memory-per-worker", "1GiB", "--quiet"]
+
+
+def cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "tilearray", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+def here(*args, cwd, capsys, monkeypatch):
+    """In this process, for cases refused before any cluster starts."""
+    from tilearray.cli import main
+
+    monkeypatch.chdir(cwd)
+    capsys.readouterr()
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out, err)
+
+
+def error_line(p) -> str:
+    assert "Traceback" not in p.stderr, p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if "error:" in ln]
+    assert len(lines) == 1, p.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cliargs")
+    rng = np.random.default_rng(5)
+    ta.from_numpy(rng.standard_normal((40, 30)), d / "a.zarr", tile=(16, 16))
+    zarr.open_group(str(d / "grp.zarr"), mode="w")
+    return d
+
+
+@pytest.mark.parametrize("ord_", ["-inf", "inf", "-1", "1", "fro"])
+def test_reduce_norm_takes_every_ord_the_help_shows(work, ord_):
+    p = cli("reduce", "a.zarr", "--op", "norm", "--ord", ord_, *JOB, cwd=work)
+    assert p.returncode == 0, p.stderr
+    a = zarr.open_array(str(work / "a.zarr"))[...]
+    want = np.linalg.norm(a, ord=None if ord_ == "fro" else float(ord_))
+    assert_close(np.array(float(p.stdout)), np.array(want))
+    assert ord_ in cli("reduce", "--help", cwd=work).stdout
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "x"])
+def test_workers_messages_agree(work, value, capsys, monkeypatch):
+    p = here("reduce", "a.zarr", "--op", "sum", "--workers", value, cwd=work, capsys=capsys,
+             monkeypatch=monkeypatch)
+    assert p.returncode == 2
+    assert (f"argument --workers: must be a positive integer (1 or more), got {value!r}"
+            in error_line(p))
+
+
+def test_random_negative_seed_is_usage_and_writes_nothing(work, capsys, monkeypatch):
+    p = here("random", "r.zarr", "--shape", 4, 4, "--seed", -1, cwd=work, capsys=capsys,
+             monkeypatch=monkeypatch)
+    assert p.returncode == 2
+    assert "--seed" in error_line(p) and "'-1'" in error_line(p)
+    assert not (work / "r.zarr").exists()
+
+
+def test_memory_below_a_worker_is_refused_before_starting(work, capsys, monkeypatch):
+    import distributed
+
+    monkeypatch.setattr(distributed, "LocalCluster", None)  # would fail if reached
+    p = here("reduce", "a.zarr", "--op", "sum", "--memory-per-worker", "64MiB", cwd=work,
+             capsys=capsys, monkeypatch=monkeypatch)
+    assert p.returncode == 2
+    line = error_line(p)
+    need = ta.Budget.from_config("1GiB", 1, 1).minimum_memory_per_worker // 2**20
+    assert "--memory-per-worker" in line and f"--memory-per-worker {need}MiB" in line
+    assert "memory_per_worker" not in line
+
+
+def test_errors_speak_cli_flags(work):
+    # a group at the target: the library says name=, the CLI says --name
+    p = cli("random", "grp.zarr", "--shape", 4, 4, "--overwrite", cwd=work)
+    assert p.returncode == 1
+    line = error_line(p)
+    assert "--name" in line and "name=" not in line
+    # a resume that does not match: overwrite=True becomes --overwrite
+    assert cli("reduce", "a.zarr", "--op", "sum", "--axis", 0, "-o", "s.zarr", *JOB,
+               cwd=work).returncode == 0
+    p = cli("reduce", "a.zarr", "--op", "mean", "--axis", 0, "-o", "s.zarr", "--resume", *JOB,
+            cwd=work)
+    assert p.returncode == 1
+    line = error_line(p)
+    assert "--overwrite" in line and "overwrite=True" not in line
+
+
+def test_cli_words_translation():
+    from tilearray.cli import _cli_words
+
+    assert _cli_words("pass overwrite=True to replace it (or resume=True to ...)") == \
+        "pass --overwrite to replace it (or --resume to ...)"
+    assert _cli_words("Rerun the same expression with to_zarr(..., resume=True) to finish it, "
+                      "or open it with allow_incomplete=True to inspect it.") == \
+        "Rerun the same expression with --resume to finish it, or inspect it with " \
+        "'tilearray info'."
+    assert _cli_words('pass memory_per_worker="202MiB" or more') == \
+        "pass --memory-per-worker 202MiB or more"
+    assert _cli_words("pass name= to write a member") == "pass --name to write a member"
+
+
+def test_name_writes_members_of_the_output_group(work):
+    a = zarr.open_array(str(work / "a.zarr"))[...]
+    p = cli("matmul", "a.zarr", "a.zarr", "--transpose-a", "-o", "grp.zarr", "--name", "G",
+            *JOB, cwd=work)
+    assert p.returncode == 0, p.stderr
+    assert "grp.zarr/G" in p.stdout
+    assert_close(zarr.open_array(str(work / "grp.zarr"), path="G")[...], a.T @ a)
+    p = cli("reduce", "a.zarr", "--op", "mean", "--axis", 0, "-o", "grp.zarr", "--name", "m",
+            *JOB, cwd=work)
+    assert p.returncode == 0, p.stderr
+    assert_close(zarr.open_array(str(work / "grp.zarr"), path="m")[...], a.mean(axis=0))
+    p = cli("matmul", "a.zarr", "a.zarr", "--transpose-a", "-o", "grp.zarr", "--name", "G",
+            *JOB, cwd=work)
+    assert p.returncode == 1 and "grp.zarr/G' already exists" in error_line(p)
+    assert "--overwrite" in error_line(p)

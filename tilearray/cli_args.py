@@ -1,0 +1,105 @@
+"""Argument types of the ``tilearray`` command line, and its wording: the
+library's errors name Python arguments (``overwrite=True``, ``name=``), the
+command line names its flags (``--overwrite``, ``--name``)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+def _int_at_least(text: str, least: int, what: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {what} ({least} or more), got {text!r}") \
+            from None
+    if v < least:
+        raise argparse.ArgumentTypeError(f"must be {what} ({least} or more), got {text!r}")
+    return v
+
+
+def _nonneg_int(text: str) -> int:
+    return _int_at_least(text, 0, "a non-negative integer")
+
+
+def _pos_int(text: str) -> int:
+    return _int_at_least(text, 1, "a positive integer")
+
+
+def _bytes(text: str) -> int:
+    from dask.utils import parse_bytes
+
+    try:
+        v = int(parse_bytes(text))
+    except (ValueError, TypeError):
+        raise argparse.ArgumentTypeError(
+            f"not a byte size: {text!r} (use e.g. 1GiB, 512MiB, 2e9)"
+        ) from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r} (use e.g. 1GiB, "
+                                         "512MiB, 2e9)")
+    return v
+
+
+def _dtype(text: str):
+    import numpy as np
+
+    try:
+        return np.dtype(text)
+    except TypeError:
+        raise argparse.ArgumentTypeError(f"not a NumPy dtype: {text!r}") from None
+
+
+def _axis(text: str):
+    t = text.strip().lower()
+    if t in ("none", "all"):
+        return None
+    if t in ("0", "1"):
+        return int(t)
+    raise argparse.ArgumentTypeError(f"axis must be 0, 1 or none, got {text!r}")
+
+
+def _ord(text: str):
+    t = text.strip().lower()
+    if t in ("fro", "none"):
+        return None if t == "none" else "fro"
+    if t in ("inf", "+inf", "-inf"):
+        return float("-inf") if t.startswith("-") else float("inf")
+    try:
+        v = float(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a norm order: {text!r}") from None
+    return int(v) if v.is_integer() else v
+
+
+_CLI_WORDS = [
+    # the library's errors name Python arguments; on the command line, name flags
+    (r"to_zarr\(\.\.\., resume=True\)", "--resume"),
+    (r"\boverwrite=True\b", "--overwrite"),
+    (r"\bresume=True\b", "--resume"),
+    (r"open it with allow_incomplete=True to inspect it", "inspect it with 'tilearray info'"),
+    (r"\bname=(?=[\s)])", "--name"),
+    (r"\btile=/shard=", "--tile/--shard"),
+    (r"\bmemory_per_worker[=≥ ]+[\"']?([0-9.]+ ?[KMGTP]?i?B)[\"']?", r"--memory-per-worker \1"),
+    (r"\bmemory_per_worker\b", "--memory-per-worker"),
+    (r"\bn_workers\b", "--workers"),
+    (r"\bthreads_per_worker\b", "--threads-per-worker"),
+]
+
+
+def _cli_words(msg: str) -> str:
+    for pattern, repl in _CLI_WORDS:
+        msg = re.sub(pattern, repl, msg)
+    return msg
+
+
+def _join_option_values(argv: list[str]) -> list[str]:
+    """``--ord -inf`` as ``--ord=-inf``: argparse takes a value that starts
+    with ``-`` (other than a plain negative number) for an option."""
+    out: list[str] = []
+    for tok in argv:
+        if out and out[-1] == "--ord" and tok.startswith("-") and tok != "--":
+            out[-1] = f"--ord={tok}"
+        else:
+            out.append(tok)
+    return out
