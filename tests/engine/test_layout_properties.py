@@ -192,6 +192,14 @@ def test_issue_reproducers_plan(tmp_path):
     ]:
         plan = expr.plan(kw.pop("path", None), budget=budget, **kw)
         assert plan.peak_task_memory <= budget.task_memory, str(expr)
+    # a norm fits wherever (a * a).sum() does (no extra abs temporary)
+    for mib in (220, 256, 300):
+        tight = ta.Budget.from_config(mib * 2**20, 2, 1)
+        try:
+            (a * a).sum().plan(budget=tight)
+        except ta.PlanningError:
+            continue
+        ta.linalg.norm(a).plan(budget=tight)
     # a strided slice: tasks sized by the chunks they read (one row of chunks,
     # each read once), not by the whole matrix
     plan = a[::100].plan(budget=budget)
