@@ -327,3 +327,29 @@ def test_openmpi_without_recovery_is_said_plainly(tmp_path):
     assert rc == 3, err  # rank 1's status, from its wrapper (the fake mpiexec said 0)
     assert "cannot survive the loss of a rank" in err
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".tilearray-mpi-")]
+
+
+def test_worker_rank_heartbeat_to_a_closed_scheduler_is_one_line():
+    """Seen under load at shutdown: a worker's heartbeat traceback after the
+    scheduler rank closed; worker ranks log it as one line."""
+    import io
+    import logging
+
+    from tilearray.engine._plugins import QuietClosedScheduler
+
+    QuietClosedScheduler().setup(None)
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    logger = logging.getLogger("distributed.worker")
+    logger.addHandler(handler)
+    try:
+        try:
+            raise OSError("Stream is closed")
+        except OSError:
+            logger.error("Failed to communicate with scheduler during heartbeat.", exc_info=True)
+        logger.error("something else")
+    finally:
+        logger.removeHandler(handler)
+    text = out.getvalue()
+    assert "Traceback" not in text and "the scheduler has closed" in text
+    assert "something else" in text

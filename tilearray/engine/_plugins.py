@@ -84,3 +84,25 @@ def take_peak(dask_worker) -> int:
     state, _, proc = rss
     peak, state["peak"] = state["peak"], proc.memory_info().rss
     return peak
+
+
+class QuietClosedScheduler(WorkerPlugin):
+    """Under mpirun, a worker rank whose scheduler rank has closed (the job is
+    over, or rank 0 died) logs one line, not a heartbeat traceback: the
+    scheduler is the job's single point of failure, and a batch job's stderr
+    should show the client's error alone."""
+
+    name = "tilearray-quiet-closed-scheduler"
+
+    def setup(self, worker):
+        import logging
+
+        class _OneLine(logging.Filter):
+            def filter(self, record):
+                if record.getMessage().startswith("Failed to communicate with scheduler"):
+                    record.exc_info = record.exc_text = None
+                    record.msg, record.args = ("%s (the scheduler has closed)",
+                                               (record.getMessage(),))
+                return True
+
+        logging.getLogger("distributed.worker").addFilter(_OneLine())

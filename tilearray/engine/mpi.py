@@ -542,7 +542,7 @@ def start(engine_cls, memory_per_worker=None, threads_per_worker=1, nanny=True,
     from dask_mpi import initialize
 
     from .. import _config
-    from ._plugins import BlasLimit
+    from ._plugins import BlasLimit, QuietClosedScheduler
 
     mem = _nbytes(memory_per_worker) if memory_per_worker is not None \
         else _default_memory(local_workers)
@@ -567,7 +567,8 @@ def start(engine_cls, memory_per_worker=None, threads_per_worker=1, nanny=True,
         dashboard=bool(dashboard),
         dashboard_address=":8787" if dashboard else ":0",
         worker_class="distributed.Nanny" if nanny else "distributed.Worker",
-        worker_options={"death_timeout": wait, "plugins": (BlasLimit(blas),)},
+        worker_options={"death_timeout": wait,
+                        "plugins": (BlasLimit(blas), QuietClosedScheduler())},
         exit=False,
     )
     if rank != CLIENT_RANK:
