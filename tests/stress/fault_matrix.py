@@ -60,9 +60,8 @@ class Tally:
 
     def add(self, outcome: str, note: str = "") -> None:
         self.runs += 1
-        setattr(self, {"survived": "survived", "clear": "clear_error", "lost": "lost"}[outcome],
-                getattr(self, {"survived": "survived", "clear": "clear_error",
-                               "lost": "lost"}[outcome]) + 1)
+        name = {"survived": "survived", "clear": "clear_error", "lost": "lost"}[outcome]
+        setattr(self, name, getattr(self, name) + 1)
         if outcome == "lost":
             self.notes.append(note)
 
