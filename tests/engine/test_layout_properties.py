@@ -22,7 +22,6 @@ from hypothesis import strategies as st
 
 import tilearray as ta
 from tilearray.engine import layout
-from tilearray.engine.lower import Lowerer
 from tilearray.graphs.blocks import intervals
 from tilearray.graphs.spec import Op, Read, Slice, Trans, read_cost
 from tilearray.storage import ArrayRef, Grid

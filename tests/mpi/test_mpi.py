@@ -121,6 +121,27 @@ def test_script_without_main_guard(small):
     assert_close(np.load(d / "sum.npy"), a.sum(axis=0))
 
 
+def _rank_killer(tmp_path, done_dir, killed: dict):
+    """``on_start`` hook: SIGKILL the first worker rank once 4 output units are
+    done (its pid from the job's pids.json); records the kill in ``killed``."""
+    def done():
+        return len(os.listdir(done_dir)) if done_dir.is_dir() else 0
+
+    def kill_a_rank(proc):
+        deadline = time.monotonic() + 120
+        pids = tmp_path / "pids.json"
+        while time.monotonic() < deadline and proc.poll() is None:
+            if pids.exists() and done() >= 4:
+                victim = json.loads(pids.read_text())["ranks"][0]
+                killed["done"] = done()
+                os.kill(victim, signal.SIGKILL)
+                killed["pid"] = victim
+                return
+            time.sleep(0.01)
+
+    return kill_a_rank, done
+
+
 def _baseline_for_many_tasks(a, b, tile, lo=20, hi=200):
     """worker-baseline (MiB) for which ``a @ b`` under the kill job's budget
     (600 MiB x 2 workers x 1 thread) has ``lo..hi`` tasks."""
@@ -158,20 +179,7 @@ def test_worker_rank_sigkilled_mid_matmul(tmp_path):
     total = (n // tile) ** 2
     killed = {}
 
-    def done():
-        return len(os.listdir(done_dir)) if done_dir.is_dir() else 0
-
-    def kill_a_rank(proc):
-        deadline = time.monotonic() + 120
-        pids = tmp_path / "pids.json"
-        while time.monotonic() < deadline and proc.poll() is None:
-            if pids.exists() and done() >= 4:
-                victim = json.loads(pids.read_text())["ranks"][0]
-                killed["done"] = done()
-                os.kill(victim, signal.SIGKILL)
-                killed["pid"] = victim
-                return
-            time.sleep(0.01)
+    kill_a_rank, done = _rank_killer(tmp_path, done_dir, killed)
 
     rc, out, err, _ = launcher("kill", tmp_path, timeout=150, env=env, on_start=kill_a_rank)
     assert "pid" in killed, f"no rank was killed\n{err}"

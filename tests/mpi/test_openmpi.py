@@ -9,9 +9,7 @@ Under ``make test`` (MPICH) they are skipped.
 
 import json
 import os
-import signal
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -24,7 +22,13 @@ pytest.importorskip("dask_mpi")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from test_mpi import _baseline_for_many_tasks, _kill_then_go, _run, _stored  # noqa: E402
+from test_mpi import (  # noqa: E402
+    _baseline_for_many_tasks,
+    _kill_then_go,
+    _rank_killer,
+    _run,
+    _stored,
+)
 
 JOBS = os.path.join(HERE, "jobs.py")
 BIN = os.path.dirname(sys.executable)
@@ -71,20 +75,7 @@ def test_openmpi_worker_rank_sigkilled_mid_matmul(tmp_path):
     total = (n // tile) ** 2
     killed = {}
 
-    def done():
-        return len(os.listdir(done_dir)) if done_dir.is_dir() else 0
-
-    def kill_a_rank(proc):
-        deadline = time.monotonic() + 120
-        pids = tmp_path / "pids.json"
-        while time.monotonic() < deadline and proc.poll() is None:
-            if pids.exists() and done() >= 4:
-                victim = json.loads(pids.read_text())["ranks"][0]
-                killed["done"] = done()
-                os.kill(victim, signal.SIGKILL)
-                killed["pid"] = victim
-                return
-            time.sleep(0.01)
+    kill_a_rank, done = _rank_killer(tmp_path, done_dir, killed)
 
     rc, out, err, elapsed = tilearray_mpirun(
         "kill", tmp_path, 150, env=_env(DASK_TILEARRAY__MEMORY__WORKER_BASELINE=baseline),

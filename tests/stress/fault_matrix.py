@@ -392,11 +392,12 @@ def disk_full(s: Setup, engine, rnd: random.Random, tally: Tally, i: int, mounte
 
 
 def transient_reads(s: Setup, engine, rnd: random.Random, tally: Tally, i: int) -> None:
+    from zarr.storage import LocalStore
+
     import tilearray as ta
     from tilearray.engine.nodes import Source
     from tilearray.storage import ArrayRef
     from tilearray.testing import FailingStore
-    from zarr.storage import LocalStore
 
     x = ta.open(s.a)
     row = rnd.randrange(x.grid.unit_grid[0])

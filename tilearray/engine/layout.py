@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..graphs.blocks import group_edges, intervals, max_interval
+from ..graphs.blocks import group_edges, max_interval
 from ..graphs.spec import Op, Read, Slice, Trans, unit_edges
 
 #: Above this many blocks the peak is bounded per axis instead of block by block.
@@ -192,11 +192,6 @@ class BlockCosts:
             out = max(out, unit * (cols if rows > 1 else 1))
         return out
 
-    def max_extent(self, axis: int) -> int:
-        """Longest read, in leaf elements, along result ``axis`` over all paths."""
-        vecs = [(r if axis == 0 else c).length for _, _, r, c in self._paths]
-        return int(max((v.max(initial=0) for v in vecs), default=0))
-
 
 def bases(spec, axis: int, n: int, hard: tuple[int, ...] | None) -> list[tuple[int, ...]]:
     """Edge lists blocks may break on along ``axis``, coarsest first.
@@ -272,4 +267,4 @@ def search(spec, shape, hard_rows, hard_cols, max_elems: int, peak_of, budget: i
     return smallest
 
 
-__all__ = ["BlockCosts", "Path", "bases", "intervals", "paths", "search", "shapes"]
+__all__ = ["BlockCosts", "Path", "bases", "paths", "search", "shapes"]
