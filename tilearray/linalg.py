@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .engine.tiled import HANDLED, TiledArray, _elemwise, _reduce
+from .engine.array import HANDLED, TiledArray, _elemwise, _reduce
 from .errors import PlanningError
 
 

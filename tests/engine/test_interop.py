@@ -302,7 +302,7 @@ def test_reduction_output_resume_returns_stored_result(engine, tmp_path, rng, mo
     import xarray as xr
     import zarr
 
-    from tilearray.engine.tiled import TiledArray
+    from tilearray.engine.array import TiledArray
 
     x = rng.standard_normal((20, 12))
     g = tmp_path / "g.zarr"

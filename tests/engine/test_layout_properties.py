@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import tilearray as ta
-from tilearray.engine import layout
+from tilearray.engine.plan import layout
 from tilearray.graphs.blocks import intervals
 from tilearray.graphs.spec import Op, Read, Slice, Trans, read_cost
 from tilearray.storage import ArrayRef, Grid

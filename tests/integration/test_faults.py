@@ -9,7 +9,7 @@ import pytest
 from zarr.storage import LocalStore
 
 import tilearray as ta
-from tilearray.engine.nodes import Source
+from tilearray.engine.expr.nodes import Source
 from tilearray.storage import ArrayRef
 from tilearray.testing import FailingStore, counts, reset_counts
 from tilearray.testing import assert_close

@@ -285,7 +285,7 @@ def test_launcher_status_when_a_process_is_killed(small, target, finishes):
     (None, None, 0, False, 0),  # unknown MPI, no wrapper: mpiexec's status
 ])
 def test_launcher_decides_rank_1s_status(py, wrapper, mpiexec_rc, wrapped, expected):
-    from tilearray.engine.mpirun import decide
+    from tilearray.engine.runtime.mpirun import decide
 
     code, why = decide(py, wrapper, mpiexec_rc, wrapped)
     assert code == expected
@@ -294,7 +294,7 @@ def test_launcher_decides_rank_1s_status(py, wrapper, mpiexec_rc, wrapped, expec
 
 
 def test_status_channel_roundtrip(tmp_path):
-    from tilearray.engine import mpirun as m
+    from tilearray.engine.runtime import mpirun as m
 
     path = str(tmp_path / "client-status")
     assert not m.reported(path) and not m.client_alive(path, stale=60)
@@ -308,7 +308,7 @@ def test_status_channel_roundtrip(tmp_path):
 
 
 def test_launcher_refuses_bad_n_before_creating_anything(tmp_path, monkeypatch):
-    from tilearray.engine import mpirun as m
+    from tilearray.engine.runtime import mpirun as m
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match="n must be at least 1, got 0"):
@@ -343,7 +343,7 @@ def test_worker_rank_heartbeat_to_a_closed_scheduler_is_one_line():
     import io
     import logging
 
-    from tilearray.engine._plugins import QuietClosedScheduler
+    from tilearray.engine.runtime.plugins import QuietClosedScheduler
 
     QuietClosedScheduler().setup(None)
     out = io.StringIO()

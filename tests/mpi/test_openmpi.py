@@ -36,7 +36,7 @@ MPIEXEC = os.path.join(BIN, "mpiexec")
 
 
 def _is_openmpi():
-    from tilearray.engine.mpirun import mpi_flavor
+    from tilearray.engine.runtime.mpirun import mpi_flavor
 
     return os.access(MPIEXEC, os.X_OK) and mpi_flavor(MPIEXEC) == "openmpi"
 

@@ -395,7 +395,7 @@ def transient_reads(s: Setup, engine, rnd: random.Random, tally: Tally, i: int) 
     from zarr.storage import LocalStore
 
     import tilearray as ta
-    from tilearray.engine.nodes import Source
+    from tilearray.engine.expr.nodes import Source
     from tilearray.storage import ArrayRef
     from tilearray.testing import FailingStore
 

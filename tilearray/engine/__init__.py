@@ -1,10 +1,10 @@
 """What users touch: lazy TiledArray expressions, the planner and the Engine."""
 
-from . import npfuncs  # noqa: F401  (registers NumPy functions for __array_function__)
-from .cluster import Engine, RunStats, current_engine
+from .array import TiledArray, matmul
 from .constructors import from_dask, from_numpy, open, random
+from .expr import npfuncs  # noqa: F401  (registers NumPy functions for __array_function__)
 from .plan import Budget, Plan, Stage
-from .tiled import TiledArray, matmul
+from .runtime import Engine, RunStats, current_engine
 
 __all__ = [
     "Budget",

@@ -13,9 +13,9 @@ from dask.base import tokenize
 from ..errors import StorageError
 from ..storage import ArrayRef, Grid, create, done_units, grid_of, mark_complete, open_array
 from ..storage import array as sarray
-from . import cluster
-from .lower import Lowered, lower, output_grid
-from .nodes import Source, derive_dims, sources, structure
+from .runtime import engine as cluster
+from .plan.lower import Lowered, lower, output_grid
+from .expr.nodes import Source, derive_dims, sources, structure
 
 log = logging.getLogger("tilearray")
 
@@ -217,7 +217,7 @@ def write(x, path, tile, shard, overwrite, resume, engine, name="", dims=None):
     with :class:`OutputLockedError`) and the target inspected again under it;
     only then is the array created or replaced, computed, its inputs verified
     unchanged since the job started, and the output marked complete."""
-    from .tiled import TiledArray, check_sources
+    from .array import TiledArray, check_sources
 
     node = x._node
     ref = ArrayRef.from_location(path, name)

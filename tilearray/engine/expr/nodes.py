@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ..storage import ArrayRef, Grid
+from ...storage import ArrayRef, Grid
 
 
 @dataclass(frozen=True, eq=False)

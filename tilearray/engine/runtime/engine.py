@@ -22,9 +22,9 @@ import dask
 import psutil
 from dask.utils import format_bytes
 
-from .. import _config
-from ..errors import ClusterError
-from .plan import Budget, _positive_int, check_worker_memory
+from ... import _config
+from ...errors import ClusterError
+from ..plan.types import Budget, _positive_int, check_worker_memory
 
 log = logging.getLogger("tilearray")
 
@@ -241,7 +241,7 @@ class Engine:
             self._spec = (mem, threads, n)
             if adaptive is not None:
                 self.cluster.adapt(minimum=lo, maximum=hi)
-            from ._plugins import BlasLimit, IgnoreInterrupt
+            from .plugins import BlasLimit, IgnoreInterrupt
 
             client.register_plugin(BlasLimit(blas), name=BlasLimit.name)
             if processes:
@@ -254,7 +254,7 @@ class Engine:
         self._closed = False
         try:
             from . import metrics
-            from ._plugins import PeakMemory
+            from .plugins import PeakMemory
 
             client.register_plugin(PeakMemory(), name=PeakMemory.name)
             metrics.register(client)
@@ -617,7 +617,7 @@ def _restore_environ(saved: dict) -> None:
 
 
 def _worker_peaks(client) -> dict:
-    from ._plugins import take_peak
+    from .plugins import take_peak
 
     try:
         return client.run(take_peak, on_error="ignore")

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..graphs.blocks import group_edges, max_interval
-from ..graphs.spec import Op, Read, Slice, Trans, unit_edges
+from ...graphs.blocks import group_edges, max_interval
+from ...graphs.spec import Op, Read, Slice, Trans, unit_edges
 
 #: Above this many blocks the peak is bounded per axis instead of block by block.
 EXACT_BLOCKS = 1 << 16

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 from dask.utils import format_bytes, parse_bytes
 
-from .. import _config
-from ..errors import PlanningError
+from ... import _config
+from ...errors import PlanningError
 
 MIN_TASK_MEMORY = 2**20
 """The least memory per task (thread) a worker must leave after its baseline, in bytes."""

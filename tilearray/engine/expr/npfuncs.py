@@ -12,7 +12,7 @@ import inspect
 
 import numpy as np
 
-from .tiled import HANDLED, TiledArray, matmul, reduce_as
+from ..array import HANDLED, TiledArray, matmul, reduce_as
 
 
 def implements(*funcs):

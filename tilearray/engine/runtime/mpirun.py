@@ -49,7 +49,7 @@ import tempfile
 import threading
 import time
 
-from ..errors import ClusterError
+from ...errors import ClusterError
 
 STATUS_ENV = "TILEARRAY_MPI_STATUS"
 """Set by :func:`mpirun`: file the client rank writes its exit status to."""

@@ -20,16 +20,16 @@ import numpy as np
 from dask.base import tokenize
 from dask.utils import format_bytes
 
-from .. import _config
-from ..errors import PlanningError
-from ..graphs import elemwise as gel
-from ..graphs import matmul as gmm
-from ..graphs import reduction as gred
-from ..graphs.blocks import group_edges, intervals, max_interval, split_points, tree
-from ..graphs.spec import Const, Dep, Op, Read, Slice, Trans, n_temporaries, unit_edges
-from ..storage import ArrayRef, Grid
+from ... import _config
+from ...errors import PlanningError
+from ...graphs import elemwise as gel
+from ...graphs import matmul as gmm
+from ...graphs import reduction as gred
+from ...graphs.blocks import group_edges, intervals, max_interval, split_points, tree
+from ...graphs.spec import Const, Dep, Op, Read, Slice, Trans, n_temporaries, unit_edges
+from ...storage import ArrayRef, Grid
 from . import layout
-from .nodes import (
+from ..expr.nodes import (
     Constant,
     Elemwise,
     MatMul,
@@ -40,7 +40,7 @@ from .nodes import (
     Transpose,
     structure,
 )
-from .plan import Budget, Plan, Stage
+from .types import Budget, Plan, Stage
 
 MIN_PANEL = 512  # elements: K panels narrower than this waste BLAS efficiency
 
@@ -532,7 +532,7 @@ def _panels(edges) -> tuple[int, ...]:
 
 def _op_temporaries(spec) -> int:
     """Arrays a region evaluation makes beyond the reads themselves."""
-    from ..graphs.spec import leaves
+    from ...graphs.spec import leaves
 
     return max(n_temporaries(spec) - len(leaves(spec)), 0)
 
@@ -548,7 +548,7 @@ def _io_overhead(a_spec, b_spec, out_grid, dtype) -> int:
     held compressed and decoded, on the read side and on the write side."""
     import zarr
 
-    from ..graphs.spec import leaves
+    from ...graphs.spec import leaves
 
     tiles = [leaf.grid.tile[0] * leaf.grid.tile[1] * leaf.dtype.itemsize
              for leaf in leaves(a_spec) + leaves(b_spec)]
@@ -558,7 +558,7 @@ def _io_overhead(a_spec, b_spec, out_grid, dtype) -> int:
 
 
 def _leaf_itemsize(spec) -> int:
-    from ..graphs.spec import leaves
+    from ...graphs.spec import leaves
 
     return max((leaf.dtype.itemsize for leaf in leaves(spec)), default=8)
 
@@ -567,7 +567,7 @@ def _band_bytes(a_spec, b_spec, panel_width: int, task_memory: int) -> int:
     """Read request bound when panels are read in place, band by band: one
     unit deep across the panel's width, at most an eighth of the task's
     memory, and never less than one whole unit (units are never split)."""
-    from ..graphs.spec import leaves
+    from ...graphs.spec import leaves
 
     out = 0
     for leaf in leaves(a_spec) + leaves(b_spec):
@@ -581,7 +581,7 @@ def _band_bytes(a_spec, b_spec, panel_width: int, task_memory: int) -> int:
 def _per_element(spec, dtype: np.dtype) -> int:
     """Projected bytes per output element of evaluating a region of ``spec``:
     each read twice (compressed + decoded), plus every temporary."""
-    from ..graphs.spec import leaves
+    from ...graphs.spec import leaves
 
     reads_ = sum(2 * leaf.dtype.itemsize for leaf in leaves(spec))
     return reads_ + (n_temporaries(spec) * max(dtype.itemsize, 8) if dtype.itemsize > 1 else 0)

@@ -23,7 +23,7 @@ from collections import defaultdict
 
 from distributed import SchedulerPlugin, WorkerPlugin
 
-from ..graphs.matmul import MERGED, OWN
+from ...graphs.matmul import MERGED, OWN
 
 log = logging.getLogger("tilearray")
 

@@ -15,9 +15,10 @@ from ..errors import PlanningError, StorageError
 from ..graphs.reduction import NO_IDENTITY, OPS
 from ..graphs.spec import func
 from ..storage import ArrayRef, Grid
-from . import cluster, output
-from .lower import Lowered, lower, output_grid
-from .nodes import (
+from . import output
+from .runtime import engine as cluster
+from .plan.lower import Lowered, lower, output_grid
+from .expr.nodes import (
     Constant,
     Elemwise,
     MatMul,

@@ -36,7 +36,7 @@ import sys
 import time
 import traceback
 
-from tilearray.cli_args import (  # argument types, CLI wording
+from tilearray.cli.options import (  # argument types, CLI wording
     _axis,
     _bytes,
     _cli_words,
@@ -46,7 +46,7 @@ from tilearray.cli_args import (  # argument types, CLI wording
     _ord,
     _pos_int,
 )
-from tilearray.cli_expr import ExpressionError, parse_expression
+from tilearray.cli.expr import ExpressionError, parse_expression
 
 PROG = "tilearray"
 
@@ -549,7 +549,7 @@ def cmd_random(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from tilearray.engine.tiled import TiledArray
+    from tilearray.engine.array import TiledArray
 
     _check_cluster_args(args)
     try:
@@ -925,7 +925,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["mpirun"]:
         # `tilearray mpirun -n N -- script.py ...`: launch on MPI ranks, exit with
         # the client rank's status (a dead worker rank does not end the job)
-        from .engine.mpi import main as mpirun_main
+        from tilearray.engine.mpi import main as mpirun_main
 
         return mpirun_main(argv[1:])
     parser = build_parser()

@@ -1,0 +1,1 @@
+"""The lazy expression: node types and the NumPy protocol tables."""

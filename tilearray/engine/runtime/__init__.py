@@ -1,0 +1,7 @@
+"""The runtime: the Engine over a dask.distributed Client (an embedded
+LocalCluster, an existing cluster, or dask-mpi under mpirun), its worker and
+scheduler plugins and metrics. The only place that touches the cluster."""
+
+from .engine import Engine, RunStats, current_engine
+
+__all__ = ["Engine", "RunStats", "current_engine"]
