@@ -36,6 +36,7 @@ import sys
 import time
 import traceback
 
+from tilearray.cli.expr import ExpressionError, parse_expression
 from tilearray.cli.options import (  # argument types, CLI wording
     _axis,
     _bytes,
@@ -46,7 +47,6 @@ from tilearray.cli.options import (  # argument types, CLI wording
     _ord,
     _pos_int,
 )
-from tilearray.cli.expr import ExpressionError, parse_expression
 
 PROG = "tilearray"
 

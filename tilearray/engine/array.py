@@ -16,8 +16,6 @@ from ..graphs.reduction import NO_IDENTITY, OPS
 from ..graphs.spec import func
 from ..storage import ArrayRef, Grid
 from . import output
-from .runtime import engine as cluster
-from .plan.lower import Lowered, lower, output_grid
 from .expr.nodes import (
     Constant,
     Elemwise,
@@ -30,6 +28,9 @@ from .expr.nodes import (
     derive_dims,
     sources,
 )
+from .plan.lower import Lowered, lower
+from .plan.sizing import output_grid
+from .runtime import engine as cluster
 
 log = logging.getLogger("tilearray")
 

@@ -13,9 +13,9 @@ from ..errors import StorageError
 from ..graphs import elemwise as gel
 from ..storage import ArrayRef, create, grid_of, mark_complete
 from ..storage import array as sarray
-from .runtime import engine as cluster
-from .output import existing_array, has_data, source
 from .array import TiledArray
+from .output import existing_array, has_data, source
+from .runtime import engine as cluster
 
 
 def open(path, name: str = "", *, allow_incomplete: bool = False) -> TiledArray:  # noqa: A001

@@ -13,9 +13,10 @@ from dask.base import tokenize
 from ..errors import StorageError
 from ..storage import ArrayRef, Grid, create, done_units, grid_of, mark_complete, open_array
 from ..storage import array as sarray
-from .runtime import engine as cluster
-from .plan.lower import Lowered, lower, output_grid
 from .expr.nodes import Source, derive_dims, sources, structure
+from .plan.lower import Lowered, lower
+from .plan.sizing import output_grid
+from .runtime import engine as cluster
 
 log = logging.getLogger("tilearray")
 
