@@ -15,7 +15,7 @@ from ..errors import PlanningError, StorageError
 from ..graphs.reduction import NO_IDENTITY, OPS
 from ..graphs.spec import func
 from ..storage import ArrayRef, Grid
-from . import output
+from . import output, runtime
 from .expr.nodes import (
     Constant,
     Elemwise,
@@ -30,7 +30,6 @@ from .expr.nodes import (
 )
 from .plan.lower import Lowered, lower
 from .plan.sizing import output_grid
-from .runtime import engine as cluster
 
 log = logging.getLogger("tilearray")
 
@@ -258,7 +257,7 @@ class TiledArray:
 
     def __init__(self, node: Node):
         self._node = node
-        self.stats: cluster.RunStats | None = None
+        self.stats: runtime.RunStats | None = None
 
     # -- basics -------------------------------------------------------------------
     shape = property(lambda self: tuple(self._node.shape), doc="Shape, a tuple of ints.")
@@ -448,7 +447,7 @@ class TiledArray:
     # -- running ----------------------------------------------------------------------
     def _lower(self, out=None, out_grid=None, skip=(), budget=None, engine=None) -> Lowered:
         if budget is None:
-            engine = engine or cluster.current_engine()
+            engine = engine or runtime.current_engine()
             budget = engine.budget()
         return lower(self._node, budget, out, out_grid, set(skip))
 
@@ -512,7 +511,7 @@ class TiledArray:
                 f"over the compute limit {format_bytes(limit)}; write it with "
                 ".to_zarr(path) (or raise tilearray.compute.max-result-size)"
             )
-        engine = engine or cluster.current_engine()
+        engine = engine or runtime.current_engine()
         low = self._lower(engine=engine)
         check_sources(n)
         output.create_temporaries(low)

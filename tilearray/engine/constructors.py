@@ -13,9 +13,9 @@ from ..errors import StorageError
 from ..graphs import elemwise as gel
 from ..storage import ArrayRef, create, grid_of, mark_complete
 from ..storage import array as sarray
+from . import runtime
 from .array import TiledArray
 from .output import existing_array, has_data, source
-from .runtime import engine as cluster
 
 
 def open(path, name: str = "", *, allow_incomplete: bool = False) -> TiledArray:  # noqa: A001
@@ -146,7 +146,7 @@ def random(shape, path, *, name="", dims=None, tile=(1024, 1024), shard=None,
             graph[key] = (gel.random_block, ref, grid.unit_range(0, i), grid.unit_range(1, j),
                           np.dtype(dtype), seed, grid.tile)
             keys.append(key)
-    engine = engine or cluster.current_engine(start=False)
+    engine = engine or runtime.current_engine(start=False)
     if engine is not None:
         engine.run(graph, keys, description=f"random -> {os.path.basename(str(ref))}",
                    quiet=True, units_total=grid.n_units)

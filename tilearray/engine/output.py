@@ -13,10 +13,10 @@ from dask.base import tokenize
 from ..errors import StorageError
 from ..storage import ArrayRef, Grid, create, done_units, grid_of, mark_complete, open_array
 from ..storage import array as sarray
+from . import runtime
 from .expr.nodes import Source, derive_dims, sources, structure
 from .plan.lower import Lowered, lower
 from .plan.sizing import output_grid
-from .runtime import engine as cluster
 
 log = logging.getLogger("tilearray")
 
@@ -227,7 +227,7 @@ def write(x, path, tile, shard, overwrite, resume, engine, name="", dims=None):
     labels = derive_dims(node, lambda src: ("row", "col"))
     if node.small or node.ndim != 2:
         return _write_small_result(x, ref, overwrite, resume, engine, dims, labels)
-    engine = engine or cluster.current_engine()
+    engine = engine or runtime.current_engine()
     check_sources(node)  # inputs overwritten since they were opened: refused before writing
     states = input_states(node)
     fp = _fingerprint(node, states)

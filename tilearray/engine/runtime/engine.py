@@ -9,82 +9,25 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import itertools
 import logging
-import os
-import sys
-import threading
-import time
-import warnings
-from dataclasses import dataclass, field
 
-import dask
-import psutil
 from dask.utils import format_bytes
 
 from ... import _config
 from ...errors import ClusterError
-from ..plan.types import Budget, _positive_int, check_worker_memory
+from ..plan.types import Budget
+from . import context
+from .gather import gather
+from .local import _restore_environ, check_arguments, start_local
+from .stats import RunStats
 
 log = logging.getLogger("tilearray")
-
-_current: list[Engine] = []
-_default: Engine | None = None
-_active: Engine | None = None  # the most recently created engine, until closed
-_lock = threading.Lock()
 
 
 def _blas_info():
     from threadpoolctl import threadpool_info
 
     return [(i.get("internal_api"), i.get("num_threads")) for i in threadpool_info()]
-
-
-@dataclass
-class RunStats:
-    """Measured figures of one run (``x.stats`` after ``to_zarr``/``compute``).
-
-    Summed over the run's tasks, as the tasks measured them; compare with the
-    projections of :class:`Plan` (``x.plan()``).
-    """
-
-    bytes_read: int = 0
-    """Decoded bytes read from Zarr stores, in bytes."""
-    bytes_written: int = 0
-    """Bytes written to the output (and temporaries), in bytes (uncompressed)."""
-    read_requests: int = 0
-    """Whole-I/O-unit read requests (one Zarr read each)."""
-    store_gets: int = 0
-    """Store requests those reads made (chunk or shard keys)."""
-    read_retries: int = 0
-    """Store reads retried after a transient error."""
-    tasks: int = 0
-    """Tasks that did work (reads, BLAS or writes)."""
-    task_retries: int = 0
-    """Tasks rerun because the worker running them died."""
-    wall_seconds: float = 0.0
-    """Wall-clock time of the run, in seconds, as seen by the client."""
-    peak_worker_memory: int = 0
-    """Largest RSS of any worker process seen during the run, in bytes."""
-    io_wait_seconds: float = 0.0
-    """Time matmul tasks waited for panel reads, summed over tasks, in seconds."""
-    blas_seconds: float = 0.0
-    """Time spent in BLAS gemm, summed over tasks, in seconds."""
-    skipped_units: int = 0
-    """Output units already done (resume) and not recomputed."""
-    units_written: int = 0
-    """Output (and temporary) I/O units written and marked done by this run."""
-    per_worker_peak: dict = field(default_factory=dict)
-    """Peak RSS of each worker process (address -> bytes)."""
-
-    def __str__(self) -> str:
-        return (
-            f"{self.tasks} tasks in {self.wall_seconds:.1f} s, read "
-            f"{format_bytes(self.bytes_read)} ({self.read_requests} requests), wrote "
-            f"{format_bytes(self.bytes_written)}, peak worker memory "
-            f"{format_bytes(self.peak_worker_memory)}, retries: {self.task_retries} task(s), "
-            f"{self.read_retries} read(s)"
-        )
 
 
 class Engine:
@@ -160,32 +103,8 @@ class Engine:
     ):
         # every argument, and the tilearray.* config, is checked before anything starts
         _config.check_all()
-        if client is not None:
-            for arg, v in (("n_workers", n_workers), ("threads_per_worker", threads_per_worker),
-                           ("adaptive", adaptive)):
-                if v is not None:
-                    raise ClusterError(
-                        f"{arg}={v!r} sizes the embedded LocalCluster; it cannot be used with "
-                        "client= (scale an existing cluster with its own tools, e.g. "
-                        "cluster.adapt())")
-        if processes not in (None, True, False):
-            raise ClusterError(f"processes={processes!r} must be True, False or None (default: "
-                               "worker processes where this script allows them)")
-        threads = 1 if threads_per_worker is None else \
-            _positive_int(threads_per_worker, "threads_per_worker", ClusterError)
-        if n_workers is not None:
-            _positive_int(n_workers, "n_workers", ClusterError)
-        if memory_per_worker is not None:
-            memory_per_worker = check_worker_memory(memory_per_worker, threads,
-                                                    error=ClusterError)
-        if adaptive is not None:
-            try:
-                lo, hi = (int(v) for v in adaptive)
-            except (TypeError, ValueError):
-                lo, hi = -1, -1
-            if not 0 <= lo <= hi or hi < 1:
-                raise ClusterError(f"adaptive=(minimum, maximum) needs 0 <= minimum <= maximum "
-                                   f"and maximum >= 1, got adaptive={adaptive!r}")
+        threads, memory_per_worker, span = check_arguments(
+            n_workers, threads_per_worker, memory_per_worker, client, processes, adaptive)
         self.quiet = quiet
         self._owns = client is None
         self.cluster = None
@@ -193,61 +112,8 @@ class Engine:
         self._memory_override = memory_per_worker
         self._spec = None  # (memory, threads, max workers) of a cluster we start
         if client is None:
-            from distributed import Client, LocalCluster
-
-            cores = os.cpu_count() or 1
-            n = int(n_workers or max(cores // threads, 1))
-            if adaptive is not None:
-                n = hi if n_workers is None else int(n_workers)
-            processes = _choose_processes(processes, n)
-            if memory_per_worker is None:
-                mem = _config.get_bytes("memory.default-per-worker")
-                mem = min(mem, int(psutil.virtual_memory().total * 0.8 / n))
-            else:
-                mem = memory_per_worker
-            blas = max(cores // (n * threads), 1)
-            # distributed's nanny writes its pre-spawn settings (OMP/MKL/OPENBLAS
-            # threads = 1, ...) into this process's environment; keep ours
-            self._environ = dict(os.environ)
-            try:
-                with dask.config.set({
-                    "distributed.scheduler.allowed-failures": _config.get("scheduler.allowed-failures"),
-                    "distributed.worker.memory.spill": False,
-                    "distributed.worker.memory.target": False,
-                    # tasks are sized to fit before they run; pausing a worker
-                    # whose freed memory is slow to leave RSS could stall a
-                    # run, while the nanny's kill at 95% stays the safety net
-                    "distributed.worker.memory.pause": False,
-                    # in-process workers have no nanny: measuring this whole
-                    # process against the limit would make them close themselves
-                    **({} if processes else {"distributed.worker.memory.terminate": False}),
-                }):
-                    self.cluster = LocalCluster(
-                        n_workers=n if adaptive is None else lo,
-                        threads_per_worker=threads,
-                        memory_limit=mem,
-                        processes=processes,
-                        dashboard_address=":0",
-                        silence_logs=logging.ERROR,
-                    )
-                    client = Client(self.cluster, set_as_default=False)
-            except Exception as e:
-                hint = ""
-                if processes and "Nanny failed" in str(e):
-                    hint = (f" (worker processes re-run the main script: if it starts the engine "
-                            f"outside {_GUARD!r}, add the guard, or pass processes=False)")
-                raise ClusterError(f"could not start a LocalCluster ({n} x {threads}): "
-                                   f"{e}{hint}") from e
-            self._spec = (mem, threads, n)
-            if adaptive is not None:
-                self.cluster.adapt(minimum=lo, maximum=hi)
-            from .plugins import BlasLimit, IgnoreInterrupt
-
-            client.register_plugin(BlasLimit(blas), name=BlasLimit.name)
-            if processes:
-                client.register_plugin(IgnoreInterrupt(), name=IgnoreInterrupt.name)
-            self.blas_threads = blas
-            _restore_environ(self._environ)
+            self.cluster, client, self._spec, self.blas_threads, self._environ = start_local(
+                n_workers, threads, memory_per_worker, processes, adaptive, span)
         else:
             self.blas_threads = None
         self.client = client
@@ -262,8 +128,7 @@ class Engine:
             log.warning("could not register tilearray's worker/scheduler plugins "
                         "(no peak-memory figures or metrics)", exc_info=True)
         if set_as_default:
-            global _active
-            _active = self
+            context.active = self
         if dashboard and getattr(client, "dashboard_link", None):
             log.info("dask dashboard: %s", client.dashboard_link)
 
@@ -295,20 +160,19 @@ class Engine:
 
     # -- context ----------------------------------------------------------------
     def __enter__(self) -> Engine:
-        _current.append(self)
+        context.stack.append(self)
         return self
 
     def __exit__(self, *exc) -> None:
-        if _current and _current[-1] is self:
-            _current.pop()
+        if context.stack and context.stack[-1] is self:
+            context.stack.pop()
         self.close()
 
     def close(self) -> None:
         """Shut down the cluster if this engine started it."""
-        global _active
         self._closed = True
-        if _active is self:
-            _active = None
+        if context.active is self:
+            context.active = None
         if self._owns:
             # in-process workers log their comms closing ("Batched Comm Closed",
             # at INFO, once LocalCluster has restored the log level): not news
@@ -343,87 +207,11 @@ class Engine:
         On failure every pending task is cancelled and the first error raised.
         ``plan`` and the unit counts are reported to the scheduler's metrics.
         """
-        from distributed import wait
-
-        from .metrics import job_event
-
         quiet = self.quiet if quiet is None else quiet
-        t0 = time.perf_counter()
-        _worker_peaks(self.client)  # reset the in-worker peaks (PeakMemory plugin)
-        job_event(self.client, "start", name=description, tasks=len(graph),
-                  units_total=int(units_total), units_skipped=int(units_skipped),
-                  **(_plan_figures(plan) if plan is not None else {}))
-        ok, futures, bar = False, [], None
-        try:
-            futures = self.client.get(graph, keys, sync=False)
-            keep: set = set()  # keys listed twice must not be released early
-            seen: set = set()
-            for f in futures:
-                (keep if f.key in seen else seen).add(f.key)
-            if not quiet:
-                from tqdm.auto import tqdm
-
-                bar = tqdm(total=len(seen), desc=description, unit="block",
-                           file=sys.stderr, leave=True, dynamic_ncols=True)
-            index: dict = {}
-            for i, f in enumerate(futures):
-                index.setdefault(f.key, []).append(i)
-            values = [None] * len(futures)
-            # gather each result as it completes and release it, so results
-            # (blocks of a compute()) never pile up in worker memory. Futures
-            # are polled with wait(), not as_completed(): a result lost with a
-            # worker right after it finished is computed again, and wait()
-            # sees it pending again where as_completed() would wait forever.
-            pending = {f.key: f for f in futures}
-            while pending:
-                with contextlib.suppress(TimeoutError), self.client.as_current():
-                    wait(list(itertools.islice(pending.values(), 1000)), timeout=2,
-                         return_when="FIRST_COMPLETED")
-                for fut in [f for f in pending.values() if f.done()]:
-                    value = fut.result()  # raises the task's exception
-                    for i in index[fut.key]:
-                        values[i] = value
-                    del pending[fut.key]
-                    if bar is not None:
-                        bar.update(1)
-                    if fut.key not in keep and value[0] is not None:
-                        # a data-carrying result (a compute() block): free it on the
-                        # worker now; stats-only results stay until retries are counted
-                        fut.release()
-            ok = True
-        except BaseException:
-            if futures:
-                self.client.cancel(futures)
-            raise
-        finally:
-            job_event(self.client, "end", ok=ok)
-            if bar is not None:
-                bar.close()
-            peaks = {addr: rss for addr, rss in _worker_peaks(self.client).items()
-                     if isinstance(rss, int)}
-        stats = RunStats(wall_seconds=time.perf_counter() - t0)
-        for _, st in values:
-            for k in ("bytes_read", "bytes_written", "read_requests", "store_gets",
-                      "read_retries", "tasks", "units_written"):
-                setattr(stats, k, getattr(stats, k) + int(st.get(k, 0)))
-            stats.io_wait_seconds += st.get("io_wait_seconds", 0.0)
-            stats.blas_seconds += st.get("blas_seconds", 0.0)
-        stats.per_worker_peak = peaks
-        stats.peak_worker_memory = max(peaks.values(), default=0)
-        stats.task_retries = self._suspicious()
-        for f in futures:  # release, not cancel: a later run may reuse these keys
-            f.release()
+        values, stats = gather(self.client, graph, keys, description=description, quiet=quiet,
+                               plan=plan, units_total=units_total, units_skipped=units_skipped)
         self.last_run = stats
-        return [v for v, _ in values], stats
-
-    def _suspicious(self) -> int:
-        def count(dask_scheduler):
-            return sum(ts.suspicious for ts in dask_scheduler.tasks.values())
-
-        try:
-            return int(self.client.run_on_scheduler(count))
-        except Exception:
-            return 0
+        return values, stats
 
     @property
     def metrics_url(self) -> str | None:
@@ -486,164 +274,23 @@ class Engine:
         return start(cls, **kwargs)
 
 
-_GUARD = 'if __name__ == "__main__":'
-
-
-def _spawn_problem() -> str | None:
-    """Why worker processes cannot be spawned from this process, or None.
-
-    A spawned worker process re-runs the main script (multiprocessing's
-    ``spawn``/``forkserver``, distributed's default): a script read from
-    standard input cannot be re-read, and a script whose top-level code starts
-    the engine would start it again in every worker (which multiprocessing
-    refuses: "Nanny failed to start"). ``python -c``, the REPL, notebooks and
-    ``python -m package`` have nothing to re-run.
-    """
-    import multiprocessing
-
-    if dask.config.get("distributed.worker.multiprocessing-method", "spawn") == "fork":
-        return None
-    main = sys.modules.get("__main__")
-    if _bootstrapping():
-        return (f"this is a worker process re-running the main script; the script starts an "
-                f"engine outside the {_GUARD!r} guard")
-    spec = getattr(main, "__spec__", None)
-    name = getattr(spec, "name", None)
-    if name is not None:  # python -m module: re-imported by name, except a package's __main__
-        if name == "__main__" or name.endswith(".__main__"):
-            return None
-        path = getattr(spec, "origin", None) or getattr(main, "__file__", None)
-    else:
-        path = getattr(main, "__file__", None)
-        if path is None:
-            return None
-        if os.path.splitext(os.path.basename(path))[0] == "ipython":
-            return None  # multiprocessing skips it too
-        full = os.path.join(multiprocessing.process.ORIGINAL_DIR or "", path)
-        if not os.path.isfile(full):
-            return (f"the main script {path!r} is not a file (code read from standard input, "
-                    "`python -`), so worker processes cannot re-run it")
-    line = _unguarded_line(main, path)
-    if line is None:
-        return None
-    return (f"{path} starts the engine from line {line}, outside an {_GUARD!r} block, and every "
-            "worker process re-runs the main script")
-
-
-def _bootstrapping() -> bool:
-    """True while a spawned child re-runs the main script (before its target runs)."""
-    import multiprocessing
-
-    return bool(getattr(multiprocessing.current_process(), "_inheriting", False))
-
-
-def _unguarded_line(main, path: str | None) -> int | None:
-    """The line of the main script's top-level code that is (indirectly) starting
-    the engine now, if it is not inside an ``if __name__ == "__main__":`` block."""
-    import ast
-
-    if path is None or main is None:
-        return None
-    try:
-        target = os.path.realpath(path)
-    except (TypeError, ValueError):
-        return None
-    frame, line = sys._getframe(1), None
-    while frame is not None:
-        code = frame.f_code
-        if (frame.f_globals is main.__dict__ and code.co_name == "<module>"
-                and os.path.realpath(code.co_filename) == target):
-            line = frame.f_lineno
-        frame = frame.f_back
-    if line is None:
-        return None
-    try:
-        with open(target, "rb") as f:
-            tree = ast.parse(f.read())
-    except (OSError, SyntaxError, ValueError):
-        return None
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and _is_main_test(node.test) and node.body and \
-                node.body[0].lineno <= line <= (node.body[-1].end_lineno or line):
-            return None
-    return line
-
-
-def _is_main_test(test) -> bool:
-    import ast
-
-    if not (isinstance(test, ast.Compare) and len(test.ops) == 1
-            and isinstance(test.ops[0], ast.Eq)):
-        return False
-    sides = [test.left, test.comparators[0]]
-    names = [s for s in sides if isinstance(s, ast.Name) and s.id == "__name__"]
-    consts = [s for s in sides if isinstance(s, ast.Constant) and s.value == "__main__"]
-    return len(names) == 1 and len(consts) == 1
-
-
-def _choose_processes(processes: bool | None, n: int) -> bool:
-    """Worker processes unless the main script cannot be re-run by them: then
-    in-process (thread) workers with a warning, or a ClusterError when
-    ``processes=True`` was asked for. Decided before anything starts."""
-    if processes is False:
-        return False
-    why = _spawn_problem()
-    if why is None:
-        return True
-    guard = f"put the script's code in a file, under {_GUARD!r}"
-    if processes or _bootstrapping():
-        raise ClusterError(f"cannot start worker processes: {why}; {guard}, or pass "
-                           "processes=False for workers that are threads of this process")
-    warnings.warn(
-        f"tilearray: running {n} worker(s) as threads of this process, not as processes: "
-        f"{why}. For worker processes {guard}; pass processes=False to silence this warning",
-        RuntimeWarning, stacklevel=3)
-    return False
-
-
-def _plan_figures(plan) -> dict:
-    b = plan.budget
-    return {
-        "projected_task_memory": max((s.peak_task_memory for s in plan.stages), default=0),
-        "task_memory_budget": b.task_memory,
-        "memory_per_worker": b.memory_per_worker,
-    }
-
-
-def _restore_environ(saved: dict) -> None:
-    for k in set(os.environ) - set(saved):
-        del os.environ[k]
-    os.environ.update(saved)
-
-
-def _worker_peaks(client) -> dict:
-    from .plugins import take_peak
-
-    try:
-        return client.run(take_peak, on_error="ignore")
-    except Exception:
-        return {}
-
-
 def current_engine(start: bool = True) -> Engine | None:
     """The innermost ``with Engine()``, else the default engine (started lazily)."""
-    global _default
-    if _current:
-        return _current[-1]
-    if _active is not None:
-        return _active
+    if context.stack:
+        return context.stack[-1]
+    if context.active is not None:
+        return context.active
     if not start:
-        return _default
-    with _lock:
-        if _default is None:
-            _default = Engine(set_as_default=False)
+        return context.default
+    with context.lock:
+        if context.default is None:
+            context.default = Engine(set_as_default=False)
             atexit.register(_close_default)
-            log.info("started default %r", _default)
-    return _default
+            log.info("started default %r", context.default)
+    return context.default
 
 
 def _close_default() -> None:
-    global _default
-    if _default is not None:
-        _default.close()
-        _default = None
+    if context.default is not None:
+        context.default.close()
+        context.default = None

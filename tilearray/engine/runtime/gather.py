@@ -1,0 +1,116 @@
+"""Submitting one graph and gathering its results: progress bar, results
+released as they arrive, a lost result computed again, the measured figures
+summed into :class:`~.stats.RunStats`, job events for the scheduler's metrics."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import sys
+import time
+
+from .stats import RunStats
+
+
+def gather(client, graph: dict, keys: list, *, description: str, quiet: bool, plan=None,
+           units_total: int = 0, units_skipped: int = 0):
+    """Run ``graph`` on ``client`` and gather ``keys``: ``(values, RunStats)``
+    (see :meth:`Engine.run <tilearray.engine.runtime.engine.Engine.run>`)."""
+    from distributed import wait
+
+    from .metrics import job_event
+
+    t0 = time.perf_counter()
+    _worker_peaks(client)  # reset the in-worker peaks (PeakMemory plugin)
+    job_event(client, "start", name=description, tasks=len(graph),
+              units_total=int(units_total), units_skipped=int(units_skipped),
+              **(_plan_figures(plan) if plan is not None else {}))
+    ok, futures, bar = False, [], None
+    try:
+        futures = client.get(graph, keys, sync=False)
+        keep: set = set()  # keys listed twice must not be released early
+        seen: set = set()
+        for f in futures:
+            (keep if f.key in seen else seen).add(f.key)
+        if not quiet:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(seen), desc=description, unit="block",
+                       file=sys.stderr, leave=True, dynamic_ncols=True)
+        index: dict = {}
+        for i, f in enumerate(futures):
+            index.setdefault(f.key, []).append(i)
+        values = [None] * len(futures)
+        # gather each result as it completes and release it, so results
+        # (blocks of a compute()) never pile up in worker memory. Futures
+        # are polled with wait(), not as_completed(): a result lost with a
+        # worker right after it finished is computed again, and wait()
+        # sees it pending again where as_completed() would wait forever.
+        pending = {f.key: f for f in futures}
+        while pending:
+            with contextlib.suppress(TimeoutError), client.as_current():
+                wait(list(itertools.islice(pending.values(), 1000)), timeout=2,
+                     return_when="FIRST_COMPLETED")
+            for fut in [f for f in pending.values() if f.done()]:
+                value = fut.result()  # raises the task's exception
+                for i in index[fut.key]:
+                    values[i] = value
+                del pending[fut.key]
+                if bar is not None:
+                    bar.update(1)
+                if fut.key not in keep and value[0] is not None:
+                    # a data-carrying result (a compute() block): free it on the
+                    # worker now; stats-only results stay until retries are counted
+                    fut.release()
+        ok = True
+    except BaseException:
+        if futures:
+            client.cancel(futures)
+        raise
+    finally:
+        job_event(client, "end", ok=ok)
+        if bar is not None:
+            bar.close()
+        peaks = {addr: rss for addr, rss in _worker_peaks(client).items()
+                 if isinstance(rss, int)}
+    stats = RunStats(wall_seconds=time.perf_counter() - t0)
+    for _, st in values:
+        for k in ("bytes_read", "bytes_written", "read_requests", "store_gets",
+                  "read_retries", "tasks", "units_written"):
+            setattr(stats, k, getattr(stats, k) + int(st.get(k, 0)))
+        stats.io_wait_seconds += st.get("io_wait_seconds", 0.0)
+        stats.blas_seconds += st.get("blas_seconds", 0.0)
+    stats.per_worker_peak = peaks
+    stats.peak_worker_memory = max(peaks.values(), default=0)
+    stats.task_retries = _suspicious(client)
+    for f in futures:  # release, not cancel: a later run may reuse these keys
+        f.release()
+    return [v for v, _ in values], stats
+
+
+def _suspicious(client) -> int:
+    def count(dask_scheduler):
+        return sum(ts.suspicious for ts in dask_scheduler.tasks.values())
+
+    try:
+        return int(client.run_on_scheduler(count))
+    except Exception:
+        return 0
+
+
+def _plan_figures(plan) -> dict:
+    b = plan.budget
+    return {
+        "projected_task_memory": max((s.peak_task_memory for s in plan.stages), default=0),
+        "task_memory_budget": b.task_memory,
+        "memory_per_worker": b.memory_per_worker,
+    }
+
+
+def _worker_peaks(client) -> dict:
+    from .plugins import take_peak
+
+    try:
+        return client.run(take_peak, on_error="ignore")
+    except Exception:
+        return {}

@@ -1,0 +1,116 @@
+"""The embedded LocalCluster of ``Engine()``: its arguments checked before
+anything starts, and its start (sized to the machine, BLAS threads per
+worker, dask's memory settings for planned tasks)."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import dask
+import psutil
+
+from ... import _config
+from ...errors import ClusterError
+from ..plan.types import _positive_int, check_worker_memory
+from .spawn import _GUARD, _choose_processes
+
+
+def check_arguments(n_workers, threads_per_worker, memory_per_worker, client, processes,
+                    adaptive):
+    """Refuse a bad argument before anything starts; returns ``(threads,
+    memory_per_worker in bytes or None, (minimum, maximum) or None)``."""
+    lo = hi = None
+    if client is not None:
+        for arg, v in (("n_workers", n_workers), ("threads_per_worker", threads_per_worker),
+                       ("adaptive", adaptive)):
+            if v is not None:
+                raise ClusterError(
+                    f"{arg}={v!r} sizes the embedded LocalCluster; it cannot be used with "
+                    "client= (scale an existing cluster with its own tools, e.g. "
+                    "cluster.adapt())")
+    if processes not in (None, True, False):
+        raise ClusterError(f"processes={processes!r} must be True, False or None (default: "
+                           "worker processes where this script allows them)")
+    threads = 1 if threads_per_worker is None else \
+        _positive_int(threads_per_worker, "threads_per_worker", ClusterError)
+    if n_workers is not None:
+        _positive_int(n_workers, "n_workers", ClusterError)
+    if memory_per_worker is not None:
+        memory_per_worker = check_worker_memory(memory_per_worker, threads,
+                                                error=ClusterError)
+    if adaptive is not None:
+        try:
+            lo, hi = (int(v) for v in adaptive)
+        except (TypeError, ValueError):
+            lo, hi = -1, -1
+        if not 0 <= lo <= hi or hi < 1:
+            raise ClusterError(f"adaptive=(minimum, maximum) needs 0 <= minimum <= maximum "
+                               f"and maximum >= 1, got adaptive={adaptive!r}")
+    return threads, memory_per_worker, (None if adaptive is None else (lo, hi))
+
+
+def start_local(n_workers, threads, memory_per_worker, processes, adaptive, span):
+    """Start the LocalCluster and a Client on it; returns ``(cluster, client,
+    (memory, threads, max workers), BLAS threads per worker, saved environment)``."""
+    lo, hi = span if span is not None else (None, None)
+    from distributed import Client, LocalCluster
+
+    cores = os.cpu_count() or 1
+    n = int(n_workers or max(cores // threads, 1))
+    if adaptive is not None:
+        n = hi if n_workers is None else int(n_workers)
+    processes = _choose_processes(processes, n)
+    if memory_per_worker is None:
+        mem = _config.get_bytes("memory.default-per-worker")
+        mem = min(mem, int(psutil.virtual_memory().total * 0.8 / n))
+    else:
+        mem = memory_per_worker
+    blas = max(cores // (n * threads), 1)
+    # distributed's nanny writes its pre-spawn settings (OMP/MKL/OPENBLAS
+    # threads = 1, ...) into this process's environment; keep ours
+    environ = dict(os.environ)
+    try:
+        with dask.config.set({
+            "distributed.scheduler.allowed-failures": _config.get("scheduler.allowed-failures"),
+            "distributed.worker.memory.spill": False,
+            "distributed.worker.memory.target": False,
+            # tasks are sized to fit before they run; pausing a worker
+            # whose freed memory is slow to leave RSS could stall a
+            # run, while the nanny's kill at 95% stays the safety net
+            "distributed.worker.memory.pause": False,
+            # in-process workers have no nanny: measuring this whole
+            # process against the limit would make them close themselves
+            **({} if processes else {"distributed.worker.memory.terminate": False}),
+        }):
+            cluster = LocalCluster(
+                n_workers=n if adaptive is None else lo,
+                threads_per_worker=threads,
+                memory_limit=mem,
+                processes=processes,
+                dashboard_address=":0",
+                silence_logs=logging.ERROR,
+            )
+            client = Client(cluster, set_as_default=False)
+    except Exception as e:
+        hint = ""
+        if processes and "Nanny failed" in str(e):
+            hint = (f" (worker processes re-run the main script: if it starts the engine "
+                    f"outside {_GUARD!r}, add the guard, or pass processes=False)")
+        raise ClusterError(f"could not start a LocalCluster ({n} x {threads}): "
+                           f"{e}{hint}") from e
+    if adaptive is not None:
+        cluster.adapt(minimum=lo, maximum=hi)
+    from .plugins import BlasLimit, IgnoreInterrupt
+
+    client.register_plugin(BlasLimit(blas), name=BlasLimit.name)
+    if processes:
+        client.register_plugin(IgnoreInterrupt(), name=IgnoreInterrupt.name)
+    _restore_environ(environ)
+    return cluster, client, (mem, threads, n), blas, environ
+
+
+def _restore_environ(saved: dict) -> None:
+    for k in set(os.environ) - set(saved):
+        del os.environ[k]
+    os.environ.update(saved)
