@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .engine.array import HANDLED, TiledArray, _elemwise, _reduce
+from .engine.array import TiledArray
+from .engine.expr.ops import HANDLED, _elemwise, _reduce
 from .errors import PlanningError
 
 

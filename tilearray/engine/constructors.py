@@ -13,9 +13,10 @@ from ..errors import StorageError
 from ..graphs import elemwise as gel
 from ..storage import ArrayRef, create, grid_of, mark_complete
 from ..storage import array as sarray
+from ..storage.commit import existing_array, has_data
 from . import runtime
 from .array import TiledArray
-from .output import existing_array, has_data, source
+from .output import source
 
 
 def open(path, name: str = "", *, allow_incomplete: bool = False) -> TiledArray:  # noqa: A001

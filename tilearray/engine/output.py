@@ -1,5 +1,7 @@
-"""Writing results: the output's checks, fingerprint, lock, resume and
-completion around a run, and the run's temporaries."""
+"""Writing results: the order of the output commit protocol around a run
+(checks, lock, create, run, verify inputs, mark complete), the expression's
+fingerprint and resume decision, the run's temporaries. The storage steps
+themselves are in :mod:`tilearray.storage` (``commit``, ``array``, ``locks``)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,16 @@ from dask.base import tokenize
 from ..errors import StorageError
 from ..storage import ArrayRef, Grid, create, done_units, grid_of, mark_complete, open_array
 from ..storage import array as sarray
+from ..storage.commit import (
+    check_target_kind,
+    existing_array,
+    input_state,
+    local_path,
+    refusing,
+    run_checked,
+    verify_inputs,
+    write_small,
+)
 from . import runtime
 from .expr.nodes import Source, derive_dims, sources, structure
 from .plan.lower import Lowered, lower
@@ -38,66 +50,15 @@ def _fingerprint(node, states: dict | None = None) -> str:
 # -- inputs: recorded when the job starts, verified before its output is marked complete --
 
 
-def _input_state(ref: ArrayRef):
-    """What must not change under a running job: a local array's files (newest
-    mtime, bytes, count), else its stored metadata."""
-    state = sarray.local_files_state(ref)
-    if state is not None:
-        return state
-    try:
-        return ref.get_key("zarr.json") or ref.get_key(".zarray")
-    except Exception:
-        return None
-
-
 def input_states(node) -> dict:
     """``{location: (ref, state)}`` of every stored input of ``node``."""
     out: dict = {}
     for leaf in sources(node):
-        out.setdefault(str(leaf.ref), (leaf.ref, _input_state(leaf.ref)))
+        out.setdefault(str(leaf.ref), (leaf.ref, input_state(leaf.ref)))
     return out
 
 
-def changed_input(states: dict, out: ArrayRef) -> StorageError | None:
-    """An error naming the first input whose state differs from ``states``, or None."""
-    for loc, (ref, before) in states.items():
-        now = _input_state(ref)
-        if now != before:
-            gone = now is None or (isinstance(now, tuple) and now[2] == 0)
-            return StorageError(
-                f"input {loc!r} {'was deleted' if gone else 'was modified'} while the job "
-                f"writing {str(out)!r} read it; {str(out)!r} is not marked complete (never on "
-                "stale data) — rerun once the input is stable (overwrite=True)")
-    return None
-
-
-def verify_inputs(states: dict, out: ArrayRef) -> None:
-    """Raise if any input changed since the job recorded ``states``."""
-    err = changed_input(states, out)
-    if err is not None:
-        raise err
-
-
-def _run_checked(states: dict, out: ArrayRef, fn, *args, **kwargs):
-    """``fn(...)``; when it fails, an input that changed meanwhile is named
-    (a deleted input otherwise surfaces as a raw FileNotFoundError)."""
-    try:
-        return fn(*args, **kwargs)
-    except Exception as e:
-        err = changed_input(states, out)
-        if err is not None:
-            raise err from e
-        if isinstance(e, FileNotFoundError) and not isinstance(e, StorageError):
-            raise StorageError(f"a file the job needed is gone: {e}") from e
-        raise
-
-
 # -- the target ---------------------------------------------------------------------------
-
-
-def _local_path(ref: ArrayRef) -> str | None:
-    root = sarray.local_root(ref.store)
-    return None if root is None else os.path.join(root, *[p for p in ref.path.split("/") if p])
 
 
 def check_target(ref: ArrayRef, node) -> None:
@@ -105,12 +66,12 @@ def check_target(ref: ArrayRef, node) -> None:
     inside) one of the expression's inputs -- symbolic links resolved -- a
     symbolic link itself (see also :func:`check_target_kind`)."""
     out_loc = str(ref).rstrip("/")
-    out_file = _local_path(ref)
+    out_file = local_path(ref)
     out_real = os.path.realpath(out_file) if out_file is not None else None
     for leaf in sources(node):
         loc = str(leaf.ref).rstrip("/")
         same = loc == out_loc or loc.startswith(out_loc + "/")
-        in_file = _local_path(leaf.ref)
+        in_file = local_path(leaf.ref)
         if not same and out_real is not None and in_file is not None:
             in_real = os.path.realpath(in_file)
             same = in_real == out_real or in_real.startswith(out_real + os.sep) \
@@ -126,32 +87,6 @@ def check_target(ref: ArrayRef, node) -> None:
         raise StorageError(
             f"{str(ref)!r} is a symbolic link (to {os.path.realpath(out_file)!r}); tilearray "
             "does not replace a link: write to its target itself, or remove the link")
-
-
-def check_target_kind(ref: ArrayRef) -> None:
-    """Refuse a target that is a regular file, a group or other files. Part of
-    inspecting the target (while another job replaces an array, its directory
-    is briefly neither: that job's lock then says so)."""
-    out_file = _local_path(ref)
-    if out_file is not None and os.path.exists(out_file) and not os.path.isdir(out_file):
-        raise StorageError(
-            f"{str(ref)!r} is a regular file, not a Zarr array; refusing to replace it "
-            "(also with overwrite=True) — choose another path or remove it first")
-    if existing_array(ref) is None and has_data(ref):
-        raise StorageError(
-            f"{str(ref)!r} exists and is not a Zarr array (a group, or other files); refusing "
-            "to replace it — choose another path or remove it first"
-        )
-
-
-def _refusing(ref: ArrayRef, fn, *args):
-    """``fn(*args)``; a refusal about the target's state becomes
-    :class:`OutputLockedError` when another job is writing it right now."""
-    try:
-        return fn(*args)
-    except OSError:  # StorageError, or a file vanishing under another job's overwrite
-        sarray.check_unlocked(ref)
-        raise
 
 
 # -- writing ------------------------------------------------------------------------------
@@ -211,37 +146,38 @@ def _inspect(ref, node, fp, tile, shard, dims, overwrite, resume) -> _State:
 
 
 def write(x, path, tile, shard, overwrite, resume, engine, name="", dims=None):
-    """``x.to_zarr(...)``: run ``x`` into the Zarr array at ``path``/``name``.
+    """``x.to_zarr(...)``: run ``x`` into the Zarr array at ``path``/``name``;
+    returns ``(Source of the output, RunStats or None when nothing ran)``, or
+    for a reduction's small result ``(its NumPy value, None)`` (``x.stats``
+    then holds the run's figures).
 
     The commit protocol: every check that can refuse runs first (nothing is
     created); then the output's lock is taken (a second writer is refused
     with :class:`OutputLockedError`) and the target inspected again under it;
     only then is the array created or replaced, computed, its inputs verified
     unchanged since the job started, and the output marked complete."""
-    from .array import TiledArray, check_sources
-
     node = x._node
     ref = ArrayRef.from_location(path, name)
     sarray.check_parents(ref)  # inside an array or a Zarr v2 group: refused before any work
     check_target(ref, node)
     labels = derive_dims(node, lambda src: ("row", "col"))
     if node.small or node.ndim != 2:
-        return _write_small_result(x, ref, overwrite, resume, engine, dims, labels)
+        return _write_small_result(x, ref, overwrite, resume, engine, dims, labels), None
     engine = engine or runtime.current_engine()
     check_sources(node)  # inputs overwritten since they were opened: refused before writing
     states = input_states(node)
     fp = _fingerprint(node, states)
     args = (ref, node, fp, tile, shard, dims, overwrite, resume)
-    state = _refusing(ref, _inspect, *args)
+    state = refusing(ref, _inspect, *args)
     if state.complete:
         log.info("%s is already complete", ref)
-        return TiledArray(source(ref))
+        return source(ref), None
     low = lower(node, engine.budget(), ref, state.grid, set(state.skip))  # refuse before disk
     sarray.acquire_lock(ref)  # before anything is created or replaced
     try:
         again = _inspect(*args)  # the truth, now that no other job can change it
         if again.complete:
-            return TiledArray(source(ref))
+            return source(ref), None
         if again.key() != state.key():
             low = lower(node, engine.budget(), ref, again.grid, set(again.skip))
         state = again
@@ -252,7 +188,7 @@ def write(x, path, tile, shard, overwrite, resume, engine, name="", dims=None):
                    attributes={"tilearray": {"fingerprint": fp, "expression": str(node)}})
         try:
             create_temporaries(low)
-            _, stats = _run_checked(
+            _, stats = run_checked(
                 states, ref, engine.run, low.graph, low.keys,
                 description=f"-> {os.path.basename(str(ref))}", plan=low.plan,
                 units_skipped=len(state.skip),
@@ -265,10 +201,7 @@ def write(x, path, tile, shard, overwrite, resume, engine, name="", dims=None):
             cleanup(low)
     finally:
         sarray.release_lock(ref)
-    out = TiledArray(source(ref))
-    out.stats = stats
-    x.stats = stats
-    return out
+    return source(ref), stats
 
 
 def _write_small_result(x, ref, overwrite, resume, engine, dims, labels):
@@ -298,7 +231,7 @@ def _write_small_result(x, ref, overwrite, resume, engine, dims, labels):
 
     states = input_states(node)
     fp = _fingerprint(node, states)
-    done = _refusing(ref, inspect)
+    done = refusing(ref, inspect)
     if done is not None:
         log.info("%s is already complete", ref)
         return np.asarray(done[...])
@@ -308,35 +241,14 @@ def _write_small_result(x, ref, overwrite, resume, engine, dims, labels):
         if done is not None:
             return np.asarray(done[...])
         dims = sarray.choose_dims(ref, node.shape, dims, derive_dims(node), labels)
-        value = np.asarray(_run_checked(states, ref, x.compute, engine=engine))
+        value = np.asarray(run_checked(states, ref, x.compute, engine=engine))
         verify_inputs(states, ref)
-        out = _write_small(value, ref, dims, {"fingerprint": fp, "expression": str(node)})
+        out = write_small(value, ref, dims, {"fingerprint": fp, "expression": str(node)})
     finally:
         sarray.release_lock(ref)
     if x.stats is not None:  # the client wrote it: count the write in the run's figures
         x.stats.bytes_written += value.nbytes
     return out
-
-
-def has_data(ref: ArrayRef) -> bool:
-    """True when anything at all is stored under ``ref``."""
-    root = getattr(ref.store, "root", None)
-    if root is not None:
-        path = os.path.join(str(root), ref.path)
-        return os.path.exists(path) and (not os.path.isdir(path) or bool(os.listdir(path)))
-    try:
-        return bool(ref.list_keys(""))
-    except Exception:
-        return False
-
-
-def existing_array(ref: ArrayRef):
-    import zarr
-
-    try:
-        return zarr.open_array(ref.store, path=ref.path or None, mode="r")
-    except Exception:
-        return None
 
 
 def create_temporaries(low: Lowered) -> None:
@@ -358,30 +270,26 @@ def cleanup(low: Lowered) -> None:
             shutil.rmtree(str(c.ref.store.root), ignore_errors=True)
 
 
-def _write_small(value: np.ndarray, ref: ArrayRef, dims, meta: dict | None = None) -> np.ndarray:
-    """Store a small (in-memory) result, e.g. a reduction's vector, as Zarr.
-
-    Like a matrix output it is created incomplete (which also takes a member it
-    replaces out of its group's consolidated listing), filled, and only then
-    marked complete and listed; ``meta`` (the fingerprint) is recorded for
-    ``resume=True``."""
-    import zarr
-
-    value = np.asarray(value)
-    attrs = {"format": sarray.FORMAT_VERSION, **(meta or {})}
-    arr = zarr.create_array(ref.store, name=ref.path or None, shape=value.shape,
-                            dtype=value.dtype, overwrite=sarray.clear_for_overwrite(ref),
-                            zarr_format=3, dimension_names=tuple(dims),
-                            config={"write_empty_chunks": True},
-                            attributes={sarray.ATTR_KEY: {**attrs, "complete": False}})
-    sarray.refresh_consolidated(ref)
-    arr[...] = value
-    sarray.check_lock_held(ref)
-    arr.attrs[sarray.ATTR_KEY] = {**attrs, "complete": True}
-    sarray.refresh_consolidated(ref)
-    return value
-
-
 def source(ref: ArrayRef, allow_incomplete: bool = False) -> Source:
     arr = open_array(ref, check_complete=not allow_incomplete)
     return Source(tuple(arr.shape), np.dtype(arr.dtype), ref, grid_of(arr), sarray.dims_of(arr))
+
+
+def check_sources(node) -> None:
+    """Before a run: every stored input still has the shape, dtype and tiling
+    it had when the expression was built (it may have been overwritten since)."""
+    from ..storage import grid_of, open_array
+
+    seen: set = set()
+    for n in sources(node):
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        arr = open_array(n.ref)
+        g = grid_of(arr)
+        if (tuple(arr.shape), np.dtype(arr.dtype), g.tile, g.unit) != (
+                tuple(n.shape), np.dtype(n.dtype), n.grid.tile, n.grid.unit):
+            raise StorageError(
+                f"{str(n.ref)!r} changed since it was opened: now {tuple(arr.shape)} "
+                f"{arr.dtype} tile={g.tile}, was {tuple(n.shape)} {n.dtype} "
+                f"tile={n.grid.tile}; open it again (ta.open) and rebuild the expression")

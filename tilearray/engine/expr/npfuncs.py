@@ -12,7 +12,8 @@ import inspect
 
 import numpy as np
 
-from ..array import HANDLED, TiledArray, matmul, reduce_as
+from .lazy import LazyArray
+from .ops import HANDLED, matmul, reduce_as
 
 
 def implements(*funcs):
@@ -40,7 +41,7 @@ def _reduction(np_func, op: str):
             if not (name == "out" and value is None) and not (name == "where" and value is True):
                 raise TypeError(f"np.{np_func.__name__}: argument {name}= is not supported "
                                 "on TiledArrays")
-        if not isinstance(a, TiledArray):
+        if not isinstance(a, LazyArray):
             raise TypeError(f"np.{np_func.__name__}: expected a TiledArray, got {type(a).__name__}")
         return reduce_as(op, a, axis, keepdims, ddof, dtype)
 
@@ -96,5 +97,5 @@ def size(a, axis=None):
 
 @implements(np.result_type)
 def result_type(*arrays_and_dtypes):
-    return np.result_type(*(x.dtype if isinstance(x, TiledArray) else x
+    return np.result_type(*(x.dtype if isinstance(x, LazyArray) else x
                             for x in arrays_and_dtypes))

@@ -265,10 +265,8 @@ def _mpi_engine_class(engine_cls):
     if cls is None:
 
         def close(self) -> None:
-            from . import cluster
-
-            if cluster._default is self:
-                cluster._default = None
+            if context.default is self:
+                context.default = None
             if _client_exit is not None and _client_exit.engine is self:
                 _client_exit.shutdown_cluster()
 

@@ -1,0 +1,286 @@
+"""LazyArray: the NumPy-like half of a TiledArray (shape and dtype,
+operators, casting, slicing, reductions, the NumPy protocols); every
+operation builds a new expression node and reads nothing. Running it
+(plan, compute, to_zarr) is :class:`tilearray.engine.array.TiledArray`'s."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...errors import PlanningError
+from ...graphs.reduction import NO_IDENTITY
+from ...storage import Grid
+from .nodes import Elemwise, SliceNode, Source, Transpose, derive_dims
+from .ops import (
+    _DTYPE_OPS,
+    HANDLED,
+    ExprBase,
+    _elemwise,
+    _reduce,
+    matmul,
+    reduce_as,
+)
+
+
+def _binary(name):
+    def op(self, other):
+        return _elemwise(name, self, other)
+
+    def rop(self, other):
+        return _elemwise(name, other, self)
+
+    return op, rop
+
+
+def _reduction(op: str, summary: str):
+    """A reduction method with a numpydoc docstring (``ddof`` for var/std,
+    ``dtype`` where NumPy takes it)."""
+    doc = """{summary} over ``axis`` (lazy), like :func:`numpy.{op}`.
+
+    Parameters
+    ----------
+    axis : {{None, 0, 1}}
+        Reduce over all elements (None, a 0-d result), down the columns (0,
+        one value per column) or along the rows (1, one value per row).{ddof}
+    keepdims : bool
+        Keep the reduced axis with length 1.{dtype}
+
+    Returns
+    -------
+    TiledArray
+        A small lazy result: :meth:`compute` gives NumPy, ``float()`` a
+        scalar; it broadcasts against the matrix (``a - a.{op}(axis=0)``).
+        Float32 input accumulates in float64 and returns float32, like NumPy.
+
+    Raises
+    ------
+    PlanningError
+        ``axis`` out of bounds{empty}.
+    """
+    dtype_doc = ""
+    if op in _DTYPE_OPS:
+        dtype_doc = ("\n    dtype : dtype-like, optional (keyword)\n        As NumPy's ``dtype=``: the "
+                     "elements are cast to it and the result has it"
+                     + (" (floating-point only)" if op in ("var", "std") else "") + ".")
+    if op in ("var", "std"):
+        def method(self, axis=None, ddof=0, keepdims=False, *, dtype=None):
+            return reduce_as(op, self, axis, keepdims, ddof, dtype)
+        ddof_doc = "\n    ddof : int\n        Delta degrees of freedom: divide by ``N - ddof``."
+    elif op in _DTYPE_OPS:
+        def method(self, axis=None, keepdims=False, *, dtype=None):
+            return reduce_as(op, self, axis, keepdims, 0, dtype)
+        ddof_doc = ""
+    else:
+        def method(self, axis=None, keepdims=False):
+            return self._reduce(op, axis, keepdims)
+        ddof_doc = ""
+    empty = ", or a zero-size reduction without identity" if op in NO_IDENTITY else ""
+    method.__name__ = method.__qualname__ = op
+    method.__doc__ = doc.format(summary=summary, op=op, ddof=ddof_doc, empty=empty,
+                                dtype=dtype_doc)
+    return method
+
+
+class LazyArray(ExprBase):
+    """The expression half of :class:`~tilearray.engine.array.TiledArray`
+    (see there); operations return arrays of the caller's type."""
+
+    # -- basics -------------------------------------------------------------------
+    shape = property(lambda self: tuple(self._node.shape), doc="Shape, a tuple of ints.")
+    dtype = property(lambda self: np.dtype(self._node.dtype), doc="NumPy dtype.")
+    ndim = property(lambda self: len(self._node.shape), doc="Number of dimensions.")
+    size = property(lambda self: int(np.prod(self._node.shape)), doc="Number of elements.")
+    nbytes = property(lambda self: self.size * self.dtype.itemsize,
+                      doc="Logical size, in bytes (not the compressed size on disk).")
+
+    @property
+    def T(self) -> LazyArray:
+        """The transpose (lazy; read as transposed panels, never copied)."""
+        n = self._node
+        if n.ndim < 2:
+            return self
+        if isinstance(n, Transpose):
+            return type(self)(n.x)
+        return type(self)(Transpose(n.shape[::-1], n.dtype, n))
+
+    def transpose(self) -> LazyArray:
+        """The transpose; same as :attr:`T`."""
+        return self.T
+
+    @property
+    def grid(self) -> Grid | None:
+        """Tile and I/O-unit grid of a stored array (None for expressions)."""
+        return self._node.grid if isinstance(self._node, Source) else None
+
+    @property
+    def path(self) -> str | None:
+        """Location of a stored array (None for expressions)."""
+        return str(self._node.ref) if isinstance(self._node, Source) else None
+
+    @property
+    def dims(self) -> tuple[str, ...] | None:
+        """Dimension names: stored ``dimension_names`` of an array, carried
+        through expressions (``.T`` swaps them, ``a @ b`` takes a's rows and
+        b's columns, a reduction drops its axis); None when unknown."""
+        return derive_dims(self._node)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    # -- operators -------------------------------------------------------------------
+    __add__, __radd__ = _binary("add")
+    __sub__, __rsub__ = _binary("subtract")
+    __mul__, __rmul__ = _binary("multiply")
+    __truediv__, __rtruediv__ = _binary("true_divide")
+    __floordiv__, __rfloordiv__ = _binary("floor_divide")
+    __pow__, __rpow__ = _binary("power")
+    __mod__, __rmod__ = _binary("mod")
+    __lt__, _ = _binary("less")
+    __le__, _ = _binary("less_equal")
+    __gt__, _ = _binary("greater")
+    __ge__, _ = _binary("greater_equal")
+    __eq__, _ = _binary("equal")
+    __ne__, _ = _binary("not_equal")
+    __and__, __rand__ = _binary("bitwise_and")
+    __or__, __ror__ = _binary("bitwise_or")
+    __xor__, __rxor__ = _binary("bitwise_xor")
+    __hash__ = object.__hash__
+
+    def __neg__(self):
+        return _elemwise("negative", self)
+
+    def __pos__(self):
+        return self
+
+    def __abs__(self):
+        return _elemwise("absolute", self)
+
+    def __invert__(self):
+        return _elemwise("invert", self)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        if method != "__call__" or kwargs.get("out") is not None or ufunc.nout != 1:
+            return NotImplemented
+        if ufunc is np.matmul:
+            return matmul(*inputs)
+        return _elemwise(ufunc.__name__, *inputs, **kwargs)
+
+    def __matmul__(self, other) -> LazyArray:
+        return matmul(self, other)
+
+    def __rmatmul__(self, other) -> LazyArray:
+        return matmul(other, self)
+
+    def astype(self, dtype) -> LazyArray:
+        """Cast to ``dtype`` (lazy; fused into the reading tasks).
+
+        Parameters
+        ----------
+        dtype : dtype-like
+            A bool, integer or floating-point dtype.
+
+        Returns
+        -------
+        TiledArray
+            ``self`` when the dtype is already ``dtype``.
+
+        Raises
+        ------
+        PlanningError
+            For complex or other non-numeric dtypes.
+        """
+        dtype = np.dtype(dtype)
+        if dtype.kind not in "biuf":
+            raise PlanningError(f"astype: dtype {dtype} is not supported; tilearray handles "
+                                "bool, integer and floating-point matrices")
+        if dtype == self.dtype:
+            return self
+        n = self._node
+        return type(self)(Elemwise(n.shape, dtype, "astype", (n,), (("dtype", dtype),)))
+
+    def clip(self, min=None, max=None) -> LazyArray:
+        """Limit the values to ``[min, max]`` (scalars or broadcastable results).
+
+        Examples
+        --------
+        >>> a.clip(0, 1)                                 # doctest: +SKIP
+        >>> a.clip(max=5)                                # doctest: +SKIP
+        """
+        if min is None and max is None:
+            raise TypeError("clip: one of min or max must be given")
+        if min is None:
+            return _elemwise("minimum", self, max)
+        if max is None:
+            return _elemwise("maximum", self, min)
+        return _elemwise("clip", self, min, max)
+
+    def __getitem__(self, key) -> LazyArray:
+        """Lazy basic slicing with positive steps, e.g. ``a[:100, ::2]``,
+        ``a[..., :3]`` (``...`` stands for the axes not given).
+
+        Raises
+        ------
+        PlanningError
+            For integer, fancy or boolean indexing, or negative steps.
+        """
+        n = self._node
+        if n.ndim != 2:
+            raise PlanningError(f"indexing is supported on 2-D arrays, not shape {n.shape}")
+        if not isinstance(key, tuple):
+            key = (key,)
+        if sum(k is Ellipsis for k in key) > 1:
+            raise PlanningError(f"an index can only have a single ellipsis ('...'), got {key!r}")
+        if Ellipsis in key:
+            i = next(i for i, k in enumerate(key) if k is Ellipsis)
+            fill = (slice(None),) * max(n.ndim - (len(key) - 1), 0)
+            key = key[:i] + fill + key[i + 1:]
+        if len(key) > n.ndim:
+            raise PlanningError(f"too many indices for a {n.ndim}-D array: {key!r}")
+        key = key + (slice(None),) * (n.ndim - len(key))
+        if len(key) != 2 or not all(isinstance(k, slice) for k in key):
+            raise PlanningError(f"only slices are supported for indexing, got {key!r}")
+        starts, steps, shape = [], [], []
+        for k, size in zip(key, n.shape, strict=True):
+            start, stop, step = k.indices(size)
+            if step <= 0:
+                raise PlanningError(f"slice step must be positive, got {step}")
+            starts.append(start)
+            steps.append(step)
+            shape.append(len(range(start, stop, step)))
+        return type(self)(SliceNode(tuple(shape), n.dtype, n, tuple(starts), tuple(steps)))
+
+    # -- reductions -------------------------------------------------------------------
+    def _reduce(self, op, axis=None, keepdims=False, ddof=0) -> LazyArray:
+        return _reduce(op, self, axis, keepdims, ddof)
+
+    sum = _reduction("sum", "Sum of the elements")
+    prod = _reduction("prod", "Product of the elements")
+    mean = _reduction("mean", "Arithmetic mean")
+    min = _reduction("min", "Minimum")
+    max = _reduction("max", "Maximum")
+    var = _reduction("var", "Variance")
+    std = _reduction("std", "Standard deviation")
+    any = _reduction("any", "Whether any element is true")
+    all = _reduction("all", "Whether all elements are true")
+    nansum = _reduction("nansum", "Sum ignoring NaNs")
+    nanmean = _reduction("nanmean", "Mean ignoring NaNs")
+    nanmin = _reduction("nanmin", "Minimum ignoring NaNs")
+    nanmax = _reduction("nanmax", "Maximum ignoring NaNs")
+    count_nonzero = _reduction("count_nonzero", "Number of non-zero elements")
+    argmin = _reduction("argmin", "Index of the minimum (flat index for ``axis=None``)")
+    argmax = _reduction("argmax", "Index of the maximum (flat index for ``axis=None``)")
+
+    # -- NumPy protocol ---------------------------------------------------------------
+    def __array_function__(self, func, types, args, kwargs):
+        if not all(issubclass(t, LazyArray | np.ndarray) for t in types):
+            return NotImplemented
+        impl = HANDLED.get(func)
+        if impl is None:
+            name = getattr(func, "__module__", "numpy") + "." + getattr(func, "__name__", "?")
+            raise TypeError(
+                f"{name} is not supported on TiledArrays (supported: "
+                f"{', '.join(sorted({f.__name__ for f in HANDLED}))}); for a small array "
+                "compute it first, e.g. np.asarray(a)"
+            )
+        return impl(*args, **kwargs)
+

@@ -1,0 +1,240 @@
+"""Building expression nodes: operands checked, shapes broadcast, result
+dtypes inferred as NumPy would, with a clear error naming the operands.
+Nothing is read. The builders take lazy arrays (any :class:`ExprBase`),
+scalars or small NumPy operands and return a lazy array of the type of
+their first array operand (a TiledArray)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+from dask.base import tokenize
+
+from ...errors import PlanningError
+from ...graphs.reduction import NO_IDENTITY, OPS
+from ...graphs.spec import func
+from .nodes import Constant, Elemwise, MatMul, Node, Reduce
+
+
+class ExprBase:
+    """A lazy array: the wrapper of one expression node (``_node``)."""
+
+    __array_priority__ = 100
+
+    def __init__(self, node: Node):
+        self._node = node
+
+
+def _like(x, node: Node):
+    """``node`` wrapped like the lazy array ``x`` (the same type)."""
+    return type(x)(node)
+
+
+def _wrap(args, node: Node):
+    """``node`` wrapped like the first lazy array among ``args``."""
+    for a in args:
+        if isinstance(a, ExprBase):
+            return _like(a, node)
+    raise TypeError("an expression needs at least one TiledArray operand")
+
+
+def _node(x):
+    if isinstance(x, ExprBase):
+        return x._node
+    if isinstance(x, np.ndarray):
+        return _constant(x)
+    return x
+
+
+def _constant(x: np.ndarray):
+    """A NumPy operand: a 0-d array is a scalar; a row or column vector is
+    broadcast like a reduction's result; a whole matrix must be stored."""
+    if x.ndim == 0:
+        return x[()]
+    if x.ndim > 2 or (x.ndim == 2 and 1 not in x.shape):
+        raise TypeError(
+            f"a NumPy array of shape {x.shape} cannot be an operand of a TiledArray "
+            "expression: only scalars, rows (n,) / (1, n) and columns (m, 1) broadcast; "
+            "store a matrix with ta.from_numpy(x, path) first"
+        )
+    if x.dtype.kind not in "biuf":
+        raise TypeError(f"a NumPy operand of dtype {x.dtype} is not supported; tilearray "
+                        "handles bool, integer and floating-point values")
+    value = np.array(x, copy=True)  # later changes to the caller's array do not leak in
+    return Constant(tuple(value.shape), value.dtype, value, tokenize(value))
+
+
+def _sample(x):
+    if isinstance(x, Node):
+        return np.ones((1,) * x.ndim, dtype=x.dtype)
+    return x
+
+
+def _elemwise(name: str, *args, **kwargs) -> ExprBase:
+    nodes = [_node(a) for a in args]
+    for a in nodes:
+        _check_operand(a, name)
+        if isinstance(a, complex | np.complexfloating):
+            raise PlanningError(
+                f"{name}: complex values are not supported (got {a!r}); tilearray handles "
+                "bool, integer and floating-point matrices"
+            )
+    shapes = [a.shape for a in nodes if isinstance(a, Node)]
+    try:
+        shape = np.broadcast_shapes(*shapes)
+    except ValueError:
+        raise PlanningError(
+            f"{name}: operands could not be broadcast together with shapes "
+            + " and ".join(str(s) for s in shapes)
+        ) from None
+    tiled = [a for a in nodes if isinstance(a, Node) and not a.small]
+    for a in tiled:
+        if a.shape != shape:
+            raise PlanningError(
+                f"{name}: cannot broadcast stored array of shape {a.shape} to {shape}; "
+                "only reductions (vectors, scalars) broadcast against matrices"
+            )
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            dtype = np.asarray(func(name)(*[_sample(a) for a in nodes], **kwargs)).dtype
+        except TypeError as e:
+            raise PlanningError(f"{name}: unsupported for dtypes "
+                                f"{[str(a.dtype) for a in nodes if isinstance(a, Node)]}: {e}") from None
+    if dtype.kind not in "biuf":
+        raise PlanningError(f"{name}: the result dtype {dtype} is not supported; tilearray "
+                            "handles bool, integer and floating-point matrices")
+    return _wrap(args, Elemwise(shape, dtype, name, tuple(nodes), tuple(sorted(kwargs.items()))))
+
+
+def _check_operand(a, name: str) -> None:
+    """Refuse what cannot be an elementwise operand, with a TypeError like NumPy's."""
+    if not isinstance(a, Node) and not np.isscalar(a) and not isinstance(a, np.dtype | type):
+        raise TypeError(f"{name}: operands must be TiledArrays, scalars or small NumPy "
+                        f"vectors, got {type(a).__name__}")
+
+
+HANDLED: dict = {}
+"""NumPy function -> ExprBase implementation, for ``__array_function__``
+(filled by :mod:`.npfuncs` and ``tilearray.linalg``)."""
+
+
+_DTYPE_OPS = frozenset({"sum", "prod", "mean", "var", "std", "nansum", "nanmean"})
+"""Reductions that take NumPy's ``dtype=`` (the accumulator and result type)."""
+
+
+def reduce_as(op, x, axis=None, keepdims=False, ddof=0, dtype=None) -> ExprBase:
+    """``op`` over ``axis`` with NumPy's ``dtype=``: the elements are cast to
+    ``dtype`` and the result is of ``dtype`` (``mean(dtype=int)`` truncates,
+    ``sum(dtype=int8)`` wraps, like NumPy)."""
+    if dtype is None:
+        return _reduce(op, x, axis, keepdims, ddof)
+    if op not in _DTYPE_OPS:
+        raise PlanningError(f"{op}: dtype= is not an argument of numpy.{op}")
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise PlanningError(f"{op}: dtype={dtype!r} is not a NumPy dtype") from None
+    if dt.kind not in "biuf":
+        raise PlanningError(f"{op}: dtype={dt} is not supported; tilearray handles bool, "
+                            "integer and floating-point dtypes")
+    if op in ("var", "std") and dt.kind != "f":
+        raise PlanningError(f"{op}: dtype={dt} is not supported; use a floating-point dtype "
+                            "(NumPy computes integer variances from truncated means)")
+    if op == "nanmean" and dt.kind != "f" and _node(x).dtype.kind == "f":
+        raise PlanningError(f"nanmean: dtype={dt} is not floating-point while the input is "
+                            f"{_node(x).dtype} (NumPy refuses it too)")
+    if op in ("mean", "nanmean") and dt.kind != "f":
+        # NumPy: the sum accumulates in dtype (wrapping), then is divided and cast back
+        total = reduce_as("sum", x, axis, keepdims, 0, dt)
+        count = int(np.prod(_node(x).shape)) // max(int(np.prod(total.shape)), 1)
+        if not count:
+            raise PlanningError(f"{op}: mean of an empty selection with dtype={dt} (NumPy "
+                                "gives NaN, which dtype cannot hold)")
+        return (total / count).astype(dt)
+    res = _reduce(op, _like(x, _node(x)).astype(dt), axis, keepdims, ddof)
+    return res if res.dtype == dt else res.astype(dt)
+
+
+def _reduce(op, x, axis, keepdims, ddof) -> ExprBase:
+    n = _node(x)
+    if op not in OPS:
+        raise PlanningError(f"unknown reduction {op!r}; choose from {', '.join(OPS)}")
+    if isinstance(axis, tuple | list) and not op.startswith("arg"):  # NumPy's tuple of axes
+        axes = {int(a) % max(n.ndim, 1) if isinstance(a, int | np.integer) and
+                -n.ndim <= a < max(n.ndim, 1) else None for a in axis}
+        if None in axes or len(axes) != len(axis):
+            raise PlanningError(f"{op}: axis {tuple(axis)!r} is out of bounds or repeated for "
+                                f"shape {n.shape}")
+        axis = None if len(axes) == n.ndim else (axes.pop() if axes else "none")
+        if axis == "none":
+            raise PlanningError(f"{op}: axis=() (reduce nothing) is not supported")
+    if axis is not None:
+        if not isinstance(axis, int | np.integer) or not -n.ndim <= axis < max(n.ndim, 1):
+            raise PlanningError(f"{op}: axis {axis!r} is out of bounds for shape {n.shape}")
+        axis = int(axis) % n.ndim
+    if op in NO_IDENTITY:
+        red = n.shape if axis is None else (n.shape[axis],)
+        if 0 in red:
+            raise PlanningError(
+                f"{op}: zero-size array of shape {n.shape} along axis {axis} has no identity"
+            )
+    sample = np.ones((2,) * n.ndim, dtype=n.dtype)
+    kw = {"ddof": ddof} if op in ("var", "std") else {}
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = np.asarray(getattr(np, op)(sample, axis=axis, keepdims=keepdims, **kw))
+    if axis is None:
+        shape = (1,) * n.ndim if keepdims else ()
+    else:
+        shape = tuple(1 if i == axis else s for i, s in enumerate(n.shape)) if keepdims else \
+            tuple(s for i, s in enumerate(n.shape) if i != axis)
+    return _like(x, Reduce(shape, res.dtype, op, n, axis, bool(keepdims), int(ddof)))
+
+
+def matmul(a, b) -> ExprBase:
+    """Matrix product ``a @ b`` of two 2-D TiledArrays or expressions (lazy).
+
+    Planned as streaming output blocks that accumulate K-panels, sized to
+    the budget; the contraction is split and tree-summed when the output has
+    too few blocks (``x.T @ x``). Same as ``a @ b``, ``np.matmul(a, b)`` and
+    ``np.dot(a, b)``.
+
+    Parameters
+    ----------
+    a, b : TiledArray
+        Shapes ``(m, k)`` and ``(k, n)``; any tilings.
+
+    Returns
+    -------
+    TiledArray
+        Shape ``(m, n)``, NumPy's result dtype.
+
+    Raises
+    ------
+    TypeError
+        An operand is not a TiledArray (NumPy arrays: store them first).
+    PlanningError
+        An operand is a small result (a reduction), or the shapes do not
+        align (the message names both).
+    """
+    for x in (a, b):
+        if isinstance(x, np.ndarray):
+            raise TypeError(f"matmul: a NumPy array operand (shape {x.shape}) is not supported; "
+                            "store it with ta.from_numpy(x, path) and multiply the TiledArrays")
+        if not isinstance(x, ExprBase):
+            raise TypeError(f"matmul: operands must be TiledArrays, got {type(x).__name__}")
+    na, nb = _node(a), _node(b)
+    if na.ndim != 2 or nb.ndim != 2 or na.small or nb.small:
+        raise PlanningError(
+            f"matmul needs two stored 2-D arrays or expressions; got shapes {na.shape} and "
+            f"{nb.shape}"
+        )
+    if na.shape[1] != nb.shape[0]:
+        raise PlanningError(
+            f"matmul: shapes {na.shape} and {nb.shape} are not aligned: "
+            f"{na.shape[1]} (dim 1) != {nb.shape[0]} (dim 0)"
+        )
+    dtype = np.matmul(np.ones((1, 1), na.dtype), np.ones((1, 1), nb.dtype)).dtype
+    return _like(a, MatMul((na.shape[0], nb.shape[1]), dtype, na, nb))

@@ -1,0 +1,137 @@
+"""The output commit protocol's storage side: what an input's state is (and
+whether it changed under a running job), what kind of thing stands at a
+target, and the whole write of a small in-memory result (created incomplete,
+filled, then marked complete). The order of a job's steps -- checks, lock,
+create, run, verify, commit -- is :func:`tilearray.engine.output.write`'s."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..errors import StorageError
+from . import array as sarray
+from .array import ArrayRef
+
+
+def input_state(ref: ArrayRef):
+    """What must not change under a running job: a local array's files (newest
+    mtime, bytes, count), else its stored metadata."""
+    state = sarray.local_files_state(ref)
+    if state is not None:
+        return state
+    try:
+        return ref.get_key("zarr.json") or ref.get_key(".zarray")
+    except Exception:
+        return None
+
+
+def changed_input(states: dict, out: ArrayRef) -> StorageError | None:
+    """An error naming the first input whose state differs from ``states``, or None."""
+    for loc, (ref, before) in states.items():
+        now = input_state(ref)
+        if now != before:
+            gone = now is None or (isinstance(now, tuple) and now[2] == 0)
+            return StorageError(
+                f"input {loc!r} {'was deleted' if gone else 'was modified'} while the job "
+                f"writing {str(out)!r} read it; {str(out)!r} is not marked complete (never on "
+                "stale data) — rerun once the input is stable (overwrite=True)")
+    return None
+
+
+def verify_inputs(states: dict, out: ArrayRef) -> None:
+    """Raise if any input changed since the job recorded ``states``."""
+    err = changed_input(states, out)
+    if err is not None:
+        raise err
+
+
+def run_checked(states: dict, out: ArrayRef, fn, *args, **kwargs):
+    """``fn(...)``; when it fails, an input that changed meanwhile is named
+    (a deleted input otherwise surfaces as a raw FileNotFoundError)."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:
+        err = changed_input(states, out)
+        if err is not None:
+            raise err from e
+        if isinstance(e, FileNotFoundError) and not isinstance(e, StorageError):
+            raise StorageError(f"a file the job needed is gone: {e}") from e
+        raise
+
+
+def local_path(ref: ArrayRef) -> str | None:
+    root = sarray.local_root(ref.store)
+    return None if root is None else os.path.join(root, *[p for p in ref.path.split("/") if p])
+
+
+def check_target_kind(ref: ArrayRef) -> None:
+    """Refuse a target that is a regular file, a group or other files. Part of
+    inspecting the target (while another job replaces an array, its directory
+    is briefly neither: that job's lock then says so)."""
+    out_file = local_path(ref)
+    if out_file is not None and os.path.exists(out_file) and not os.path.isdir(out_file):
+        raise StorageError(
+            f"{str(ref)!r} is a regular file, not a Zarr array; refusing to replace it "
+            "(also with overwrite=True) — choose another path or remove it first")
+    if existing_array(ref) is None and has_data(ref):
+        raise StorageError(
+            f"{str(ref)!r} exists and is not a Zarr array (a group, or other files); refusing "
+            "to replace it — choose another path or remove it first"
+        )
+
+
+def refusing(ref: ArrayRef, fn, *args):
+    """``fn(*args)``; a refusal about the target's state becomes
+    :class:`OutputLockedError` when another job is writing it right now."""
+    try:
+        return fn(*args)
+    except OSError:  # StorageError, or a file vanishing under another job's overwrite
+        sarray.check_unlocked(ref)
+        raise
+
+
+def has_data(ref: ArrayRef) -> bool:
+    """True when anything at all is stored under ``ref``."""
+    root = getattr(ref.store, "root", None)
+    if root is not None:
+        path = os.path.join(str(root), ref.path)
+        return os.path.exists(path) and (not os.path.isdir(path) or bool(os.listdir(path)))
+    try:
+        return bool(ref.list_keys(""))
+    except Exception:
+        return False
+
+
+def existing_array(ref: ArrayRef):
+    import zarr
+
+    try:
+        return zarr.open_array(ref.store, path=ref.path or None, mode="r")
+    except Exception:
+        return None
+
+
+def write_small(value: np.ndarray, ref: ArrayRef, dims, meta: dict | None = None) -> np.ndarray:
+    """Store a small (in-memory) result, e.g. a reduction's vector, as Zarr.
+
+    Like a matrix output it is created incomplete (which also takes a member it
+    replaces out of its group's consolidated listing), filled, and only then
+    marked complete and listed; ``meta`` (the fingerprint) is recorded for
+    ``resume=True``."""
+    import zarr
+
+    value = np.asarray(value)
+    attrs = {"format": sarray.FORMAT_VERSION, **(meta or {})}
+    arr = zarr.create_array(ref.store, name=ref.path or None, shape=value.shape,
+                            dtype=value.dtype, overwrite=sarray.clear_for_overwrite(ref),
+                            zarr_format=3, dimension_names=tuple(dims),
+                            config={"write_empty_chunks": True},
+                            attributes={sarray.ATTR_KEY: {**attrs, "complete": False}})
+    sarray.refresh_consolidated(ref)
+    arr[...] = value
+    sarray.check_lock_held(ref)
+    arr.attrs[sarray.ATTR_KEY] = {**attrs, "complete": True}
+    sarray.refresh_consolidated(ref)
+    return value
