@@ -50,6 +50,7 @@ from zarr.core.sync import sync
 from zarr.storage import LocalStore
 
 from ..errors import OutputLockedError, StorageError
+from .ref import describe
 
 LOCK_SUFFIX = ".tilearray.lock"
 ROOT_LOCK_KEY = "tilearray.lock"
@@ -86,8 +87,6 @@ class _Slot:
     def __str__(self) -> str:
         if self.file is not None:
             return self.file
-        from .array import describe
-
         return describe(self.store, self.key)
 
     def create(self, value: bytes) -> bool:

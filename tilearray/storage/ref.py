@@ -1,0 +1,215 @@
+"""The array handle: :class:`ArrayRef`, the small picklable (store, path)
+pair that tasks carry, never the data; locations (paths, URLs, Stores) and
+member names; the attribute key of tilearray's bookkeeping."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+import zarr
+from zarr.abc.store import Store
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.sync import collect_aiterator, sync
+from zarr.errors import ArrayNotFoundError
+from zarr.storage import LocalStore
+
+from ..errors import StorageError
+
+ATTR_KEY = "tilearray"
+
+
+DONE_DIR = "tilearray.done"
+
+
+FORMAT_VERSION = 2
+"""Version 2: every I/O unit of a complete output is stored (empty chunks are
+written too), so a missing chunk file is data loss, not the fill value."""
+
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
+
+
+def _as_store(where: str | os.PathLike | Store) -> Store:
+    """The store for a path, a URL (``file://`` as a local path; others through
+    zarr's fsspec store) or a Store (as is)."""
+    if isinstance(where, Store):
+        return where
+    try:
+        text = os.fspath(where)
+    except TypeError:
+        raise TypeError(
+            f"path={where!r} ({type(where).__name__}) is not a location: pass a path, a URL "
+            "('file://...', 's3://...'), a zarr Store or a zarr.Array / zarr.Group"
+        ) from None
+    text = os.fsdecode(text)
+    if _URL.match(text):
+        return _url_store(text)
+    # absolute: workers (and resume fingerprints) must not depend on a cwd
+    return LocalStore(os.path.abspath(text))
+
+
+def _url_store(url: str) -> Store:
+    from urllib.parse import unquote, urlparse
+
+    scheme = url.split("://", 1)[0].lower()
+    if scheme == "file":
+        parts = urlparse(url)
+        if parts.netloc not in ("", "localhost"):
+            raise StorageError(f"{url!r}: a file:// URL must name a local path "
+                               f"(file:///abs/path), not host {parts.netloc!r}")
+        return LocalStore(os.path.abspath(unquote(parts.path)))
+    try:
+        from zarr.storage import FsspecStore
+
+        return FsspecStore.from_url(url, read_only=False)
+    except ImportError as e:
+        raise StorageError(
+            f"cannot open {url!r}: {e}; install fsspec and the filesystem package for "
+            f"{scheme}:// (e.g. s3fs for s3://), or pass a zarr Store"
+        ) from None
+    except (ValueError, TypeError, OSError) as e:
+        raise StorageError(f"cannot open {url!r} through fsspec: {type(e).__name__}: {e}; "
+                           "pass a zarr Store instead") from None
+
+
+def describe(store: Store, path: str = "") -> str:
+    """Human-readable location of an array: a file path for local stores, a URL
+    for fsspec stores."""
+    root = getattr(store, "root", None)
+    if root is None and hasattr(store, "_store"):
+        return describe(store._store, path)
+    fs = getattr(store, "fs", None)
+    if root is None and fs is not None and isinstance(getattr(store, "path", None), str):
+        protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+        base = f"{protocol}://{store.path.lstrip('/')}"
+    else:
+        base = str(root) if root is not None else repr(store)
+    return f"{base}/{path}" if path else base
+
+
+_RESERVED_NAMES = frozenset({"zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata",
+                             "tilearray.done", "tilearray.lock", "tilearray.consolidate.lock"})
+
+
+def check_name(name: str | None) -> str:
+    """Validate a member name (``name=``): "" for none, else a relative path of
+    non-empty segments such as ``"x"`` or ``"sub/x"``.
+
+    One spelling per member: every key tilearray writes (data, done markers,
+    the lock) must land inside the store and next to the array, so absolute
+    names, empty segments (``"x/"``, ``"a//b"``), ``"."`` / ``".."`` and Zarr's
+    or tilearray's own key names are refused before anything is written.
+    """
+    if name is None:
+        return ""
+    if not isinstance(name, str):
+        raise StorageError(f"member name must be a string, got {type(name).__name__} {name!r}")
+    if name == "":
+        return ""
+    if name.startswith("/"):
+        why = "it starts with '/' (a member name is relative to the group at the path)"
+    elif any(seg == "" for seg in name.split("/")):
+        why = "it has an empty segment (a trailing '/' or '//')"
+    elif any(seg in (".", "..") for seg in name.split("/")):
+        why = "'.' and '..' segments are not allowed"
+    elif any(seg in _RESERVED_NAMES or seg.endswith(".tilearray.lock")
+             or seg.endswith(".tilearray.lock.reclaim") for seg in name.split("/")):
+        why = "it uses a name Zarr or tilearray keeps for its own keys"
+    else:
+        return name
+    raise StorageError(
+        f"bad member name {name!r}: {why}; use a relative path such as 'x' or 'sub/x'"
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class ArrayRef:
+    """Picklable reference to a Zarr array: what tasks carry instead of data."""
+
+    store: Store
+    """The Zarr store holding the array."""
+    path: str = ""
+    """Path of the array inside the store ("" for the store root)."""
+
+    @classmethod
+    def from_location(cls, where: str | os.PathLike | Store, path: str = "") -> ArrayRef:
+        """The array at ``where``, or member ``path`` of the group there.
+
+        ``where`` is a path, a URL (``file://`` is a local path; ``s3://``
+        and other schemes go through zarr's fsspec store when fsspec and the
+        scheme's package are installed), a zarr Store, or an opened
+        ``zarr.Array`` / ``zarr.Group`` (its store and path).
+
+        Raises
+        ------
+        StorageError
+            ``path`` is not a relative member name (see :func:`check_name`),
+            or a URL cannot be opened.
+        TypeError
+            ``where`` is none of these.
+        """
+        if isinstance(where, zarr.Array | zarr.Group):
+            inner = "/".join(p for p in (where.path.strip("/"), check_name(path)) if p)
+            return cls(where.store, check_name(inner))
+        return cls(_as_store(where), check_name(path))
+
+    def __str__(self) -> str:
+        return describe(self.store, self.path)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ArrayRef) and self.store == other.store and self.path == other.path
+
+    def __hash__(self) -> int:
+        return hash((type(self.store).__qualname__, str(self)))
+
+    def __dask_tokenize__(self):
+        return (type(self.store).__qualname__, str(self))
+
+    def open(self, mode: str = "r") -> zarr.Array:
+        """Open the array. Not cached: a task opens it once (one small metadata
+        read), and a stale handle could outlive an overwritten array.
+
+        Raises
+        ------
+        StorageError
+            Nothing is there (any more): e.g. an input deleted while a job runs.
+        """
+        try:
+            return zarr.open_array(self.store, path=self.path or None, mode=mode)
+        except (ArrayNotFoundError, FileNotFoundError) as e:
+            raise StorageError(f"no Zarr array at {str(self)!r} (deleted?): "
+                               f"{type(e).__name__}: {e}") from None
+
+    # -- raw keys next to the array (done markers) ---------------------------------
+    def _key(self, *parts: str) -> str:
+        return "/".join(p for p in (self.path, *parts) if p)
+
+    def set_key(self, key: str, value: bytes) -> None:
+        buf = default_buffer_prototype().buffer.from_bytes(value)
+        sync(self.store.set(self._key(key), buf))
+
+    def get_key(self, key: str) -> bytes | None:
+        buf = sync(self.store.get(self._key(key), default_buffer_prototype()))
+        return None if buf is None else buf.to_bytes()
+
+    def delete_key(self, key: str) -> None:
+        sync(self.store.delete(self._key(key)))
+
+    def has_key(self, key: str) -> bool:
+        return sync(self.store.exists(self._key(key)))
+
+    def list_keys(self, prefix: str) -> list[str]:
+        full = self._key(prefix) + "/"
+        keys = collect_aiterator(self.store.list_prefix(full))
+        return [k[len(full):] for k in keys]
+
+    def delete_prefix(self, prefix: str) -> None:
+        sync(self.store.delete_dir(self._key(prefix)))
+
+
+def info_attrs(arr: zarr.Array) -> dict:
+    """The tilearray attributes of an array ({} for arrays we did not write)."""
+    value = arr.attrs.get(ATTR_KEY)
+    return dict(value) if isinstance(value, dict) else {}
