@@ -1,0 +1,163 @@
+"""What every command of the ``tilearray`` command line shares: the usage
+error, paths, the one-line summaries, and the option groups written once
+(output and diagnostics, cluster, output array, tile/shard layout)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+
+from tilearray.cli.options import _bytes, _pos_int
+
+PROG = "tilearray"
+
+
+class UsageError(Exception):
+    """Bad command-line input found after argparse (exit status 2)."""
+
+
+def _open(path: str):
+    import tilearray as ta
+    from tilearray.errors import StorageError
+
+    full = _abs(path)
+    try:
+        return ta.open(full)
+    except StorageError as e:
+        if not os.path.exists(full) and re.search(r"[-+*/]", path):
+            raise StorageError(
+                f"{e} (in expressions, put spaces around the operators + - * /)"
+            ) from None
+        raise
+
+
+def _flops(n: int) -> str:
+    for unit, scale in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n} FLOP"
+
+
+def _plan_summary(plan) -> str:
+    from dask.utils import format_bytes
+
+    s = (f"plan {plan.tasks} task(s), peak/task {format_bytes(plan.peak_task_memory)}, "
+         f"read {format_bytes(plan.bytes_read)}")
+    if plan.bytes_written:
+        s += f", write {format_bytes(plan.bytes_written)}"
+    if plan.flops:
+        s += f", {_flops(plan.flops)}"
+    return s
+
+
+def _run_summary(stats) -> str:
+    if stats is None:
+        return "nothing to run: the output was already complete"
+    s = f"ran {stats}"
+    if stats.skipped_units:
+        s += f", {stats.skipped_units} unit(s) already done (resumed)"
+    return s
+
+
+def _summary(what: str, plan, stats) -> str:
+    parts = [f"{PROG}: {what}"]
+    if plan is not None:
+        parts.append(_plan_summary(plan))
+    parts.append(_run_summary(stats))
+    return " | ".join(parts)
+
+
+def _abs(path: str) -> str:
+    """Absolute path: workers of an external (or MPI) cluster may run elsewhere
+    than this process's working directory."""
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def _same_path(a: str, b: str) -> bool:
+    return os.path.realpath(_abs(a)) == os.path.realpath(_abs(b))
+
+
+def _member(output: str, args) -> str:
+    """The path of the output array: ``output``, or member ``--name`` inside it."""
+    name = getattr(args, "name", None)
+    return os.path.join(output, name) if name else output
+
+
+def _check_output(args, output: str, inputs) -> None:
+    """Refuse, before any work, outputs that exist (unless asked) or are inputs."""
+    target = _member(output, args)
+    for p in inputs:
+        if _same_path(target, p):
+            raise UsageError(f"output {target!r} is also an input; write to another path")
+    if os.path.lexists(_abs(target)) and not (
+        getattr(args, "overwrite", False) or getattr(args, "resume", False)
+    ):
+        from tilearray.errors import StorageError
+
+        hint = " (or --resume to finish an interrupted run)" if hasattr(args, "resume") else ""
+        raise StorageError(f"{target!r} already exists; pass --overwrite to replace it{hint}")
+
+
+def _log(args, *lines) -> None:
+    if args.debug:
+        for line in lines:
+            print(line, file=sys.stderr)
+
+
+def parents():
+    """The option groups commands take as argparse parents: ``(common,
+    budget, cluster)`` -- output and diagnostics; the cluster to plan for or
+    run on; that and ``--mpi``."""
+    common = argparse.ArgumentParser(add_help=False)
+    g = common.add_argument_group("output and diagnostics")
+    g.add_argument("--quiet", "-q", action="store_true",
+                   help="no progress bar")
+    g.add_argument("--debug", action="store_true",
+                   help="show the full traceback of errors, the plan, and tilearray logs")
+
+    budget = argparse.ArgumentParser(add_help=False)
+    c = budget.add_argument_group("cluster")
+    c.add_argument("--memory-per-worker", type=_bytes, metavar="BYTES",
+                   help="memory limit of each worker process, e.g. 2GiB; tasks are planned "
+                        "to fit (default: tilearray.memory.default-per-worker, capped by RAM)")
+    c.add_argument("--workers", type=_pos_int, metavar="N",
+                   help="workers of the local cluster (default: one per core)")
+    c.add_argument("--threads-per-worker", type=_pos_int, metavar="N",
+                   help="threads per worker (default 1)")
+    c.add_argument("--scheduler-address", metavar="ADDR",
+                   help="use the running dask cluster at this scheduler address "
+                        "(e.g. tcp://host:8786) instead of starting one")
+    c.add_argument("--connect-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="how long to wait for --scheduler-address (default 30)")
+
+    cluster = argparse.ArgumentParser(add_help=False, parents=[budget])
+    cluster.add_argument("--mpi", action="store_true",
+                         help="boot the cluster over the MPI ranks with dask-mpi "
+                              "(run under mpirun; rank 0 scheduler, rank 1 client, "
+                              "others workers)")
+
+    return common, budget, cluster
+
+
+def output_opts(p, resume=True):
+    p.add_argument("--name", metavar="MEMBER",
+                   help="write the array as member MEMBER ('x' or 'sub/x') of the Zarr "
+                        "group at the output path (created if needed; other members are "
+                        "left alone)")
+    m = p.add_mutually_exclusive_group()
+    m.add_argument("--overwrite", action="store_true",
+                   help="replace the output if it exists")
+    if resume:
+        m.add_argument("--resume", action="store_true",
+                       help="finish an interrupted run of the same job into the same "
+                            "output, skipping I/O units already written")
+
+
+def layout_opts(p, what):
+    p.add_argument("--tile", type=_pos_int, nargs=2, metavar=("R", "C"),
+                   help=f"tile (Zarr chunk) of {what}")
+    p.add_argument("--shard", type=_pos_int, nargs=2, metavar=("R", "C"),
+                   help=f"shard (I/O unit) of {what}, a multiple of the tile")
+
