@@ -338,18 +338,34 @@ class Lowerer:
             pb = max(rb, kb * bn * cb) + kb * bn * cb * tb
             return pa, pb, max(qa, qb)
 
-        def memory(re, ce, prefetch: bool) -> int:
+        # B streamed band by band (A and B share their K panels): one B band
+        # -- a K panel by one of B's column I/O units -- resident, not a panel
+        stream = a_k == b_k and not gram and k > 0
+        b_cols = unit_edges(b_spec, 1, n)
+        if stream:
+            c = layout.BlockCosts(b_spec, b_k, b_cols)
+            wb = max_interval(b_cols)
+            b_band = max(c.max_read_bytes(exact=False), kb * wb * cb) + kb * wb * cb * tb
+            b_band_request = c.min_request_bytes()
+
+        def memory(re, ce, mode: str) -> int:
             """Peak of one task: the accumulator and the current panels, plus
             the panel in flight (compressed + decoded) when prefetching, or,
             reading in place, one band's buffers while a panel fills (a panel
             read in one request is its own decoded buffer); at the end the
-            accumulator and one output unit copied and encoded at a time."""
+            accumulator and one output unit copied and encoded at a time.
+            Streaming B holds the accumulator, one A panel and one B band,
+            each a single large buffer freed whole (so priced as allocated),
+            plus one read's buffers."""
             bm, bn = max_interval(re), max_interval(ce)
             acc = bm * bn * dtype.itemsize
             pa, pb, request = panel_bytes(re, ce)
             if gram and bm == m and bn == n:
                 pa = 0  # X.T @ X in one block: each panel serves as both operands
-            if prefetch:
+            if mode == "stream":
+                reading = min(2 * max(band, request, b_band_request), max(pa, b_band))
+                return acc + max(2 * out_unit, pa + b_band + _as_rss(reading))
+            if mode == "prefetch":
                 reading = 2 * max(pa, pb)
             else:  # each request compressed + decoded, at most the panel twice
                 reading = min(2 * max(band, request), max(pa, pb))
@@ -364,17 +380,17 @@ class Lowerer:
             for cols_c in layout.bases(b_spec, 1, n, hard[1]):
                 step = max(min(max_interval(rows_c), max_interval(cols_c)), 1)
                 # roughly square blocks (and 1:2 / 2:1), growing until they no longer fit
-                for prefetch, (fr, fc) in itertools.product((True, False),
-                                                            ((1, 1), (1, 2), (2, 1))):
+                modes = ("prefetch", "in-place") + (("stream",) if stream else ())
+                for mode, (fr, fc) in itertools.product(modes, ((1, 1), (1, 2), (2, 1))):
                     t, last = step, None
                     while True:
                         re, ce = group_edges(rows_c, t * fr), group_edges(cols_c, t * fc)
                         if (re, ce) != last:
-                            mem = memory(re, ce, prefetch)
+                            mem = memory(re, ce, mode)
                             if mem <= budget:
-                                layouts.append((re, ce, mem, prefetch))
+                                layouts.append((re, ce, mem, mode))
                             elif smallest is None or mem < smallest[2]:
-                                smallest = (re, ce, mem, prefetch)
+                                smallest = (re, ce, mem, mode)
                             last = (re, ce)
                         if mem > budget or t >= max(m, n):
                             break
@@ -388,8 +404,8 @@ class Lowerer:
         def reads_of(lay):  # elements read: A once per block column, B once per block row
             return m * k * (len(lay[1]) - 1) + k * n * (len(lay[0]) - 1)
 
-        def rank(lay):  # least read, then fewest tasks, then prefetching
-            return (reads_of(lay), n_of(lay), not lay[3])
+        def rank(lay):  # least read, then fewest tasks, then prefetch > stream > in place
+            return (reads_of(lay), n_of(lay), ("prefetch", "stream", "in-place").index(lay[3]))
 
         best = min(layouts, key=rank)
         threads = self.budget.total_threads
@@ -408,15 +424,19 @@ class Lowerer:
                 enough = [lay for lay in layouts if n_of(lay) >= threads]
                 if enough:
                     best = min(enough, key=rank)
-        row_edges, col_edges, peak, prefetch = best
-        read_bytes = None if prefetch else band
+        row_edges, col_edges, peak, mode = best
+        read_bytes = None if mode == "prefetch" else band
         if len(k_split) > 2:  # panels never straddle a split point
             a_k = tuple(sorted(set(a_k) | set(k_split)))
             b_k = tuple(sorted(set(b_k) | set(k_split)))
         token = tokenize("matmul", a_spec, b_spec, row_edges, col_edges, k_split, str(out), deps)
         name = "matmul-" + token
         a_costs = layout.BlockCosts(a_spec, row_edges, a_k)
-        b_costs = layout.BlockCosts(b_spec, b_k, col_edges)
+        # streaming reads B in bands split at its column units and the block edges
+        b_edges = tuple(sorted(set(col_edges) | set(b_cols))) if mode == "stream" \
+            else col_edges
+        b_at = {e: q for q, e in enumerate(b_edges)}
+        b_costs = layout.BlockCosts(b_spec, b_k, b_edges)
         a_iv, b_iv = intervals(a_k), intervals(b_k)
         segments = []  # per K segment: its A and B panels and their index ranges
         for k0, k1 in (intervals(k_split) if k > 0 else [(0, 0)]):
@@ -432,19 +452,23 @@ class Lowerer:
                 if out_grid is not None and _all_done(out_grid, rows, cols, skip):
                     continue
                 parts = []
+                j0, j1 = b_at[cols[0]], b_at[cols[1]]
+                b_bands = tuple(intervals(b_edges[j0 : j1 + 1])) if mode == "stream" else None
                 for s, (pa, pb, qa, qb) in enumerate(segments):
                     if not gmm.is_gram(a_spec, b_spec, rows, cols, pa, pb):
                         b, r, g = a_costs.band(0, i, *qa)
                         nbytes, nreq, gets = nbytes + b, nreq + r, gets + g
-                    b, r, g = b_costs.band(1, j, *qb)
-                    nbytes, nreq, gets = nbytes + b, nreq + r, gets + g
+                    for jj in range(j0, j1):
+                        b, r, g = b_costs.band(1, jj, *qb)
+                        nbytes, nreq, gets = nbytes + b, nreq + r, gets + g
                     args = (a_spec, b_spec, rows, cols, pa, pb, dtype)
                     if len(k_split) <= 2 and out is not None:
                         key = (name, i, j)
-                        self.graph[key] = (gmm.matmul_store, *args, out, deps, read_bytes)
+                        self.graph[key] = (gmm.matmul_store, *args, out, deps, read_bytes,
+                                           b_bands)
                     else:
                         key = (name + "-part", i, j, s)
-                        self.graph[key] = (gmm.matmul_block, *args, deps, read_bytes)
+                        self.graph[key] = (gmm.matmul_block, *args, deps, read_bytes, b_bands)
                     parts.append(key)
                 if len(parts) > 1 or (out is None and len(k_split) > 2):
                     root = tree(
@@ -468,8 +492,11 @@ class Lowerer:
         self.stages.append(Stage(
             "matmul", f"{_short(node)}: output blocks up to {max_interval(row_edges)}x"
             f"{max_interval(col_edges)}, K panels A {ka} / B {kb}{ksplit_txt}, "
-            + ("next panel prefetched" if prefetch else
-               f"panels read in place in bands of <= {format_bytes(read_bytes)}"),
+            + {"prefetch": "next panel prefetched",
+               "stream": f"A panels read in place, B streamed in bands of {max_interval(b_cols)}"
+                         " columns",
+               "in-place": "panels read in place"}[mode]
+            + ("" if mode == "prefetch" else f" (requests <= {format_bytes(read_bytes)})"),
             len(keys) * max(len(k_split) - 1, 1), peak, nbytes, written, flops,
             io_lower_bound=lb or None, reads=nreq, store_gets=gets))
         return keys if out is not None else (keys, blocks)

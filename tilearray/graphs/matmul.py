@@ -72,7 +72,7 @@ def load_order(a_panels: tuple[Range, ...], b_panels: tuple[Range, ...]) -> list
 
 def matmul_block(
     a_spec, b_spec, rows: Range, cols: Range, a_panels, b_panels, dtype, deps=(),
-    read_bytes: int | None = None,
+    read_bytes: int | None = None, b_bands: tuple[Range, ...] | None = None,
 ) -> tuple[np.ndarray, dict]:
     """Compute output block ``rows x cols`` of ``A @ B`` over the given K panels.
 
@@ -82,6 +82,12 @@ def matmul_block(
     decode buffers exist at a time: less memory, so larger blocks and fewer
     bytes read, for no overlap within the task (on a machine whose cores are
     all busy with BLAS, decode and BLAS do not overlap anyway).
+
+    With ``b_bands`` (column ranges covering ``cols``; A and B share their K
+    panels) B is streamed: per K panel the A panel is read once, then B is
+    read band by band and each band's product accumulates into its columns
+    of the block, so only one B band is resident instead of a whole panel --
+    the memory that lets the planner choose larger blocks, which read less.
 
     Returns the block (Fortran-ordered) and the task's measured I/O stats.
     """
@@ -100,6 +106,9 @@ def matmul_block(
 
     if is_gram(a_spec, b_spec, rows, cols, a_panels, b_panels):
         return _gram_block(b_spec, rows, b_panels, acc, deps, stats, read_bytes)
+    if b_bands is not None and tuple(a_panels) == tuple(b_panels):
+        return _streamed_block(a_spec, b_spec, rows, cols, a_panels, b_bands, acc, deps,
+                               stats, read_bytes)
     order = iter(load_order(a_panels, b_panels))
     t_wait = t_blas = 0.0
     with ThreadPoolExecutor(1, thread_name_prefix="tilearray-prefetch") as pool:
@@ -177,6 +186,28 @@ def _gram_block(x_spec, cols, panels, acc, deps, stats, read_bytes):
     return acc, out
 
 
+def _streamed_block(a_spec, b_spec, rows, cols, panels, bands, acc, deps, stats, read_bytes):
+    """``acc += A[rows, p] @ B[p, band]`` for each K panel ``p`` and B band."""
+    t_wait = t_blas = 0.0
+    c0 = cols[0]
+    a = None
+    for p in panels:
+        t0 = time.perf_counter()
+        del a  # the previous panel goes before the next is read
+        a = evaluate(a_spec, rows, p, deps, stats, max_bytes=read_bytes)
+        t_wait += time.perf_counter() - t0
+        for band in bands:
+            t0 = time.perf_counter()
+            b = evaluate(b_spec, p, band, deps, stats, max_bytes=read_bytes)
+            t1 = time.perf_counter()
+            gemm_accumulate(acc[:, band[0] - c0 : band[1] - c0], a, b)
+            t_wait, t_blas = t_wait + t1 - t0, t_blas + time.perf_counter() - t1
+            del b
+    out = stats.as_dict()
+    out.update(io_wait_seconds=t_wait, blas_seconds=t_blas, tasks=1)
+    return acc, out
+
+
 class _Inline:
     """A stand-in executor that runs a load only when its result is taken."""
 
@@ -193,10 +224,10 @@ class _Deferred:
 
 
 def matmul_store(a_spec, b_spec, rows, cols, a_panels, b_panels, dtype, out_ref, deps=(),
-                 read_bytes=None):
+                 read_bytes=None, b_bands=None):
     """Compute one output block and write it whole; return ``(None, stats)``."""
     acc, st = matmul_block(a_spec, b_spec, rows, cols, a_panels, b_panels, dtype, deps,
-                           read_bytes)
+                           read_bytes, b_bands)
     io = IOStats()
     write_block(out_ref, rows, cols, acc, io)
     st["bytes_written"] = io.bytes_written
