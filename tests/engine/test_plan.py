@@ -138,3 +138,32 @@ def test_fusion_mixed_tilings_reads_each_unit_once(thread_engine, tmp_path, rng)
     reset_counts(name)
     assert_close(expr.compute(engine=thread_engine), (x - y).sum(0))
     assert counts(name)["gets"] == a.grid.n_units + b.grid.n_units
+
+
+def test_plan_without_an_engine_starts_nothing(tmp_path, monkeypatch):
+    """expr.plan() with no engine running plans for the default engine's budget
+    (one worker per core, default memory) and starts no cluster."""
+    import distributed
+
+    from tilearray.engine import cluster
+
+    # as in a fresh interpreter: no engine (one left by an earlier test is hidden)
+    monkeypatch.setattr(cluster, "_default", None)
+    monkeypatch.setattr(cluster, "_current", [])
+    monkeypatch.setattr(cluster, "_active", None)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("plan() started a LocalCluster")
+
+    monkeypatch.setattr(distributed, "LocalCluster", refuse)
+    import zarr
+
+    z = zarr.create_array(str(tmp_path / "x.zarr"), shape=(300, 200), chunks=(100, 100),
+                          dtype="f8")
+    z[...] = 1.0
+    x = ta.open(str(tmp_path / "x.zarr"))
+    for expr in (x.sum(axis=0), x @ x.T, (x - x.mean(axis=0)).std(axis=0)):
+        plan = expr.plan()
+        assert plan.budget == cluster.default_budget()
+        assert plan.budget.n_workers == (os.cpu_count() or 1)
+    assert cluster.current_engine(start=False) is None

@@ -200,11 +200,7 @@ class Engine:
             if adaptive is not None:
                 n = hi if n_workers is None else int(n_workers)
             processes = _choose_processes(processes, n)
-            if memory_per_worker is None:
-                mem = _config.get_bytes("memory.default-per-worker")
-                mem = min(mem, int(psutil.virtual_memory().total * 0.8 / n))
-            else:
-                mem = memory_per_worker
+            mem = memory_per_worker if memory_per_worker is not None else _default_memory(n)
             blas = max(cores // (n * threads), 1)
             # distributed's nanny writes its pre-spawn settings (OMP/MKL/OPENBLAS
             # threads = 1, ...) into this process's environment; keep ours
@@ -623,6 +619,20 @@ def _worker_peaks(client) -> dict:
         return client.run(take_peak, on_error="ignore")
     except Exception:
         return {}
+
+
+def _default_memory(n_workers: int) -> int:
+    """Memory per worker of a LocalCluster started without one: the configured
+    default, at most 0.8 of this machine's memory shared by the workers."""
+    mem = _config.get_bytes("memory.default-per-worker")
+    return min(mem, int(psutil.virtual_memory().total * 0.8 / n_workers))
+
+
+def default_budget() -> Budget:
+    """The budget of the engine :func:`current_engine` would start here (one
+    single-threaded worker per core), computed without starting it."""
+    n = max(os.cpu_count() or 1, 1)
+    return Budget.from_config(_default_memory(n), n, 1)
 
 
 def current_engine(start: bool = True) -> Engine | None:

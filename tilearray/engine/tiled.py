@@ -446,8 +446,9 @@ class TiledArray:
     # -- running ----------------------------------------------------------------------
     def _lower(self, out=None, out_grid=None, skip=(), budget=None, engine=None) -> Lowered:
         if budget is None:
-            engine = engine or cluster.current_engine()
-            budget = engine.budget()
+            engine = engine or cluster.current_engine(start=False)
+            # no engine yet: plan for the one compute() would start, without starting it
+            budget = engine.budget() if engine is not None else cluster.default_budget()
         return lower(self._node, budget, out, out_grid, set(skip))
 
     def plan(self, path=None, *, name="", tile=None, shard=None, engine=None, budget=None):
@@ -458,7 +459,9 @@ class TiledArray:
         path, name, tile, shard
             The output :meth:`to_zarr` would write (optional).
         engine : Engine, optional
-            Whose budget to plan for; default: the current engine.
+            Whose budget to plan for; default: the current engine, or, when
+            none is running, the default engine :meth:`compute` would start
+            (planned for without starting it).
         budget : Budget, optional
             Plan for this budget instead of an engine's.
 
