@@ -121,6 +121,8 @@ def _problem(value, schema: dict) -> tuple[str | None, Any]:
                      "null": "null", "boolean": "true or false"}
             return "must be " + " or ".join(names.get(t, t) for t in types), value
         value = v
+    if "enum" in schema and value not in schema["enum"]:
+        return "must be one of " + ", ".join(map(str, schema["enum"])), value
     if isinstance(value, int | float) and not isinstance(value, bool):
         for bound, ok, text in (("minimum", lambda b: value >= b, ">="),
                                 ("maximum", lambda b: value <= b, "<="),

@@ -20,7 +20,7 @@ from scipy.linalg import blas
 
 from ..storage import IOStats, write_block
 from ..storage.geometry import Range
-from .spec import evaluate
+from .spec import evaluate, prefetch
 
 _GEMM = {np.dtype("float32"): blas.sgemm, np.dtype("float64"): blas.dgemm}
 
@@ -191,18 +191,24 @@ def _streamed_block(a_spec, b_spec, rows, cols, panels, bands, acc, deps, stats,
     t_wait = t_blas = 0.0
     c0 = cols[0]
     a = None
-    for p in panels:
+    # the reads in order; while BLAS works on one band, the OS loads the next
+    steps = [(q, band) for q in range(len(panels)) for band in bands]
+    for s, (q, band) in enumerate(steps):
+        p = panels[q]
         t0 = time.perf_counter()
-        del a  # the previous panel goes before the next is read
-        a = evaluate(a_spec, rows, p, deps, stats, max_bytes=read_bytes)
-        t_wait += time.perf_counter() - t0
-        for band in bands:
-            t0 = time.perf_counter()
-            b = evaluate(b_spec, p, band, deps, stats, max_bytes=read_bytes)
-            t1 = time.perf_counter()
-            gemm_accumulate(acc[:, band[0] - c0 : band[1] - c0], a, b)
-            t_wait, t_blas = t_wait + t1 - t0, t_blas + time.perf_counter() - t1
-            del b
+        if band is bands[0]:
+            del a  # the previous panel goes before the next is read
+            a = evaluate(a_spec, rows, p, deps, stats, max_bytes=read_bytes)
+        b = evaluate(b_spec, p, band, deps, stats, max_bytes=read_bytes)
+        if s + 1 < len(steps):
+            nq, nband = steps[s + 1]
+            if nq != q:
+                prefetch(a_spec, rows, panels[nq])
+            prefetch(b_spec, panels[nq], nband)
+        t1 = time.perf_counter()
+        gemm_accumulate(acc[:, band[0] - c0 : band[1] - c0], a, b)
+        t_wait, t_blas = t_wait + t1 - t0, t_blas + time.perf_counter() - t1
+        del b
     out = stats.as_dict()
     out.update(io_wait_seconds=t_wait, blas_seconds=t_blas, tasks=1)
     return acc, out

@@ -223,6 +223,21 @@ def read_region(
     return data[rows[0] - r0 : rows[1] - r0, cols[0] - c0 : cols[1] - c0]
 
 
+def prefetch_region(ref: ArrayRef, rows: Range, cols: Range) -> None:
+    """Hint that ``rows x cols`` of the array at ``ref`` will be read soon: its
+    chunk files are loaded into the OS page cache in the background (local,
+    directly read arrays; a no-op otherwise). Never fails."""
+    if not _config.get("storage.direct-reads"):
+        return
+    try:
+        arr = ref.open()
+        direct = direct_reader(arr, str(ref), ref.store, ref.path)
+        if direct is not None:
+            direct.prefetch(rows, cols)
+    except Exception:  # a hint only: the read itself reports problems
+        log.debug("prefetch hint for %s failed", ref, exc_info=True)
+
+
 def write_block(
     ref: ArrayRef, rows: Range, cols: Range, data: np.ndarray, stats: IOStats | None = None,
     *, arr=None,
