@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import re
 
+
 def _int_at_least(text: str, least: int, what: str) -> int:
     try:
         v = int(text)

@@ -3,7 +3,6 @@ measured I/O / memory of a run match what the plan projected."""
 
 import os
 
-import numpy as np
 import psutil
 import pytest
 from zarr.storage import LocalStore
@@ -11,8 +10,7 @@ from zarr.storage import LocalStore
 import tilearray as ta
 from tilearray.engine.nodes import Source
 from tilearray.storage import ArrayRef
-from tilearray.testing import CountingStore, counts, reset_counts
-from tilearray.testing import assert_close
+from tilearray.testing import CountingStore, assert_close, counts, reset_counts
 
 
 def _counted(tmp_path, name, x, tile, shard=None):

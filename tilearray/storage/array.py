@@ -28,11 +28,11 @@ from .geometry import Grid
 from .locks import (  # noqa: F401  (the output lock, re-exported)
     acquire_lock,
     check_lock_held,
-    output_lock_key,
     check_unlocked,
     group_lock,
     local_root,
     lock_path,
+    output_lock_key,
     release_lock,
 )
 
