@@ -23,8 +23,9 @@ cluster (closed after), and prints one Markdown table on stdout:
 * check: the result matches ``A[rows, :] @ B[:, cols]`` computed with NumPy on
   sampled blocks (and, for tilearray, NumPy's stored result on those blocks).
 
-The inputs sit in the page cache after generation (the machine has far more
-RAM than the data), so every engine reads from warm cache.
+The inputs mostly sit in the page cache (RAM >> data), but this machine's
+kernel pages out cold page-cache pages (DAMON "pageout"): chunks not read for
+a while come from disk again, for every engine alike.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from _common import (
     markdown_table,
     max_rss_of_workers,
     parse_bytes,
+    plain_inputs,
     read_chars,
     run_in_child,
     warm_workers,
@@ -66,36 +68,7 @@ ENGINES = ("tilearray", "dask", "numpy", "cubed")
 
 
 def ensure_inputs(args) -> tuple[str, str]:
-    """Two n x n inputs written by plain Zarr (its default codecs: bytes + zstd
-    level 0), standard normal, generated band by band; reused when present."""
-    import zarr
-
-    d = os.path.join(args.data_dir, "inputs")
-    os.makedirs(d, exist_ok=True)
-    tile = (args.tile, args.tile)
-    paths = []
-    for name, seed in (("a", 0), ("b", 1)):
-        p = os.path.join(d, f"{name}_n{args.n}_{args.dtype}_t{args.tile}_plainzarr.zarr")
-        paths.append(p)
-        try:
-            x = zarr.open_array(p, mode="r")
-            ok = (x.shape == (args.n, args.n) and x.dtype == np.dtype(args.dtype)
-                  and tuple(x.chunks) == tile and x.attrs.get("bench-seed") == seed)
-        except Exception:
-            ok = False
-        if ok:
-            log(f"reusing {p}")
-            continue
-        t0 = time.perf_counter()
-        z = zarr.create_array(p, shape=(args.n, args.n), chunks=tile, dtype=args.dtype,
-                              overwrite=True)
-        for r0 in range(0, args.n, args.tile):
-            r1 = min(r0 + args.tile, args.n)
-            rng = np.random.default_rng([seed, r0])
-            z[r0:r1, :] = rng.standard_normal((r1 - r0, args.n)).astype(args.dtype)
-        z.attrs["bench-seed"] = seed  # written last: a killed generation is redone
-        log(f"generated {p} (plain zarr, {z.compressors}) in {time.perf_counter() - t0:.1f} s")
-    return paths[0], paths[1]
+    return plain_inputs(args.data_dir, args.n, args.dtype, args.tile)
 
 
 # -- engines --------------------------------------------------------------------------
