@@ -332,8 +332,11 @@ class Engine:
 
     # -- running ----------------------------------------------------------------
     def run(self, graph: dict, keys: list, *, description: str = "tilearray", quiet=None,
-            plan=None, units_total: int = 0, units_skipped: int = 0):
+            plan=None, units_total: int = 0, units_skipped: int = 0, stat_keys=()):
         """Run ``graph`` and gather ``keys`` (each a ``(value, stats)`` task).
+
+        ``stat_keys`` are gathered too, for their stats only (small results
+        whose figures no key in ``keys`` carries).
 
         Shows progress, samples worker memory, and returns ``(values, RunStats)``.
         On failure every pending task is cancelled and the first error raised.
@@ -350,6 +353,8 @@ class Engine:
                   units_total=int(units_total), units_skipped=int(units_skipped),
                   **(_plan_figures(plan) if plan is not None else {}))
         ok, futures, bar = False, [], None
+        n_keys = len(keys)
+        keys = list(keys) + [k for k in stat_keys if k not in set(keys)]
         try:
             futures = self.client.get(graph, keys, sync=False)
             keep: set = set()  # keys listed twice must not be released early
@@ -410,7 +415,7 @@ class Engine:
         for f in futures:  # release, not cancel: a later run may reuse these keys
             f.release()
         self.last_run = stats
-        return [v for v, _ in values], stats
+        return [v for v, _ in values[:n_keys]], stats
 
     def _suspicious(self) -> int:
         def count(dask_scheduler):

@@ -69,6 +69,10 @@ class Lowered:
     """For "blocks": ``(rows, cols)`` of each key."""
     creates: list = field(default_factory=list)
     skipped_units: int = 0
+    stat_keys: list = field(default_factory=list)
+    """More keys to gather for their stats only: small results big tasks read
+    as operands (a reduction feeding a map) and matmul temporaries' barriers,
+    whose figures no gathered key carries (each counted once)."""
 
 
 class Lowerer:
@@ -79,6 +83,9 @@ class Lowerer:
         self.creates: list[Create] = []
         self._small: dict[int, str] = {}
         self._temps: dict[int, Read] = {}
+        self._read_leaves: set = set()  # stored arrays read by the stages so far
+        self._covers: dict = {}  # small key -> keys whose stats its result carries
+        self._dep_keys: list = []  # small keys big tasks read as operands
         self.temp_dir = temp_dir
         self.run_id = uuid.uuid4().hex
 
@@ -98,6 +105,8 @@ class Lowerer:
             read, barrier = self._materialise(node)
             if barrier not in deps:
                 deps.append(barrier)  # wait for every block of the temporary
+            if barrier not in self._dep_keys:
+                self._dep_keys.append(barrier)
             return read
         raise PlanningError(f"cannot tile {node}")
 
@@ -109,6 +118,8 @@ class Lowerer:
         key = self.small(a)
         if key not in deps:
             deps.append(key)
+        if key not in self._dep_keys:
+            self._dep_keys.append(key)
         return Dep(deps.index(key), _dep_kind(a.shape, shape))
 
     def _materialise(self, node: MatMul) -> Read:
@@ -164,7 +175,21 @@ class Lowerer:
         else:
             raise PlanningError(f"cannot compute {node} in memory")
         self._small[id(node)] = key
+        if key not in self._covers:  # small ops merge their operands' stats
+            self._covers[key] = {key}.union(*(
+                self._covers.get(self._small.get(id(c)), set())
+                for c in [getattr(node, "x", None), *getattr(node, "args", ())]
+                if isinstance(c, Node) and c.small))
         return key
+
+    def stat_keys(self, gathered: list) -> list:
+        """Keys whose stats reach no gathered result: operands of big tasks
+        not merged into a gathered small result nor into another such key."""
+        covered = set().union(*(self._covers.get(k, {k}) for k in gathered)) if gathered \
+            else set()
+        todo = [d for d in self._dep_keys if d not in covered]
+        return [d for d in todo
+                if not any(d in self._covers.get(e, ()) for e in todo if e != d)]
 
     def _stage_small(self, what: str) -> None:
         self.stages.append(Stage("small", f"in-memory {what}", 1, 0, 0))
@@ -199,9 +224,22 @@ class Lowerer:
         self._check_fits("map", peak, str(node))
         self.stages.append(Stage(
             "map", f"{_short(node)} in blocks of up to {max_interval(row_edges)}x"
-            f"{max_interval(col_edges)}", len(keys), peak, nbytes, written,
-            reads=nreq, store_gets=gets))
+            f"{max_interval(col_edges)}{self._reread(spec, deps)}", len(keys), peak, nbytes,
+            written, reads=nreq, store_gets=gets))
         return keys, blocks
+
+    def _reread(self, spec, deps) -> str:
+        """Note for a stage reading stored arrays an earlier stage read: it
+        needs that stage's result (``a - a.mean(axis=0)``), so reads them again."""
+        from ..graphs.spec import leaves
+
+        names = {tokenize(leaf): str(leaf.ref) for leaf in leaves(spec)}
+        again = sorted({v for k, v in names.items() if k in self._read_leaves})
+        self._read_leaves.update(names)
+        if not again or not deps:
+            return ""
+        return (f"; reads {', '.join(repr(a) for a in again)} again: it needs the result of "
+                "an earlier pass over it")
 
     def _fit_blocks(self, spec, shape, out_grid, temp_bytes_per_elem, out_itemsize=0):
         """The layout whose every task fits and that reads least (see
@@ -237,6 +275,48 @@ class Lowerer:
                              self.budget.task_memory)
 
     # -- reductions -------------------------------------------------------------
+    def fuse_reductions(self, root: Node) -> None:
+        """Lower together the reductions of ``root`` that read the same stored
+        arrays over the same shape and need no other reduction first
+        (``(a * a).sum() + a.sum()``, ``a.mean(0)`` and ``a.std(0)``): one pass
+        over the blocks evaluates all of them, so each array is read once."""
+        groups: dict = {}
+        seen: set = set()
+
+        def visit(node):
+            if not isinstance(node, Node) or id(node) in seen:
+                return
+            seen.add(id(node))
+            if isinstance(node, Reduce) and not node.x.small and 0 not in node.x.shape \
+                    and _reads_only_stored(node.x):  # so it can share a pass
+                deps: list = []
+                spec = self.spec(node.x, deps)
+                if not deps:
+                    from ..graphs.spec import leaves
+
+                    reads = frozenset(tokenize(leaf) for leaf in leaves(spec))
+                    groups.setdefault(tuple(node.x.shape), []).append((node, spec, reads))
+            for child in ("x", "a", "b"):
+                visit(getattr(node, child, None))
+            for a in getattr(node, "args", ()):
+                visit(a)
+
+        visit(root)
+        for members in groups.values():
+            # reductions sharing a stored array, directly or through others, share a pass
+            parts: list[tuple[set, list]] = []
+            for r, spec, reads in members:
+                joined = [p for p in parts if p[0] & reads]
+                parts = [p for p in parts if not p[0] & reads]
+                keys = set(reads).union(*(p[0] for p in joined))
+                parts.append((keys, [m for p in joined for m in p[1]] + [(r, spec)]))
+            for _, group in parts:
+                if len(group) > 1:
+                    nodes = [r for r, _ in group]
+                    keys = self._reduce_pass(nodes, [sp for _, sp in group], [])
+                    for r, key in zip(nodes, keys, strict=True):
+                        self._small[id(r)] = key
+
     def reduce(self, node: Reduce) -> str:
         m, n = node.x.shape
         if m == 0 or n == 0:  # nothing to read: NumPy's answer for an empty array
@@ -250,56 +330,86 @@ class Lowerer:
             return key
         deps: list = []
         spec = self.spec(node.x, deps)
-        in_dtype = np.dtype(node.x.dtype)
+        return self._reduce_pass([node], [spec], deps)[0]
+
+    def _reduce_pass(self, nodes: list[Reduce], specs: list, deps: list) -> list[str]:
+        """One map over the blocks of ``nodes``' common input shape, then a
+        combine tree and final value per reduction; returns their keys."""
+        m, n = nodes[0].x.shape
         # op results, plus the float64 accumulation copy / (x - mean)**2 of var
-        extra = 2 if node.op in ("var", "std") else 1
-        temps = (_op_temporaries(spec) + extra) * max(in_dtype.itemsize, 8)
-        costs, peak = self._fit_blocks(spec, (m, n), None, temps)
+        temps = sum((_op_temporaries(spec) + (2 if r.op in ("var", "std") else 1))
+                    * max(np.dtype(r.x.dtype).itemsize, 8) for r, spec in zip(nodes, specs,
+                                                                                strict=True))
+        joint = specs[0] if len(specs) == 1 else Op("fused", tuple(specs))  # for costs only
+        costs, peak = self._fit_blocks(joint, (m, n), None, temps)
         row_edges, col_edges = costs.row_edges, costs.col_edges
-        token = tokenize("reduce", node.op, node.axis, node.ddof, spec, row_edges, col_edges,
-                         deps)
-        name = f"reduce-{node.op}-{token}"
+        what = [(r.op, r.axis, r.ddof) for r in nodes]
+        token = tokenize("reduce", what, specs, row_edges, col_edges, deps)
+        name = f"reduce-{'-'.join(dict.fromkeys(r.op for r in nodes))}-{token}"
         parts = {}
         nbytes = nreq = gets = 0
         for i, rows in enumerate(intervals(row_edges)):
             for j, cols in enumerate(intervals(col_edges)):
                 key = (name, "map", i, j)
-                self.graph[key] = (gred.reduce_map, spec, rows, cols, node.op, node.axis, n, deps)
+                if len(nodes) == 1:
+                    self.graph[key] = (gred.reduce_map, specs[0], rows, cols, nodes[0].op,
+                                       nodes[0].axis, n, deps)
+                else:
+                    self.graph[key] = (gred.reduce_map_many, tuple(specs), rows, cols,
+                                       tuple(r.op for r in nodes), tuple(r.axis for r in nodes),
+                                       n, deps)
                 parts[i, j] = key
                 b, r, g = costs.at(i, j)
                 nbytes, nreq, gets = nbytes + b, nreq + r, gets + g
-        self._check_fits("reduce", peak, str(node))
+        self._check_fits("reduce", peak, " and ".join(str(r) for r in nodes))
         split_every = int(_config.get("reduction.split-every"))
         nr, nc = len(row_edges) - 1, len(col_edges) - 1
-        if node.axis is None:
-            groups = {0: [parts[i, j] for i in range(nr) for j in range(nc)]}
-        elif node.axis == 0:
-            groups = {j: [parts[i, j] for i in range(nr)] for j in range(nc)}
-        else:
-            groups = {i: [parts[i, j] for j in range(nc)] for i in range(nr)}
-        finals = []
-        for g, keys in groups.items():
-            root = tree(
-                keys, split_every,
-                lambda level, k, g=g: (name, "combine", g, level, k),
-                lambda children: (gred.reduce_combine, node.op, *children),
-                self.graph,
-            )
-            fk = (name, "final", g)
-            self.graph[fk] = (gred.reduce_final, node.op, node.dtype, node.ddof, root)
-            finals.append(fk)
-        key = name
-        self.graph[key] = (gred.concat_final, node.axis, *finals)
-        if not node.keepdims:
-            flat = name + "-squeezed"
-            self.graph[flat] = (gel.small_op, "reshape", (), key, node.shape)
-            key = flat
-        n_tasks = len(parts) + len(finals) + 1
+        out_keys, n_tasks = [], len(parts)
+        for q, node in enumerate(nodes):
+            qname = name if len(nodes) == 1 else f"{name}-{q}"
+            mine = parts
+            if len(nodes) > 1:  # this reduction's partials out of the shared map
+                mine = {}
+                for (i, j), key in parts.items():
+                    mine[i, j] = (qname, "pick", i, j)
+                    self.graph[mine[i, j]] = (gred.pick, q, key)
+                n_tasks += len(mine)
+            if node.axis is None:
+                groups = {0: [mine[i, j] for i in range(nr) for j in range(nc)]}
+            elif node.axis == 0:
+                groups = {j: [mine[i, j] for i in range(nr)] for j in range(nc)}
+            else:
+                groups = {i: [mine[i, j] for j in range(nc)] for i in range(nr)}
+            finals = []
+            for g, keys in groups.items():
+                root = tree(
+                    keys, split_every,
+                    lambda level, k, g=g, qname=qname: (qname, "combine", g, level, k),
+                    lambda children, node=node: (gred.reduce_combine, node.op, *children),
+                    self.graph,
+                )
+                fk = (qname, "final", g)
+                self.graph[fk] = (gred.reduce_final, node.op, node.dtype, node.ddof, root)
+                finals.append(fk)
+            key = qname
+            self.graph[key] = (gred.concat_final, node.axis, *finals)
+            if not node.keepdims:
+                flat = qname + "-squeezed"
+                self.graph[flat] = (gel.small_op, "reshape", (), key, node.shape)
+                key = flat
+            n_tasks += len(finals) + 1
+            out_keys.append(key)
+            self._covers[key] = {key}  # its map tasks' stats, not their operands'
+        ops = ", ".join(f"{r.op}(axis={r.axis})" for r in nodes)
+        shared_note = self._reread(joint, deps)
+        shared = f" in one pass ({len(nodes)} reductions read each block once)" \
+            if len(nodes) > 1 else ""
         self.stages.append(Stage(
-            "reduce", f"{node.op}(axis={node.axis}) over {len(parts)} blocks of up to "
-            f"{max_interval(row_edges)}x{max_interval(col_edges)}, fan-in {split_every}",
+            "reduce", f"{ops} over {len(parts)} blocks of up to "
+            f"{max_interval(row_edges)}x{max_interval(col_edges)}, fan-in {split_every}{shared}"
+            f"{shared_note}",
             n_tasks, peak, nbytes, reads=nreq, store_gets=gets))
-        return key
+        return out_keys
 
     # -- matmul -------------------------------------------------------------------
     def matmul(self, node: MatMul, out: ArrayRef | None, out_grid: Grid | None, skip):
@@ -553,6 +663,15 @@ def _dep_kind(small_shape: tuple, shape: tuple) -> str:
     return "col"
 
 
+def _reads_only_stored(node) -> bool:
+    """True if a big node is computed from stored arrays alone: no small
+    operand (a reduction's result) and no matmul temporary below it."""
+    if isinstance(node, MatMul) or (isinstance(node, Node) and node.small):
+        return False
+    children = [getattr(node, c, None) for c in ("x", "a", "b")] + list(getattr(node, "args", ()))
+    return all(_reads_only_stored(c) for c in children if isinstance(c, Node))
+
+
 def _panels(edges) -> tuple[int, ...]:
     return group_edges(edges, max(MIN_PANEL, 1))
 
@@ -653,6 +772,7 @@ def lower(node, budget, out=None, out_grid=None, skip=()) -> Lowered:
 
 def _lower(node, budget, out, out_grid, skip) -> Lowered:
     low = Lowerer(budget)
+    low.fuse_reductions(node)
     blocks: list = []
     if node.small:
         key = low.small(node)
@@ -667,7 +787,8 @@ def _lower(node, budget, out, out_grid, skip) -> Lowered:
     plan = Plan(str(node), tuple(node.shape), str(node.dtype), budget, tuple(low.stages),
                 str(out) if out else None)
     skipped = len(skip)
-    return Lowered(plan, low.graph, keys, result, blocks, low.creates, skipped)
+    return Lowered(plan, low.graph, keys, result, blocks, low.creates, skipped,
+                   low.stat_keys(keys if result == "small" else []))
 
 
 def output_grid(node, tile, shard) -> Grid:

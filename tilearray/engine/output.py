@@ -13,6 +13,7 @@ from dask.base import tokenize
 from ..errors import StorageError
 from ..storage import ArrayRef, Grid, create, done_units, grid_of, mark_complete, open_array
 from ..storage import array as sarray
+from ..storage.io import store_small
 from . import cluster
 from .lower import Lowered, lower, output_grid
 from .nodes import Source, derive_dims, sources, structure
@@ -254,7 +255,7 @@ def write(x, path, tile, shard, overwrite, resume, engine, name="", dims=None):
             _, stats = _run_checked(
                 states, ref, engine.run, low.graph, low.keys,
                 description=f"-> {os.path.basename(str(ref))}", plan=low.plan,
-                units_skipped=len(state.skip),
+                units_skipped=len(state.skip), stat_keys=low.stat_keys,
                 units_total=state.grid.n_units + temporary_units(low))
             stats.skipped_units = len(state.skip)
             verify_inputs(states, ref)  # read unchanged from start to end: else never complete
@@ -300,21 +301,64 @@ def _write_small_result(x, ref, overwrite, resume, engine, dims, labels):
     done = _refusing(ref, inspect)
     if done is not None:
         log.info("%s is already complete", ref)
-        return np.asarray(done[...])
+        return _small_return(done)
+    engine = engine or cluster.current_engine()
     sarray.acquire_lock(ref)
     try:
         done = inspect()
         if done is not None:
-            return np.asarray(done[...])
+            return _small_return(done)
         dims = sarray.choose_dims(ref, node.shape, dims, derive_dims(node), labels)
-        value = np.asarray(_run_checked(states, ref, x.compute, engine=engine))
+        meta = {"format": sarray.FORMAT_VERSION, "fingerprint": fp, "expression": str(node)}
+        arr = _create_small(ref, node, dims, meta)
+        # a worker computes the value and writes it: nothing passes the driver
+        low = lower(node, engine.budget())
+        key = "store-small-" + tokenize(str(ref), low.keys[0])
+        low.graph[key] = (store_small, ref, low.keys[0])
+        create_temporaries(low)
+        try:
+            _, stats = _run_checked(states, ref, engine.run, low.graph, [key],
+                                    description=f"-> {os.path.basename(str(ref))}",
+                                    plan=low.plan, stat_keys=low.stat_keys,
+                                    units_total=temporary_units(low))
+        finally:
+            cleanup(low)
         verify_inputs(states, ref)
-        out = _write_small(value, ref, dims, {"fingerprint": fp, "expression": str(node)})
+        sarray.check_lock_held(ref)
+        arr.attrs[sarray.ATTR_KEY] = {**meta, "complete": True}
+        sarray.refresh_consolidated(ref)
     finally:
         sarray.release_lock(ref)
-    if x.stats is not None:  # the client wrote it: count the write in the run's figures
-        x.stats.bytes_written += value.nbytes
-    return out
+    x.stats = stats
+    return _small_return(arr)
+
+
+SMALL_RETURN = 64 * 2**20
+"""A 1-D / 0-d result written to Zarr up to this size is also returned as a
+NumPy array (read back from the store); a larger one as the read-only
+``zarr.Array``, so it never passes through the driver's memory."""
+
+
+def _small_return(arr):
+    import zarr
+
+    arr = zarr.open_array(arr.store_path.store, path=arr.store_path.path or None, mode="r")
+    nbytes = int(np.prod(arr.shape, dtype=np.int64)) * arr.dtype.itemsize
+    return np.asarray(arr[...]) if nbytes <= SMALL_RETURN else arr
+
+
+def _create_small(ref: ArrayRef, node, dims, meta: dict):
+    """The empty, incomplete Zarr array a small result is written into (which
+    also takes a member it replaces out of its group's consolidated listing)."""
+    import zarr
+
+    arr = zarr.create_array(ref.store, name=ref.path or None, shape=tuple(node.shape),
+                            dtype=np.dtype(node.dtype), overwrite=sarray.clear_for_overwrite(ref),
+                            zarr_format=3, dimension_names=tuple(dims),
+                            config={"write_empty_chunks": True},
+                            attributes={sarray.ATTR_KEY: {**meta, "complete": False}})
+    sarray.refresh_consolidated(ref)
+    return arr
 
 
 def has_data(ref: ArrayRef) -> bool:
@@ -355,30 +399,6 @@ def cleanup(low: Lowered) -> None:
     for c in low.creates:
         if c.temporary and getattr(c.ref.store, "root", None):
             shutil.rmtree(str(c.ref.store.root), ignore_errors=True)
-
-
-def _write_small(value: np.ndarray, ref: ArrayRef, dims, meta: dict | None = None) -> np.ndarray:
-    """Store a small (in-memory) result, e.g. a reduction's vector, as Zarr.
-
-    Like a matrix output it is created incomplete (which also takes a member it
-    replaces out of its group's consolidated listing), filled, and only then
-    marked complete and listed; ``meta`` (the fingerprint) is recorded for
-    ``resume=True``."""
-    import zarr
-
-    value = np.asarray(value)
-    attrs = {"format": sarray.FORMAT_VERSION, **(meta or {})}
-    arr = zarr.create_array(ref.store, name=ref.path or None, shape=value.shape,
-                            dtype=value.dtype, overwrite=sarray.clear_for_overwrite(ref),
-                            zarr_format=3, dimension_names=tuple(dims),
-                            config={"write_empty_chunks": True},
-                            attributes={sarray.ATTR_KEY: {**attrs, "complete": False}})
-    sarray.refresh_consolidated(ref)
-    arr[...] = value
-    sarray.check_lock_held(ref)
-    arr.attrs[sarray.ATTR_KEY] = {**attrs, "complete": True}
-    sarray.refresh_consolidated(ref)
-    return value
 
 
 def source(ref: ArrayRef, allow_incomplete: bool = False) -> Source:

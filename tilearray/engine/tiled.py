@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 from typing import Any
@@ -29,6 +30,7 @@ from .nodes import (
     derive_dims,
     sources,
 )
+from .plan import Stage
 
 log = logging.getLogger("tilearray")
 
@@ -479,10 +481,20 @@ class TiledArray:
         """
         out_grid = None
         out = None
-        if self.ndim == 2 and not self._node.small and (path or tile or shard):
+        small = self.ndim != 2 or self._node.small
+        if not small and (path or tile or shard):
             out_grid = output_grid(self._node, tile, shard)
             out = ArrayRef.from_location(path, name) if path else None
-        return self._lower(out, out_grid, budget=budget, engine=engine).plan
+        plan = self._lower(out, out_grid, budget=budget, engine=engine).plan
+        if small:  # where the value goes: a worker writes it, or compute() brings it back
+            nbytes = int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+            target = str(ArrayRef.from_location(path, name)) if path else None
+            stage = Stage("store" if target else "result",
+                          f"a worker writes the {self.shape} result into {target!r}" if target
+                          else f"compute() brings {format_bytes(nbytes)} to the driver",
+                          1 if target else 0, 0, 0, nbytes if target else 0)
+            plan = dataclasses.replace(plan, stages=(*plan.stages, stage), output=target)
+        return plan
 
     def compute(self, *, engine=None) -> np.ndarray | Any:
         """Run and return the result in memory.
@@ -519,6 +531,7 @@ class TiledArray:
         output.create_temporaries(low)
         try:
             values, stats = engine.run(low.graph, low.keys, description="compute", plan=low.plan,
+                                       stat_keys=low.stat_keys,
                                        units_total=output.temporary_units(low))
         finally:
             output.cleanup(low)

@@ -166,6 +166,30 @@ def reduce_map(spec, rows, cols, op, axis, ncols, deps=()):
     return part, st
 
 
+def reduce_map_many(specs, rows, cols, ops, axes, ncols, deps=()):
+    """Partials of several reductions over one block; a stored array they
+    share is read once (one ``evaluate`` cache for all)."""
+    from ..storage import IOStats
+
+    stats = IOStats()
+    seen: dict = {}
+    out = []
+    for spec, op, axis in zip(specs, ops, axes, strict=True):
+        x = evaluate(spec, rows, cols, list(deps), stats, _seen=seen)
+        out.append(partial(np.asarray(x), op, axis, (rows[0], cols[0]), ncols))
+    del seen
+    st = stats.as_dict()
+    st["tasks"] = 1
+    return tuple(out), st
+
+
+def pick(q, result):
+    """Partial ``q`` of a :func:`reduce_map_many` result; the shared task's
+    stats travel with partial 0 only, so they are counted once."""
+    parts, st = result
+    return parts[q], (st if q == 0 else {})
+
+
 def reduce_combine(op, *parts):
     part, stats = parts[0][0], merge_stats({}, parts[0][1])
     for p, st in parts[1:]:

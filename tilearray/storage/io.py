@@ -223,6 +223,25 @@ def read_region(
     return data[rows[0] - r0 : rows[1] - r0, cols[0] - c0 : cols[1] - c0]
 
 
+def store_small(ref: ArrayRef, result) -> tuple[None, dict]:
+    """Worker task: write a small result ``(value, stats)`` (a reduction's
+    vector or scalar) into the existing array at ``ref``; the driver marks it
+    complete. Returns ``(None, stats)`` with the write counted."""
+    value, st = result
+    value = np.asarray(value)
+    arr = ref.open(mode="r+")
+    if tuple(arr.shape) != value.shape:
+        raise StorageError(f"result of shape {value.shape} does not fit {str(ref)!r} of shape "
+                           f"{tuple(arr.shape)}")
+    try:
+        arr[...] = value
+    except OSError as e:
+        raise StorageError(f"writing {str(ref)!r} failed: {e}") from e
+    st = dict(st)
+    st["bytes_written"] = int(st.get("bytes_written", 0)) + value.nbytes
+    return None, st
+
+
 def prefetch_region(ref: ArrayRef, rows: Range, cols: Range) -> None:
     """Hint that ``rows x cols`` of the array at ``ref`` will be read soon: its
     chunk files are loaded into the OS page cache in the background (local,
