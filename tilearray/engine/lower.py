@@ -25,7 +25,7 @@ from ..errors import PlanningError
 from ..graphs import elemwise as gel
 from ..graphs import matmul as gmm
 from ..graphs import reduction as gred
-from ..graphs.blocks import group_edges, intervals, max_interval, split_points, tree
+from ..graphs.blocks import compact, group_edges, intervals, max_interval, split_points, tree
 from ..graphs.spec import Const, Dep, Op, Read, Slice, Trans, n_temporaries, unit_edges
 from ..storage import ArrayRef, Grid
 from . import layout
@@ -552,7 +552,7 @@ class Lowerer:
         for k0, k1 in (intervals(k_split) if k > 0 else [(0, 0)]):
             qa = [q for q, p in enumerate(a_iv) if k0 <= p[0] < k1]
             qb = [q for q, p in enumerate(b_iv) if k0 <= p[0] < k1]
-            segments.append((tuple(a_iv[q] for q in qa), tuple(b_iv[q] for q in qb),
+            segments.append((compact(a_iv[q] for q in qa), compact(b_iv[q] for q in qb),
                              (qa[0], qa[-1] + 1) if qa else (0, 0),
                              (qb[0], qb[-1] + 1) if qb else (0, 0)))
         keys, blocks = [], []
@@ -563,7 +563,7 @@ class Lowerer:
                     continue
                 parts = []
                 j0, j1 = b_at[cols[0]], b_at[cols[1]]
-                b_bands = tuple(intervals(b_edges[j0 : j1 + 1])) if mode == "stream" else None
+                b_bands = compact(intervals(b_edges[j0 : j1 + 1])) if mode == "stream" else None
                 for s, (pa, pb, qa, qb) in enumerate(segments):
                     if not gmm.is_gram(a_spec, b_spec, rows, cols, pa, pb):
                         b, r, g = a_costs.band(0, i, *qa)

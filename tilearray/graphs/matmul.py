@@ -192,11 +192,12 @@ def _streamed_block(a_spec, b_spec, rows, cols, panels, bands, acc, deps, stats,
     c0 = cols[0]
     a = None
     # the reads in order; while BLAS works on one band, the OS loads the next
+    bands = tuple(bands)
     steps = [(q, band) for q in range(len(panels)) for band in bands]
     for s, (q, band) in enumerate(steps):
         p = panels[q]
         t0 = time.perf_counter()
-        if band is bands[0]:
+        if s % len(bands) == 0:
             del a  # the previous panel goes before the next is read
             a = evaluate(a_spec, rows, p, deps, stats, max_bytes=read_bytes)
         b = evaluate(b_spec, p, band, deps, stats, max_bytes=read_bytes)
