@@ -120,3 +120,33 @@ def test_1gib_workers_stream_8192_blocks_at_n16384(tmp_path):
     plan = expr.plan(tmp_path / "c.zarr", budget=ta.Budget.from_config("1GiB", 2, 1))
     assert plan.tasks == 4 and plan.bytes_read == 8 * 2**30
     assert "8192x8192" in str(plan) and "B streamed" in str(plan)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "int32"])
+@pytest.mark.parametrize("memory", ["150MiB", "1GiB"])
+def test_same_operand_products_are_symmetric(tmp_path, rng, dtype, memory):
+    """X.T @ X and X @ X.T read each panel of X once on diagonal blocks and
+    update them symmetrically (syrk); written to Zarr, each off-diagonal pair
+    of blocks is computed once: the stored result equals NumPy's, is exactly
+    symmetric, and reads / writes what its plan says."""
+    x = rand(rng, (1300, 700), dtype)
+    with ta.Engine(n_workers=1, memory_per_worker=memory, processes=False, quiet=True):
+        a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(256, 192))
+        for expr, want in ((a.T @ a, x.T @ x), (a @ a.T, x @ x.T)):
+            assert_close(expr.compute(), want)
+            plan = expr.plan(tmp_path / "g.zarr")
+            c = expr.to_zarr(tmp_path / "g.zarr", overwrite=True)
+            stats, got = c.stats, c.compute()
+            assert_close(got, want)
+            np.testing.assert_array_equal(got, got.T)
+            assert stats.bytes_read == plan.bytes_read and stats.tasks == plan.tasks
+            assert stats.bytes_written == plan.bytes_written == got.nbytes
+
+
+def test_gram_of_one_block_reads_x_once(tmp_path, rng):
+    x = rng.standard_normal((2000, 64))
+    with ta.Engine(n_workers=1, memory_per_worker="1GiB", processes=False, quiet=True):
+        a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(250, 64))
+        c = (a.T @ a).to_zarr(tmp_path / "g.zarr")
+        assert c.stats.bytes_read == x.nbytes
+        assert_close(c.compute(), x.T @ x)

@@ -26,7 +26,7 @@ from ..graphs import elemwise as gel
 from ..graphs import matmul as gmm
 from ..graphs import reduction as gred
 from ..graphs.blocks import compact, group_edges, intervals, max_interval, split_points, tree
-from ..graphs.spec import Const, Dep, Op, Read, Slice, Trans, n_temporaries, unit_edges
+from ..graphs.spec import Const, Dep, Op, Read, Slice, Trans, leaves, n_temporaries, unit_edges
 from ..storage import ArrayRef, Grid
 from . import layout
 from .nodes import (
@@ -426,7 +426,7 @@ class Lowerer:
         cb = max(_leaf_itemsize(b_spec), dtype.itemsize)
         ta, tb = _op_temporaries(a_spec), _op_temporaries(b_spec)
         band = _band_bytes(a_spec, b_spec, max(ka, kb), self.budget.task_memory)
-        gram = a_spec == Trans(b_spec) and a_k == b_k
+        gram = (a_spec == Trans(b_spec) or b_spec == Trans(a_spec)) and a_k == b_k
         out_unit = (out_grid.unit[0] * out_grid.unit[1] if out_grid is not None else 0) \
             * dtype.itemsize
         a_panel_cache: dict = {}
@@ -450,7 +450,7 @@ class Lowerer:
 
         # B streamed band by band (A and B share their K panels): one B band
         # -- a K panel by one of B's column I/O units -- resident, not a panel
-        stream = a_k == b_k and not gram and k > 0
+        stream = a_k == b_k and k > 0
         b_cols = unit_edges(b_spec, 1, n)
         if stream:
             c = layout.BlockCosts(b_spec, b_k, b_cols)
@@ -491,7 +491,9 @@ class Lowerer:
                 step = max(min(max_interval(rows_c), max_interval(cols_c)), 1)
                 # roughly square blocks (and 1:2 / 2:1), growing until they no longer fit
                 modes = ("prefetch", "in-place") + (("stream",) if stream else ())
-                for mode, (fr, fc) in itertools.product(modes, ((1, 1), (1, 2), (2, 1))):
+                # square blocks for a symmetric product: block pairs are computed once
+                ratios = ((1, 1),) if gram and out is not None else ((1, 1), (1, 2), (2, 1))
+                for mode, (fr, fc) in itertools.product(modes, ratios):
                     t, last = step, None
                     while True:
                         re, ce = group_edges(rows_c, t * fr), group_edges(cols_c, t * fc)
@@ -557,9 +559,15 @@ class Lowerer:
                              (qb[0], qb[-1] + 1) if qb else (0, 0)))
         keys, blocks = [], []
         nbytes = nreq = gets = written = 0
+        # X.T @ X, X @ X.T into storage: the result is symmetric, so each pair of
+        # blocks (i, j), (j, i) is computed once and written twice
+        sym = gram and out is not None and len(k_split) <= 2 and row_edges == col_edges
         for i, rows in enumerate(intervals(row_edges)):
             for j, cols in enumerate(intervals(col_edges)):
-                if out_grid is not None and _all_done(out_grid, rows, cols, skip):
+                if sym and i > j:
+                    continue
+                if out_grid is not None and _all_done(out_grid, rows, cols, skip) and (
+                        not sym or _all_done(out_grid, cols, rows, skip)):
                     continue
                 parts = []
                 j0, j1 = b_at[cols[0]], b_at[cols[1]]
@@ -574,8 +582,8 @@ class Lowerer:
                     args = (a_spec, b_spec, rows, cols, pa, pb, dtype)
                     if len(k_split) <= 2 and out is not None:
                         key = (name, i, j)
-                        self.graph[key] = (gmm.matmul_store, *args, out, deps, read_bytes,
-                                           b_bands)
+                        store = gmm.matmul_store_pair if sym and i < j else gmm.matmul_store
+                        self.graph[key] = (store, *args, out, deps, read_bytes, b_bands)
                     else:
                         key = (name + "-part", i, j, s)
                         self.graph[key] = (gmm.matmul_block, *args, deps, read_bytes, b_bands)
@@ -592,16 +600,24 @@ class Lowerer:
                     self.graph[sk] = (gmm.store_partials, out, rows, cols, key)
                     key = sk
                 if out is not None:
-                    written += (rows[1] - rows[0]) * (cols[1] - cols[0]) * dtype.itemsize
+                    written += (rows[1] - rows[0]) * (cols[1] - cols[0]) * dtype.itemsize \
+                        * (2 if sym and i < j else 1)
                 keys.append(key)
                 blocks.append((rows, cols))
         flops = 2 * m * n * k
+        sym_txt = ", symmetric: each block pair computed once, diagonal blocks by syrk" \
+            if gram else ""
         itemsize = max(np.dtype(node.a.dtype).itemsize, np.dtype(node.b.dtype).itemsize)
         lb = int(flops / math.sqrt(max(budget, 1) / itemsize) * itemsize) if flops else 0
+        # and every input is read at least once (the bound's leading term is below
+        # that for tall-skinny products)
+        once = {tokenize(leaf): leaf.grid.shape[0] * leaf.grid.shape[1] * leaf.dtype.itemsize
+                for leaf in leaves(a_spec) + leaves(b_spec)}
+        lb = max(lb, sum(once.values())) if flops else 0
         ksplit_txt = f", K split in {len(k_split) - 1}" if len(k_split) > 2 else ""
         self.stages.append(Stage(
             "matmul", f"{_short(node)}: output blocks up to {max_interval(row_edges)}x"
-            f"{max_interval(col_edges)}, K panels A {ka} / B {kb}{ksplit_txt}, "
+            f"{max_interval(col_edges)}, K panels A {ka} / B {kb}{ksplit_txt}{sym_txt}, "
             + {"prefetch": "next panel prefetched",
                "stream": f"A panels read in place, B streamed in bands of {max_interval(b_cols)}"
                          " columns",

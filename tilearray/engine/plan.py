@@ -271,7 +271,7 @@ class Plan:
         if self.io_lower_bound:
             mm = sum(s.bytes_read for s in self.stages if s.io_lower_bound)
             out.append(
-                f"  matmul I/O lower bound 2mnk/sqrt(M/itemsize): "
+                f"  matmul I/O lower bound max(2mnk/sqrt(M/itemsize), inputs once): "
                 f"{format_bytes(self.io_lower_bound)}; planned reads are "
                 f"{mm / self.io_lower_bound:.2f}x that"
             )

@@ -105,7 +105,7 @@ def matmul_block(
         return evaluate(b_spec, b_panels[i], cols, deps, stats, max_bytes=read_bytes)
 
     if is_gram(a_spec, b_spec, rows, cols, a_panels, b_panels):
-        return _gram_block(b_spec, rows, b_panels, acc, deps, stats, read_bytes)
+        return _gram_block(a_spec, b_spec, rows, b_panels, acc, deps, stats, read_bytes)
     if b_bands is not None and tuple(a_panels) == tuple(b_panels):
         return _streamed_block(a_spec, b_spec, rows, cols, a_panels, b_bands, acc, deps,
                                stats, read_bytes)
@@ -155,20 +155,67 @@ def matmul_block(
 
 
 def is_gram(a_spec, b_spec, rows, cols, a_panels, b_panels) -> bool:
-    """``X.T @ X`` on a diagonal block: both operands are the same panels."""
+    """``X.T @ X`` or ``X @ X.T`` on a diagonal block: both operands are the
+    same panels of X."""
     from .spec import Trans
 
-    return (isinstance(a_spec, Trans) and a_spec.x == b_spec and tuple(rows) == tuple(cols)
-            and tuple(a_panels) == tuple(b_panels))
+    same = (isinstance(a_spec, Trans) and a_spec.x == b_spec) or \
+        (isinstance(b_spec, Trans) and b_spec.x == a_spec)
+    return same and tuple(rows) == tuple(cols) and tuple(a_panels) == tuple(b_panels)
 
 
-def _gram_block(x_spec, cols, panels, acc, deps, stats, read_bytes):
-    """Diagonal block of ``X.T @ X``: each panel of X is read once and used as
-    both operands (``acc += P.T @ P``)."""
+_SYRK = {np.dtype("float32"): blas.ssyrk, np.dtype("float64"): blas.dsyrk}
+
+
+def syrk_accumulate(acc: np.ndarray, p: np.ndarray, transposed: bool) -> bool:
+    """``acc += p.T @ p`` (``transposed``) or ``acc += p @ p.T``, symmetric:
+    BLAS syrk updates the upper triangle only, for half the FLOPs of a gemm.
+    Returns False when it ran a full gemm instead (other dtypes, or ``acc``
+    not Fortran-ordered); then ``acc`` is whole and needs no mirroring."""
+    syrk = _SYRK.get(acc.dtype)
+    if syrk is None or not acc.flags.f_contiguous:
+        gemm_accumulate(acc, p.T, p) if transposed else gemm_accumulate(acc, p, p.T)
+        return False
+    p = p.astype(acc.dtype, copy=False)
+    if not (p.flags.c_contiguous or p.flags.f_contiguous):
+        p = np.ascontiguousarray(p)
+    # syrk: trans=0 -> A @ A.T with A (n x k) Fortran; trans=1 -> A.T @ A, A (k x n)
+    if transposed:
+        a, trans = (p.T, 0) if p.flags.c_contiguous else (p, 1)
+    else:
+        a, trans = (p, 0) if p.flags.f_contiguous else (p.T, 1)
+    out = syrk(1.0, a, beta=1.0, c=acc, trans=trans, lower=0, overwrite_c=1)
+    if out is not acc and not np.shares_memory(out, acc):  # pragma: no cover - defensive
+        acc[...] = out
+    return True
+
+
+def mirror_upper(acc: np.ndarray, step: int = 1024) -> None:
+    """Copy the upper triangle of a square ``acc`` onto its lower one, band by
+    band (no n x n temporaries)."""
+    n = acc.shape[0]
+    for c0 in range(0, n, step):
+        c1 = min(c0 + step, n)
+        d = acc[c0:c1, c0:c1]
+        d[...] = np.triu(d) + np.triu(d, 1).T
+        if c1 < n:
+            acc[c1:, c0:c1] = acc[c0:c1, c1:].T
+
+
+def _gram_block(a_spec, b_spec, rows, panels, acc, deps, stats, read_bytes):
+    """Diagonal block of ``X.T @ X`` / ``X @ X.T``: each panel of X is read
+    once and used as both operands, in a symmetric (syrk) update."""
+    from .spec import Trans
+
+    transposed = isinstance(a_spec, Trans) and a_spec.x == b_spec
+    x_spec = b_spec if transposed else a_spec
     t_wait = t_blas = 0.0
+    symmetric = False
     with ThreadPoolExecutor(1, thread_name_prefix="tilearray-prefetch") as pool:
         def load(i):
-            return evaluate(x_spec, panels[i], cols, deps, stats, max_bytes=read_bytes)
+            if transposed:  # X[panel, cols]
+                return evaluate(x_spec, panels[i], rows, deps, stats, max_bytes=read_bytes)
+            return evaluate(x_spec, rows, panels[i], deps, stats, max_bytes=read_bytes)
 
         nxt = pool.submit(load, 0) if read_bytes is None else None
         for i in range(len(panels)):
@@ -176,11 +223,15 @@ def _gram_block(x_spec, cols, panels, acc, deps, stats, read_bytes):
             p = nxt.result() if nxt is not None else load(i)
             if read_bytes is None and i + 1 < len(panels):
                 nxt = pool.submit(load, i + 1)
+            elif i + 1 < len(panels):
+                prefetch(x_spec, *((panels[i + 1], rows) if transposed else (rows, panels[i + 1])))
             t_wait += time.perf_counter() - t0
             t0 = time.perf_counter()
-            gemm_accumulate(acc, p.T, p)
+            symmetric = syrk_accumulate(acc, p, transposed)
             t_blas += time.perf_counter() - t0
             del p
+    if symmetric:
+        mirror_upper(acc)
     out = stats.as_dict()
     out.update(io_wait_seconds=t_wait, blas_seconds=t_blas, tasks=1)
     return acc, out
@@ -237,6 +288,20 @@ def matmul_store(a_spec, b_spec, rows, cols, a_panels, b_panels, dtype, out_ref,
                            read_bytes, b_bands)
     io = IOStats()
     write_block(out_ref, rows, cols, acc, io)
+    st["bytes_written"] = io.bytes_written
+    st["units_written"] = io.units_written
+    return None, st
+
+
+def matmul_store_pair(a_spec, b_spec, rows, cols, a_panels, b_panels, dtype, out_ref,
+                      deps=(), read_bytes=None, b_bands=None):
+    """Block ``rows x cols`` of a symmetric product (``X.T @ X``, ``X @ X.T``):
+    computed once, written there and, transposed, at ``cols x rows``."""
+    acc, st = matmul_block(a_spec, b_spec, rows, cols, a_panels, b_panels, dtype, deps,
+                           read_bytes, b_bands)
+    io = IOStats()
+    write_block(out_ref, rows, cols, acc, io)
+    write_block(out_ref, cols, rows, acc.T, io)
     st["bytes_written"] = io.bytes_written
     st["units_written"] = io.units_written
     return None, st
