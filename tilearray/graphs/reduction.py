@@ -71,7 +71,10 @@ def partial(x: np.ndarray, op: str, axis, offset: tuple[int, int], ncols: int):
         if op == "mean":
             return (np.sum(xf, axis=axis, keepdims=True), n)
         mean = _quiet(np.mean, xf, axis=axis, keepdims=True)
-        m2 = np.sum((xf - mean) ** 2, axis=axis, keepdims=True)
+        d = np.subtract(xf, mean)  # one temporary, squared in place
+        np.multiply(d, d, out=d)
+        m2 = np.sum(d, axis=axis, keepdims=True)
+        del d
         return (n.astype(np.float64), mean, m2)
     if op in ARG:
         return _arg_partial(x, op, axis, offset, ncols)
