@@ -192,6 +192,7 @@ class Engine:
         self.last_run: RunStats | None = None
         self._memory_override = memory_per_worker
         self._spec = None  # (memory, threads, max workers) of a cluster we start
+        self._adaptive = adaptive is not None
         if client is None:
             from distributed import Client, LocalCluster
 
@@ -379,6 +380,7 @@ class Engine:
                 with contextlib.suppress(TimeoutError), self.client.as_current():
                     wait(list(itertools.islice(pending.values(), 1000)), timeout=2,
                          return_when="FIRST_COMPLETED")
+                self._check_workers_alive(description)
                 for fut in [f for f in pending.values() if f.done()]:
                     value = fut.result()  # raises the task's exception
                     for i in index[fut.key]:
@@ -415,6 +417,26 @@ class Engine:
             f.release()
         self.last_run = stats
         return [v for v, _ in values], stats
+
+    def _check_workers_alive(self, description: str) -> None:
+        """Raise a ClusterError if every worker of the embedded (fixed-size)
+        LocalCluster has stopped for good: tasks would queue forever.
+
+        A nanny restarts a worker process that dies, but a nanny that closed
+        (its worker asked it to, or the restart failed) is never replaced by
+        LocalCluster. Borrowed and adaptive clusters are not checked."""
+        if not self._owns or self._adaptive or self.cluster is None:
+            return
+        from distributed.core import Status
+
+        workers = list(getattr(self.cluster, "workers", {}).values())
+        gone = (Status.closing, Status.closed, Status.closing_gracefully, Status.failed)
+        if workers and all(getattr(w, "status", None) in gone for w in workers):
+            raise ClusterError(
+                f"{description}: all {len(workers)} worker(s) of the embedded LocalCluster "
+                f"have stopped and will not be restarted (nanny status: "
+                f"{sorted({w.status.name for w in workers})}); the run cannot finish. Close "
+                "this engine, start a new one and rerun with resume=True")
 
     def _suspicious(self) -> int:
         def count(dask_scheduler):
