@@ -135,3 +135,29 @@ def test_job_fails_clearly_when_every_nanny_has_closed(tmp_path):
             (a @ b).to_zarr(out, tile=(TILE, TILE), engine=eng)
         assert time.time() - t0 < 60
         t.join(5)
+
+
+@pytest.mark.timeout(120)
+def test_killed_worker_is_restarted_though_lost_worker_timer_fires_mid_restart(tmp_path):
+    """The worker-kill hang's cause: SpecCluster's lost-worker timer (15 s after a
+    removal) closes the nanny if that worker's name is not registered when it
+    fires -- as when the worker is mid-restart. Here the timer is made shorter
+    than a restart, so it always fires mid-restart: the nanny must survive and
+    the killed worker come back."""
+    a, b = _inputs(tmp_path)
+    with ta.Engine(n_workers=1, threads_per_worker=1, memory_per_worker="600MiB",
+                   quiet=True) as eng, \
+            dask.config.set({"distributed.deploy.lost-worker-timeout": "50ms"}):
+        (pid,) = eng.client.run(os.getpid).values()
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.time() + 60
+        now = []
+        while time.time() < deadline:
+            time.sleep(0.2)
+            now = list(eng.client.run(os.getpid, on_error="ignore").values())
+            if now and pid not in now:
+                break
+        time.sleep(1)  # past the timer
+        assert len(eng.cluster.workers) == 1 and now and pid not in now
+        c = (a @ b).to_zarr(str(tmp_path / "c.zarr"), tile=(TILE, TILE), engine=eng)
+        assert_close(c.compute(engine=eng), a.compute(engine=eng) @ b.compute(engine=eng))

@@ -240,6 +240,8 @@ class Engine:
                 raise ClusterError(f"could not start a LocalCluster ({n} x {threads}): "
                                    f"{e}{hint}") from e
             self._spec = (mem, threads, n)
+            if processes:
+                _keep_nannies(self.cluster)
             if adaptive is not None:
                 self.cluster.adapt(minimum=lo, maximum=hi)
             from ._plugins import BlasLimit, IgnoreInterrupt
@@ -431,7 +433,7 @@ class Engine:
 
         workers = list(getattr(self.cluster, "workers", {}).values())
         gone = (Status.closing, Status.closed, Status.closing_gracefully, Status.failed)
-        if workers and all(getattr(w, "status", None) in gone for w in workers):
+        if all(getattr(w, "status", None) in gone for w in workers):  # or none left
             raise ClusterError(
                 f"{description}: all {len(workers)} worker(s) of the embedded LocalCluster "
                 f"have stopped and will not be restarted (nanny status: "
@@ -630,6 +632,25 @@ def _plan_figures(plan) -> dict:
         "task_memory_budget": b.task_memory,
         "memory_per_worker": b.memory_per_worker,
     }
+
+
+def _keep_nannies(cluster) -> None:
+    """Stop SpecCluster closing a nanny whose worker is restarting.
+
+    On every worker removal SpecCluster arms a timer
+    (``distributed.deploy.lost-worker-timeout``, 15 s) that closes the
+    removed worker's nanny and drops it from ``cluster.workers`` if, when
+    it fires, no worker of that *name* is registered. The timer of an old,
+    long-recovered removal therefore closes the nanny when the same-named
+    worker happens to be mid-restart 15 s later (killed again), and
+    LocalCluster never replaces it: with every nanny gone, tasks queue
+    forever. A nanny restarts its own worker, so for an embedded cluster of
+    nannies only the base class's bookkeeping is kept.
+    """
+    from distributed.deploy.cluster import Cluster
+
+    cluster._update_worker_status = lambda op, msg: Cluster._update_worker_status(
+        cluster, op, msg)
 
 
 def _restore_environ(saved: dict) -> None:
