@@ -192,6 +192,7 @@ class Engine:
         self.last_run: RunStats | None = None
         self._memory_override = memory_per_worker
         self._spec = None  # (memory, threads, max workers) of a cluster we start
+        self._adaptive = adaptive is not None
         if client is None:
             from distributed import Client, LocalCluster
 
@@ -235,6 +236,8 @@ class Engine:
                 raise ClusterError(f"could not start a LocalCluster ({n} x {threads}): "
                                    f"{e}{hint}") from e
             self._spec = (mem, threads, n)
+            if processes:
+                _keep_nannies(self.cluster)
             if adaptive is not None:
                 self.cluster.adapt(minimum=lo, maximum=hi)
             from ._plugins import BlasLimit, IgnoreInterrupt
@@ -380,6 +383,7 @@ class Engine:
                 with contextlib.suppress(TimeoutError), self.client.as_current():
                     wait(list(itertools.islice(pending.values(), 1000)), timeout=2,
                          return_when="FIRST_COMPLETED")
+                self._check_workers_alive(description)
                 for fut in [f for f in pending.values() if f.done()]:
                     value = fut.result()  # raises the task's exception
                     for i in index[fut.key]:
@@ -416,6 +420,26 @@ class Engine:
             f.release()
         self.last_run = stats
         return [v for v, _ in values[:n_keys]], stats
+
+    def _check_workers_alive(self, description: str) -> None:
+        """Raise a ClusterError if every worker of the embedded (fixed-size)
+        LocalCluster has stopped for good: tasks would queue forever.
+
+        A nanny restarts a worker process that dies, but a nanny that closed
+        (its worker asked it to, or the restart failed) is never replaced by
+        LocalCluster. Borrowed and adaptive clusters are not checked."""
+        if not self._owns or self._adaptive or self.cluster is None:
+            return
+        from distributed.core import Status
+
+        workers = list(getattr(self.cluster, "workers", {}).values())
+        gone = (Status.closing, Status.closed, Status.closing_gracefully, Status.failed)
+        if all(getattr(w, "status", None) in gone for w in workers):  # or none left
+            raise ClusterError(
+                f"{description}: all {len(workers)} worker(s) of the embedded LocalCluster "
+                f"have stopped and will not be restarted (nanny status: "
+                f"{sorted({w.status.name for w in workers})}); the run cannot finish. Close "
+                "this engine, start a new one and rerun with resume=True")
 
     def _suspicious(self) -> int:
         def count(dask_scheduler):
@@ -609,6 +633,25 @@ def _plan_figures(plan) -> dict:
         "task_memory_budget": b.task_memory,
         "memory_per_worker": b.memory_per_worker,
     }
+
+
+def _keep_nannies(cluster) -> None:
+    """Stop SpecCluster closing a nanny whose worker is restarting.
+
+    On every worker removal SpecCluster arms a timer
+    (``distributed.deploy.lost-worker-timeout``, 15 s) that closes the
+    removed worker's nanny and drops it from ``cluster.workers`` if, when
+    it fires, no worker of that *name* is registered. The timer of an old,
+    long-recovered removal therefore closes the nanny when the same-named
+    worker happens to be mid-restart 15 s later (killed again), and
+    LocalCluster never replaces it: with every nanny gone, tasks queue
+    forever. A nanny restarts its own worker, so for an embedded cluster of
+    nannies only the base class's bookkeeping is kept.
+    """
+    from distributed.deploy.cluster import Cluster
+
+    cluster._update_worker_status = lambda op, msg: Cluster._update_worker_status(
+        cluster, op, msg)
 
 
 def _restore_environ(saved: dict) -> None:
