@@ -4,9 +4,9 @@
 over array paths.
 
 Parsed by hand into a tree (never ``eval``): ``"a.zarr.T @ a.zarr"``,
-``"(a.zarr - b.zarr) * 0.5"``, ``"(a.zarr - b.zarr).sum(axis=0)"``. ``+ - * /`` must be separated from paths by
-spaces (paths contain ``-`` and ``/``); quote a path with spaces, ``@`` or
-parentheses.
+``"(a.zarr - b.zarr) * 0.5"``, ``"(a.zarr - b.zarr).sum(axis=0)"``.
+``+ - * /`` must be separated from paths by spaces (paths contain ``-`` and
+``/``); quote a path with spaces, ``@`` or parentheses.
 """
 
 from __future__ import annotations

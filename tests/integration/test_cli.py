@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+
 from tilearray.testing import assert_close
 
 pytestmark = pytest.mark.timeout(120)

@@ -14,9 +14,8 @@ from zarr.storage import MemoryStore
 
 import tilearray as ta
 from tilearray.errors import OutputLockedError
-from tilearray.storage import ArrayRef, create
+from tilearray.storage import ArrayRef, create, locks
 from tilearray.storage import array as sarray
-from tilearray.storage import locks
 
 
 def _contend(path, barrier, q, leave):

@@ -12,9 +12,8 @@ from dask.base import tokenize
 
 from ..errors import StorageError
 from ..graphs import elemwise as gel
-from ..storage import ArrayRef, create, grid_of, mark_complete
+from ..storage import ArrayRef, create, grid_of, locks, mark_complete
 from ..storage import array as sarray
-from ..storage import locks
 from . import cluster
 from .output import existing_array, has_data, source
 from .tiled import TiledArray
