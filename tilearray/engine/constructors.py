@@ -64,6 +64,7 @@ def _new_array(path, name, shape, dtype, tile, shard, overwrite, dims):
     ``to_zarr`` does: a second writer gets OutputLockedError) from before it
     is created until the block ends (after ``mark_complete``)."""
     ref = ArrayRef.from_location(path, name)
+    sarray.check_parents(ref)  # inside an array or a v2 group: refused before the lock's file
     if existing_array(ref) is None and has_data(ref):
         raise StorageError(
             f"{str(ref)!r} exists and is not a Zarr array (a group, or other files); refusing "
