@@ -352,3 +352,38 @@ def run_in_child(fn: Callable, *args, interval: float = 0.2, **kwargs) -> dict:
     payload["peak_rss"] = sampler.peak
     payload["child_wall_seconds"] = wall
     return payload
+
+
+def plain_inputs(data_dir: str, n: int, dtype: str = "float64", tile: int = 2048
+                 ) -> tuple[str, str]:
+    """Two n x n inputs ``a``, ``b`` written by plain Zarr (its default codecs:
+    bytes + zstd level 0), standard normal, generated band by band under
+    ``data_dir/inputs``; reused when present (shared by the benchmarks)."""
+    import numpy as np
+    import zarr
+
+    d = os.path.join(data_dir, "inputs")
+    os.makedirs(d, exist_ok=True)
+    paths = []
+    for name, seed in (("a", 0), ("b", 1)):
+        p = os.path.join(d, f"{name}_n{n}_{dtype}_t{tile}_plainzarr.zarr")
+        paths.append(p)
+        try:
+            x = zarr.open_array(p, mode="r")
+            ok = (x.shape == (n, n) and x.dtype == np.dtype(dtype)
+                  and tuple(x.chunks) == (tile, tile) and x.attrs.get("bench-seed") == seed)
+        except Exception:
+            ok = False
+        if ok:
+            log(f"reusing {p}")
+            continue
+        t0 = time.perf_counter()
+        z = zarr.create_array(p, shape=(n, n), chunks=(tile, tile), dtype=dtype,
+                              overwrite=True)
+        for r0 in range(0, n, tile):
+            r1 = min(r0 + tile, n)
+            rng = np.random.default_rng([seed, r0])
+            z[r0:r1, :] = rng.standard_normal((r1 - r0, n)).astype(dtype)
+        z.attrs["bench-seed"] = seed  # written last: a killed generation is redone
+        log(f"generated {p} (plain zarr, {z.compressors}) in {time.perf_counter() - t0:.1f} s")
+    return paths[0], paths[1]

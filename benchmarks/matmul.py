@@ -3,8 +3,8 @@
     python benchmarks/matmul.py --n 8192 --dtype float64 --memory-per-worker 1GiB \
         --workers 2 [--data-dir DIR] [--engines tilearray,dask,numpy,cubed]
 
-Generates two n x n inputs once with ``ta.random`` (tile 2048x2048, zstd
-default) under ``--data-dir`` (reused when present with the same shape, dtype
+Generates two n x n inputs once with plain Zarr (chunks 2048x2048, Zarr's
+default codecs: bytes + zstd level 0) under ``--data-dir`` (reused when present with the same shape, dtype
 and tile), then runs C = A @ B -> Zarr with each engine, each on its own
 cluster (closed after), and prints one Markdown table on stdout:
 
@@ -23,8 +23,9 @@ cluster (closed after), and prints one Markdown table on stdout:
 * check: the result matches ``A[rows, :] @ B[:, cols]`` computed with NumPy on
   sampled blocks (and, for tilearray, NumPy's stored result on those blocks).
 
-The inputs sit in the page cache after generation (the machine has far more
-RAM than the data), so every engine reads from warm cache.
+The inputs mostly sit in the page cache (RAM >> data), but this machine's
+kernel pages out cold page-cache pages (DAMON "pageout"): chunks not read for
+a while come from disk again, for every engine alike.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from _common import (
     markdown_table,
     max_rss_of_workers,
     parse_bytes,
+    plain_inputs,
     read_chars,
     run_in_child,
     warm_workers,
@@ -66,35 +68,7 @@ ENGINES = ("tilearray", "dask", "numpy", "cubed")
 
 
 def ensure_inputs(args) -> tuple[str, str]:
-    import tilearray as ta
-
-    d = os.path.join(args.data_dir, "inputs")
-    os.makedirs(d, exist_ok=True)
-    tile = (args.tile, args.tile)
-    paths = []
-    todo = []
-    for name, seed in (("a", 0), ("b", 1)):
-        p = os.path.join(d, f"{name}_n{args.n}_{args.dtype}_t{args.tile}.zarr")
-        paths.append(p)
-        try:
-            x = ta.open(p)
-            ok = (x.shape == (args.n, args.n) and x.dtype == np.dtype(args.dtype)
-                  and tuple(x.grid.tile) == tile)
-        except Exception:
-            ok = False
-        if ok:
-            log(f"reusing {p}")
-        else:
-            todo.append((p, seed))
-    if todo:
-        with ta.Engine(n_workers=args.workers, memory_per_worker=args.memory_per_worker,
-                       quiet=True):
-            for p, seed in todo:
-                t0 = time.perf_counter()
-                ta.random((args.n, args.n), p, tile=tile, dtype=args.dtype, seed=seed,
-                          overwrite=True)
-                log(f"generated {p} in {time.perf_counter() - t0:.1f} s")
-    return paths[0], paths[1]
+    return plain_inputs(args.data_dir, args.n, args.dtype, args.tile)
 
 
 # -- engines --------------------------------------------------------------------------

@@ -18,12 +18,14 @@ a fresh process, no compute: the I/O limit). The clusters are started up
 front and closed at the end, and the runs interleaved (each repeat: each op:
 every engine in turn, order rotated) because the shared host's speed drifts
 by 2x over minutes. One Markdown table on stdout: GB/s = logical bytes of the
-inputs / wall time (GB = 1e9 B) of the fastest run, ratio to the raw read
+inputs / median wall time (GB = 1e9 B) of the runs, ratio to the raw read
 rate of the same inputs, peak RSS per worker (psutil, every 0.2 s), bytes
 read, and whether the result agrees with dask's (allclose).
 
-The inputs sit in the page cache after generation (RAM >> data), so "raw"
-measures decode + copy from warm cache, not the disk.
+The inputs mostly sit in the page cache (RAM >> data), but this machine's
+kernel pages out cold page-cache pages (DAMON "pageout"), so a first read of
+a chunk may come from disk: "raw" measures decode + copy from mostly warm
+cache, the same for every engine.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from _common import (
     local_cluster,
     log,
     markdown_table,
+    plain_inputs,
     read_chars,
     run_in_child,
     warm_workers,
@@ -61,8 +64,14 @@ OPS = {
     "colsum": ("a.sum(axis=0)", ("a",), lambda a, b, ns: ns.sum(a, axis=0)),
     "rowsum": ("a.sum(axis=1)", ("a",), lambda a, b, ns: ns.sum(a, axis=1)),
     "sum": ("a.sum()", ("a",), lambda a, b, ns: ns.sum(a)),
+    "mean0": ("a.mean(axis=0)", ("a",), lambda a, b, ns: ns.mean(a, axis=0)),
+    "mean1": ("a.mean(axis=1)", ("a",), lambda a, b, ns: ns.mean(a, axis=1)),
     "var0": ("a.var(axis=0)", ("a",), lambda a, b, ns: ns.var(a, axis=0)),
+    "var1": ("a.var(axis=1)", ("a",), lambda a, b, ns: ns.var(a, axis=1)),
+    "var": ("a.var()", ("a",), lambda a, b, ns: ns.var(a)),
     "diffsum": ("(a - b).sum(axis=0)", ("a", "b"), lambda a, b, ns: ns.sum(a - b, axis=0)),
+    "centstd": ("(a - a.mean(axis=0)).std(axis=0)", ("a",),
+                lambda a, b, ns: ns.std(a - ns.mean(a, axis=0), axis=0)),
 }
 
 
@@ -77,6 +86,14 @@ class _Methods:
     def var(x, axis=None):
         return x.var(axis=axis)
 
+    @staticmethod
+    def mean(x, axis=None):
+        return x.mean(axis=axis)
+
+    @staticmethod
+    def std(x, axis=None):
+        return x.std(axis=axis)
+
 
 # -- inputs ---------------------------------------------------------------------------
 
@@ -87,32 +104,8 @@ def side_for(gib: float, tile: int) -> int:
 
 
 def ensure_inputs(args, n: int) -> dict[str, str]:
-    import tilearray as ta
-
-    d = os.path.join(args.data_dir, "inputs")
-    os.makedirs(d, exist_ok=True)
-    tile = (args.tile, args.tile)
-    paths, todo = {}, []
-    for name, seed in (("a", 0), ("b", 1)):
-        p = os.path.join(d, f"r{name}_n{n}_float64_t{args.tile}.zarr")
-        paths[name] = p
-        try:
-            x = ta.open(p)
-            ok = x.shape == (n, n) and x.dtype == np.float64 and tuple(x.grid.tile) == tile
-        except Exception:
-            ok = False
-        if ok:
-            log(f"reusing {p}")
-        else:
-            todo.append((p, seed))
-    if todo:
-        with ta.Engine(n_workers=args.workers, memory_per_worker=args.memory_per_worker,
-                       quiet=True):
-            for p, seed in todo:
-                t0 = time.perf_counter()
-                ta.random((n, n), p, tile=tile, dtype="float64", seed=seed, overwrite=True)
-                log(f"generated {p} in {time.perf_counter() - t0:.1f} s")
-    return paths
+    a, b = plain_inputs(args.data_dir, n, "float64", args.tile)
+    return {"a": a, "b": b}
 
 
 # -- engines ---------------------------------------------------------------------------
@@ -329,6 +322,12 @@ def run_all(args, paths, engines, ops) -> dict:
     return results
 
 
+def _median(r: dict) -> float:
+    import statistics
+
+    return statistics.median(r.get("walls", [r["wall"]]))
+
+
 # -- main -------------------------------------------------------------------------------
 
 
@@ -344,9 +343,9 @@ def main(argv=None) -> int:
                    help="comma-separated subset of " + ",".join(ENGINES))
     p.add_argument("--ops", default=",".join(OPS), help="comma-separated subset of "
                    + ",".join(OPS))
-    p.add_argument("--repeats", type=int, default=2,
+    p.add_argument("--repeats", type=int, default=3,
                    help="rounds of (every op x every engine), interleaved; the table shows "
-                        "the fastest wall and the largest peak RSS (default 2)")
+                        "the median wall and the largest peak RSS (default 3)")
     args = p.parse_args(argv)
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
@@ -371,9 +370,9 @@ def main(argv=None) -> int:
     for op in ops:
         desc, inputs, _ = OPS[op]
         logical = len(inputs) * n * n * itemsize
-        count = n * n if op == "sum" else n  # elements reduced into each output value
+        count = n * n if op in ("sum", "var") else n  # elements reduced into each output value
         raw = results.get("raw", {}).get(op)
-        raw_rate = logical / raw["wall"] if raw and "wall" in raw else None
+        raw_rate = logical / _median(raw) if raw and "wall" in raw else None
         ref = results.get(ref_engine, {}).get(op, {}).get("value") if ref_engine else None
         for eng in engines:
             r = results[eng].get(op, {})
@@ -382,7 +381,7 @@ def main(argv=None) -> int:
                 rows.append([desc, name, "FAILED", None, None, None, None, None, None, None,
                              r["error"]])
                 continue
-            rate = logical / r["wall"]
+            rate = logical / _median(r)
             check = None
             if r.get("value") is not None and ref is not None:
                 if eng == ref_engine:
@@ -401,7 +400,7 @@ def main(argv=None) -> int:
                 br = f"{fmt_bytes(logical)} (logical)" if eng != "raw" else \
                     f"{fmt_bytes(logical)} (decoded)"
             rows.append([
-                desc, name, fmt_num(r["wall"], ".2f"),
+                desc, name, fmt_num(_median(r), ".2f"),
                 ", ".join(f"{w:.1f}" for w in r.get("walls", [r["wall"]])),
                 fmt_num(rate / 1e9, ".2f"),
                 fmt_num(rate / raw_rate, ".2f") if raw_rate else None,
@@ -411,19 +410,19 @@ def main(argv=None) -> int:
             ])
 
     print(f"### reductions on {n}x{n} float64 ({fmt_bytes(n * n * itemsize)} per input, "
-          f"chunks {args.tile}x{args.tile}, zstd; a on disk {fmt_bytes(on_disk['a'])}): "
+          f"chunks {args.tile}x{args.tile}, plain zarr (zstd 0); a on disk {fmt_bytes(on_disk['a'])}): "
           f"{args.workers} workers x 1 thread, {args.memory_per_worker} per worker\n")
     print("- GB/s = logical bytes of the inputs / wall (1 GB = 1e9 B); × raw = that rate / "
           "the raw zarr read rate of the same inputs")
     print("- peak RSS: max over worker processes sampled every 0.2 s during the op (raw: "
           "its own process); rchar = bytes through read syscalls (compressed chunk files, "
           "page cache included)")
-    print(f"- wall: fastest of {args.repeats} interleaved run(s) per engine and op (all "
+    print(f"- wall: median of {args.repeats} interleaved run(s) per engine and op (all "
           f"runs in the `runs` column); check: np.allclose against {ref_engine}'s result "
           "(rtol 1e-9)\n")
     print(markdown_table(
-        ["operation", "engine", "wall (s)", "runs (s)", "GB/s", "× raw", "peak RSS/worker", "bytes read",
-         "rchar", "check", "notes"], rows))
+        ["operation", "engine", "median wall (s)", "runs (s)", "GB/s", "× raw",
+         "peak RSS/worker", "bytes read", "rchar", "check", "notes"], rows))
     sys.stdout.flush()
     failed = [e for e in engines if e != "cubed"
               and any("error" in results[e].get(op, {}) for op in ops)]

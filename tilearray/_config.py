@@ -95,6 +95,12 @@ def _problem(value, schema: dict) -> tuple[str | None, Any]:
         for t in types:
             if t == "null" and value is None or t == "string" and isinstance(value, str):
                 ok = True
+            elif t == "boolean":
+                words = {"true": True, "false": False}
+                if isinstance(value, bool):
+                    ok = True
+                elif isinstance(value, str) and value.lower() in words:
+                    v, ok = words[value.lower()], True
             elif t in ("integer", "number") and not isinstance(value, bool):
                 if isinstance(value, str):
                     try:
@@ -112,9 +118,11 @@ def _problem(value, schema: dict) -> tuple[str | None, Any]:
                 break
         if not ok:
             names = {"integer": "an integer", "number": "a number", "string": "a string",
-                     "null": "null"}
+                     "null": "null", "boolean": "true or false"}
             return "must be " + " or ".join(names.get(t, t) for t in types), value
         value = v
+    if "enum" in schema and value not in schema["enum"]:
+        return "must be one of " + ", ".join(map(str, schema["enum"])), value
     if isinstance(value, int | float) and not isinstance(value, bool):
         for bound, ok, text in (("minimum", lambda b: value >= b, ">="),
                                 ("maximum", lambda b: value <= b, "<="),

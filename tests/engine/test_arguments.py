@@ -55,7 +55,7 @@ def test_engine_refuses_bad_arguments_before_starting(no_cluster, kwargs, named)
     assert named in str(e.value)
 
 
-@pytest.mark.parametrize("memory", ["64MiB", "128MiB", 150 * MiB])
+@pytest.mark.parametrize("memory", ["64MiB", "128MiB", 140 * MiB])
 def test_engine_memory_below_a_worker_process_names_the_minimum(no_cluster, memory):
     with pytest.raises(ta.ClusterError) as e:
         ta.Engine(n_workers=1, memory_per_worker=memory, quiet=True)
@@ -69,9 +69,10 @@ def test_engine_memory_below_a_worker_process_names_the_minimum(no_cluster, memo
 def test_minimum_follows_the_configured_baseline_and_threads(no_cluster):
     with dask.config.set({"tilearray.memory.worker-baseline": "400MiB"}):
         need = _minimum_mib(threads=2)
-        assert need * MiB * 0.8 >= 400 * MiB + 2 * MiB  # the budget arithmetic
+        fraction = ta.Budget.from_config("1GiB", 1, 2).fraction
+        assert need * MiB * fraction >= 400 * MiB + 2 * MiB  # the budget arithmetic
         with pytest.raises(ta.ClusterError, match=f'"{need}MiB"'):
-            ta.Engine(n_workers=1, threads_per_worker=2, memory_per_worker="480MiB")
+            ta.Engine(n_workers=1, threads_per_worker=2, memory_per_worker=f"{need - 1}MiB")
 
 
 @pytest.mark.timeout(120)

@@ -3,7 +3,6 @@ measured I/O / memory of a run match what the plan projected."""
 
 import os
 
-import numpy as np
 import psutil
 import pytest
 from zarr.storage import LocalStore
@@ -11,8 +10,7 @@ from zarr.storage import LocalStore
 import tilearray as ta
 from tilearray.engine.expr.nodes import Source
 from tilearray.storage import ArrayRef
-from tilearray.testing import CountingStore, counts, reset_counts
-from tilearray.testing import assert_close
+from tilearray.testing import CountingStore, assert_close, counts, reset_counts
 
 
 def _counted(tmp_path, name, x, tile, shard=None):
@@ -138,3 +136,33 @@ def test_fusion_mixed_tilings_reads_each_unit_once(thread_engine, tmp_path, rng)
     reset_counts(name)
     assert_close(expr.compute(engine=thread_engine), (x - y).sum(0))
     assert counts(name)["gets"] == a.grid.n_units + b.grid.n_units
+
+
+def test_plan_without_an_engine_starts_nothing(tmp_path, monkeypatch):
+    """expr.plan() with no engine running plans for the default engine's budget
+    (one worker per core, default memory) and starts no cluster."""
+    import distributed
+
+    from tilearray.engine import runtime
+    from tilearray.engine.runtime import context
+
+    # as in a fresh interpreter: no engine (one left by an earlier test is hidden)
+    monkeypatch.setattr(context, "default", None)
+    monkeypatch.setattr(context, "stack", [])
+    monkeypatch.setattr(context, "active", None)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("plan() started a LocalCluster")
+
+    monkeypatch.setattr(distributed, "LocalCluster", refuse)
+    import zarr
+
+    z = zarr.create_array(str(tmp_path / "x.zarr"), shape=(300, 200), chunks=(100, 100),
+                          dtype="f8")
+    z[...] = 1.0
+    x = ta.open(str(tmp_path / "x.zarr"))
+    for expr in (x.sum(axis=0), x @ x.T, (x - x.mean(axis=0)).std(axis=0)):
+        plan = expr.plan()
+        assert plan.budget == runtime.default_budget()
+        assert plan.budget.n_workers == (os.cpu_count() or 1)
+    assert runtime.current_engine(start=False) is None

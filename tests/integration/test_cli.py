@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+
 from tilearray.testing import assert_close
 
 pytestmark = pytest.mark.timeout(120)
@@ -158,9 +159,29 @@ def test_plan_prints_without_running(data):
     assert "-> (200, 200)" in p.stdout
 
 
+def test_plan_accepts_reductions_as_the_python_api(data):
+    """The plan text of a reduction is the one the Python API gives."""
+    import tilearray as ta
+
+    a, b = ta.open(data / "a.zarr"), ta.open(data / "b.zarr")
+    budget = ta.Budget.from_config("1GiB", 2, 1)
+    for text, expr in [
+        ("(a.zarr - a.zarr * 2).sum(axis=0)", (a - a * 2).sum(axis=0)),
+        ("a.zarr.mean()", a.mean()),
+        ("(a.zarr - a.zarr.mean(axis=0)).std(axis=0)", (a - a.mean(axis=0)).std(axis=0)),
+        ("a.zarr.T.var(axis=1)", a.T.var(axis=1)),
+        ("(b.zarr.T @ b.zarr).max(axis = 1)", (b.T @ b).max(axis=1)),
+        ("a.zarr.sum(1) / 2", a.sum(axis=1) / 2),
+    ]:
+        p = ok(cli("plan", text, "--memory-per-worker", "1GiB", "--workers", 2, cwd=data))
+        want = str(expr.plan(budget=budget)).replace(str(data) + "/", "")
+        assert p.stdout.replace(str(data) + "/", "").strip() == want.strip(), text
+
+
 @pytest.mark.parametrize("expr", [
     "", "a.zarr @", "(a.zarr @ b.zarr", "a.zarr b.zarr", "a.zarr)", "2 + 3", ".T",
-    "a.zarr @ 2", "'a.zarr", "__import__('os').system('true')",
+    "a.zarr @ 2", "'a.zarr", "__import__('os').system('true')", "a.zarr.sum(axis=x)",
+    "3.sum()", "a.zarr.sum(", "a.zarr.sum(keepdims=True)",
 ])
 def test_plan_bad_expression_is_usage_error(data, expr, capsys, monkeypatch):
     err = one_line_error(cli_here("plan", expr, cwd=data, capsys=capsys,

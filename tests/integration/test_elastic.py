@@ -6,7 +6,6 @@ import threading
 import time
 
 import dask
-import numpy as np
 import pytest
 from distributed import Client, Event, Scheduler, SpecCluster, Worker
 from helpers import make

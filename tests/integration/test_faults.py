@@ -11,8 +11,7 @@ from zarr.storage import LocalStore
 import tilearray as ta
 from tilearray.engine.expr.nodes import Source
 from tilearray.storage import ArrayRef
-from tilearray.testing import FailingStore, counts, reset_counts
-from tilearray.testing import assert_close
+from tilearray.testing import FailingStore, assert_close, counts, reset_counts
 
 
 def _wrapped(path, store):

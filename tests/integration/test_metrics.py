@@ -5,7 +5,6 @@ import threading
 import time
 
 import dask
-import numpy as np
 import pytest
 from helpers import make, scrape
 

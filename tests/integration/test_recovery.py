@@ -9,7 +9,6 @@ import threading
 import time
 
 import dask
-import numpy as np
 import pytest
 from helpers import scrape
 
@@ -105,3 +104,59 @@ def test_worker_killed_mid_matmul(tmp_path):
         assert scrape(eng)["tilearray_task_retries_total"] >= c.stats.task_retries
         x, y = a.compute(engine=eng), b.compute(engine=eng)
         assert_close(c.compute(engine=eng), x @ y)
+
+
+@pytest.mark.timeout(120)
+def test_job_fails_clearly_when_every_nanny_has_closed(tmp_path):
+    """A nanny that is closing (here: told to close gracefully, as a worker's
+    own close(nanny=True) does) does not restart its killed worker, and
+    LocalCluster never replaces it: the run must stop with a ClusterError,
+    not queue its tasks forever (the fault matrix's worker-kill hang)."""
+    a, b = _inputs(tmp_path)
+    with ta.Engine(n_workers=1, threads_per_worker=1, memory_per_worker="600MiB",
+                   quiet=True) as eng, \
+            dask.config.set({"tilearray.memory.worker-baseline": "474MiB"}):
+        pid = next(iter(eng.client.run(os.getpid).values()))
+        (nanny,) = eng.cluster.workers.values()
+        out = str(tmp_path / "c.zarr")
+
+        def kill():
+            while _done(out) < 2:
+                time.sleep(0.01)
+            eng.cluster.loop.add_callback(nanny.close_gracefully)
+            time.sleep(0.2)
+            os.kill(pid, signal.SIGKILL)
+
+        t = threading.Thread(target=kill, daemon=True)
+        t.start()
+        t0 = time.time()
+        with pytest.raises(ta.ClusterError, match="will not be restarted"):
+            (a @ b).to_zarr(out, tile=(TILE, TILE), engine=eng)
+        assert time.time() - t0 < 60
+        t.join(5)
+
+
+@pytest.mark.timeout(120)
+def test_killed_worker_is_restarted_though_lost_worker_timer_fires_mid_restart(tmp_path):
+    """The worker-kill hang's cause: SpecCluster's lost-worker timer (15 s after a
+    removal) closes the nanny if that worker's name is not registered when it
+    fires -- as when the worker is mid-restart. Here the timer is made shorter
+    than a restart, so it always fires mid-restart: the nanny must survive and
+    the killed worker come back."""
+    a, b = _inputs(tmp_path)
+    with ta.Engine(n_workers=1, threads_per_worker=1, memory_per_worker="600MiB",
+                   quiet=True) as eng, \
+            dask.config.set({"distributed.deploy.lost-worker-timeout": "50ms"}):
+        (pid,) = eng.client.run(os.getpid).values()
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.time() + 60
+        now = []
+        while time.time() < deadline:
+            time.sleep(0.2)
+            now = list(eng.client.run(os.getpid, on_error="ignore").values())
+            if now and pid not in now:
+                break
+        time.sleep(1)  # past the timer
+        assert len(eng.cluster.workers) == 1 and now and pid not in now
+        c = (a @ b).to_zarr(str(tmp_path / "c.zarr"), tile=(TILE, TILE), engine=eng)
+        assert_close(c.compute(engine=eng), a.compute(engine=eng) @ b.compute(engine=eng))

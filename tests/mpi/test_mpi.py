@@ -149,7 +149,7 @@ def _baseline_for_many_tasks(a, b, tile, lo=20, hi=200):
 
     from tilearray.engine.plan import Budget
 
-    for mib in range(300, 480):
+    for mib in range(300, 520):
         with dask.config.set({"tilearray.memory.worker-baseline": f"{mib}MiB"}):
             try:
                 tasks = (a @ b).plan(budget=Budget.from_config(600 * 2**20, 2, 1),

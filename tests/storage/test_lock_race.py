@@ -14,9 +14,8 @@ from zarr.storage import MemoryStore
 
 import tilearray as ta
 from tilearray.errors import OutputLockedError
-from tilearray.storage import ArrayRef, create
+from tilearray.storage import ArrayRef, create, locks
 from tilearray.storage import array as sarray
-from tilearray.storage import locks
 
 
 def _contend(path, barrier, q, leave):
@@ -184,3 +183,32 @@ def test_member_named_like_a_lock_refused(tmp_path):
 def test_stale_helpers():
     assert not locks.is_stale({})
     assert not locks.is_stale({"host": socket.gethostname(), "pid": os.getpid()})
+
+
+@pytest.mark.parametrize("make", ["from_numpy", "random", "from_dask"])
+def test_constructors_take_the_output_lock(tmp_path, make):
+    """from_numpy / random / from_dask hold the output lock as to_zarr does: while
+    another live job holds it they are refused (naming path and holder) and
+    create nothing; their own lock is gone once they return."""
+    import dask.array as da
+    import numpy as np
+
+    x = np.arange(64.0).reshape(8, 8)
+    build = {"from_numpy": lambda p, **kw: ta.from_numpy(x, p, tile=(4, 4), **kw),
+             "random": lambda p, **kw: ta.random((8, 8), p, tile=(4, 4), seed=3, **kw),
+             "from_dask": lambda p, **kw: ta.from_dask(da.from_array(x, chunks=4), p, **kw)}[make]
+    path = str(tmp_path / "o.zarr")
+    ref = ArrayRef.from_location(path)
+    lock = sarray.lock_path(ref)
+    host, parent = socket.gethostname(), os.getppid()
+    _write_lock(lock, {"host": host, "pid": parent,
+                       "started": psutil.Process(parent).create_time(), "token": "other"})
+    with pytest.raises(OutputLockedError) as e:
+        build(path)
+    assert "o.zarr" in str(e.value) and f"pid {parent} on host {host}" in str(e.value)
+    assert not os.path.exists(path), "nothing may be created under another job's lock"
+    os.remove(lock)
+    build(path)
+    assert not os.path.exists(lock)
+    build(path, overwrite=True)  # the lock was released: a second write is not refused
+    assert ta.open(path).shape == (8, 8)

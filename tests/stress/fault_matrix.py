@@ -280,7 +280,8 @@ def worker_kill(s: Setup, proc_engine, rnd: random.Random, tally: Tally, i: int,
     j.join(90)
     t.join()
     if j.is_alive():
-        print("HUNG", proc_engine.client.run_on_scheduler(_scheduler_states), file=sys.stderr)
+        print("HUNG", proc_engine.client.run_on_scheduler(_scheduler_states), _nannies(proc_engine),
+              file=sys.stderr)
         tally.add("lost", "a job hung after a worker was killed")
         raise _Hung
     # the killed worker replaced (its nanny restarts it) before judging; a
@@ -296,8 +297,8 @@ def worker_kill(s: Setup, proc_engine, rnd: random.Random, tally: Tally, i: int,
 
     def watchdog():
         if not done.wait(60):
-            print("HUNG", proc_engine.client.run_on_scheduler(_scheduler_states), file=sys.stderr,
-                  flush=True)
+            print("HUNG", proc_engine.client.run_on_scheduler(_scheduler_states),
+                  _nannies(proc_engine), file=sys.stderr, flush=True)
 
     threading.Thread(target=watchdog, daemon=True).start()
     box = {}
@@ -310,6 +311,12 @@ def worker_kill(s: Setup, proc_engine, rnd: random.Random, tally: Tally, i: int,
         tally.add("lost", "a job hung after a worker was killed (no workers left)")
         raise _Hung
     tally.add(*box["outcome"])
+
+
+def _nannies(engine) -> dict:
+    """Each nanny's status and worker pid (the harness kills worker pids only)."""
+    return {name: (getattr(n.status, "name", n.status), getattr(n, "pid", None))
+            for name, n in getattr(engine.cluster, "workers", {}).items()}
 
 
 class _Hung(Exception):

@@ -1,10 +1,12 @@
 """The small expression language of ``tilearray plan``: ``@ + - * /``, a
-``.T`` suffix, parentheses and numbers over array paths.
+``.T`` suffix, reductions (``.sum() .mean() .var() .std() .min() .max()
+.prod()``, each with an optional ``axis=0|1|None``), parentheses and numbers
+over array paths.
 
 Parsed by hand into a tree (never ``eval``): ``"a.zarr.T @ a.zarr"``,
-``"(a.zarr - b.zarr) * 0.5"``. ``+ - * /`` must be separated from paths by
-spaces (paths contain ``-`` and ``/``); quote a path with spaces, ``@`` or
-parentheses.
+``"(a.zarr - b.zarr) * 0.5"``, ``"(a.zarr - b.zarr).sum(axis=0)"``.
+``+ - * /`` must be separated from paths by spaces (paths contain ``-`` and
+``/``); quote a path with spaces, ``@`` or parentheses.
 """
 
 from __future__ import annotations
@@ -18,12 +20,17 @@ class ExpressionError(ValueError):
 
 _NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _OPS = ("+", "-", "*", "/")
+REDUCTIONS = ("sum", "mean", "var", "std", "min", "max", "prod")
+_METHOD = re.compile(r"^(.*)\.(" + "|".join(REDUCTIONS) + r")$")
+_AXIS = re.compile(r"^(?:axis=)?(-?[0-9]+|None)$")
 
 
 def tokenize(text: str) -> list[tuple[str, str, int]]:
     """Split an expression into ``(kind, text, column)`` tokens.
 
-    Kinds: ``path``, ``num``, ``op`` (``@ + - * /``), ``(``, ``)``, ``T``.
+    Kinds: ``path``, ``num``, ``op`` (``@ + - * /``), ``(``, ``)``, ``T``,
+    ``method`` (a reduction name written ``.sum`` right before ``(``) and
+    ``arg`` (what stands between a method's parentheses).
     ``@`` and parentheses split anywhere; ``+ - * /`` only as separate words.
     """
     out: list[tuple[str, str, int]] = []
@@ -49,17 +56,31 @@ def tokenize(text: str) -> list[tuple[str, str, int]]:
             while j < n and not text[j].isspace() and text[j] not in "()@'\"":
                 j += 1
             word = text[i:j]
+            method = _METHOD.match(word) if j < n and text[j] == "(" else None
             if word in _OPS:
                 out.append(("op", word, i))
+            elif method:
+                _word(out, method.group(1), i)
+                k = text.find(")", j)
+                if k < 0:
+                    raise ExpressionError(f"unbalanced parenthesis at column {j + 1}")
+                out.append(("method", method.group(2), i + len(method.group(1))))
+                out.append(("arg", text[j + 1 : k].strip(), j + 1))
+                j = k + 1
             else:
-                transposes = 0
-                while word.endswith(".T"):
-                    word, transposes = word[:-2], transposes + 1
-                if word:
-                    out.append(("num" if _NUMBER.fullmatch(word) else "path", word, i))
-                out.extend(("T", ".T", i) for _ in range(transposes))
+                _word(out, word, i)
             i = j
     return out
+
+
+def _word(out: list, word: str, col: int) -> None:
+    """A path or number, then one ``T`` token per ``.T`` suffix."""
+    transposes = 0
+    while word.endswith(".T"):
+        word, transposes = word[:-2], transposes + 1
+    if word:
+        out.append(("num" if _NUMBER.fullmatch(word) else "path", word, col))
+    out.extend(("T", ".T", col) for _ in range(transposes))
 
 
 class _Parser:
@@ -69,7 +90,7 @@ class _Parser:
     Parsing builds a small tree of tuples and checks it without touching any
     file, so a malformed expression is a usage error even when its paths do
     not exist: ``("path", p)``, ``("num", v)``, ``("T", x)``, ``("neg", x)``,
-    ``("bin", op, left, right)``.
+    ``("bin", op, left, right)``, ``("call", name, axis, x)``.
     """
 
     def __init__(self, text: str):
@@ -124,11 +145,25 @@ class _Parser:
 
     def postfix(self):
         value = self.atom()
-        while self.peek()[0] == "T":
-            self.take()
+        while self.peek()[0] in ("T", "method"):
+            kind, name, col = self.take()
+            if kind == "T":
+                if _is_number(value):
+                    raise ExpressionError("cannot transpose a number (.T)")
+                value = ("T", value)
+                continue
             if _is_number(value):
-                raise ExpressionError("cannot transpose a number (.T)")
-            value = ("T", value)
+                raise ExpressionError(f"cannot reduce a number (.{name}() at column {col + 1})")
+            _, arg, acol = self.take()
+            axis = None
+            if arg:
+                m = _AXIS.match(arg.replace(" ", ""))
+                if not m:
+                    raise ExpressionError(
+                        f".{name}() takes axis=0, axis=1 or axis=None, got {arg!r} at column "
+                        f"{acol + 1}")
+                axis = None if m.group(1) == "None" else int(m.group(1))
+            value = ("call", name, axis, value)
         return value
 
     def atom(self):
@@ -154,6 +189,8 @@ def _is_number(tree) -> bool:
         return False
     if tree[0] in ("T", "neg"):
         return _is_number(tree[1])
+    if tree[0] == "call":
+        return _is_number(tree[3])
     return _is_number(tree[2]) and _is_number(tree[3])
 
 
@@ -167,6 +204,8 @@ def _evaluate(tree, opener):
         return _evaluate(tree[1], opener).T
     if kind == "neg":
         return -_evaluate(tree[1], opener)
+    if kind == "call":
+        return getattr(_evaluate(tree[3], opener), tree[1])(axis=tree[2])
     op, left, right = tree[1], _evaluate(tree[2], opener), _evaluate(tree[3], opener)
     if op == "+":
         return left + right

@@ -195,10 +195,13 @@ def add_parsers(sub, common, budget, cluster) -> None:
     p = sub.add_parser("plan", parents=[common, budget], help="plan an expression (no I/O)",
                        description="Print the plan of an expression over array paths without "
                                    "running it: tasks, peak memory per task, bytes, FLOPs. "
-                                   "Operators: @ + - * /, suffix .T, parentheses, numbers; "
-                                   "put spaces around + - * /. No cluster is started unless "
+                                   "Operators: @ + - * /, suffix .T, reductions .sum() "
+                                   ".mean() .var() .std() .min() .max() .prod() with "
+                                   "axis=0|1|None, parentheses, numbers; put spaces "
+                                   "around + - * /. No cluster is started unless "
                                    "--scheduler-address is given.",
                        epilog='examples: tilearray plan "a.zarr @ b.zarr"; '
+                              'tilearray plan "(a.zarr - b.zarr).sum(axis=0)"; '
                               'tilearray plan "a.zarr.T @ a.zarr" --memory-per-worker 4GiB')
     p.add_argument("expression", metavar="EXPR")
     p.add_argument("-o", "--output", metavar="PATH",

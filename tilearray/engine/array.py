@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -18,6 +19,7 @@ from .expr.lazy import LazyArray
 from .expr.nodes import Node, Source
 from .plan.lower import Lowered, lower
 from .plan.sizing import output_grid
+from .plan.types import Stage
 
 log = logging.getLogger("tilearray")
 
@@ -51,8 +53,9 @@ class TiledArray(LazyArray):
     # -- running ----------------------------------------------------------------------
     def _lower(self, out=None, out_grid=None, skip=(), budget=None, engine=None) -> Lowered:
         if budget is None:
-            engine = engine or runtime.current_engine()
-            budget = engine.budget()
+            engine = engine or runtime.current_engine(start=False)
+            # no engine yet: plan for the one compute() would start, without starting it
+            budget = engine.budget() if engine is not None else runtime.default_budget()
         return lower(self._node, budget, out, out_grid, set(skip))
 
     def plan(self, path=None, *, name="", tile=None, shard=None, engine=None, budget=None):
@@ -63,7 +66,9 @@ class TiledArray(LazyArray):
         path, name, tile, shard
             The output :meth:`to_zarr` would write (optional).
         engine : Engine, optional
-            Whose budget to plan for; default: the current engine.
+            Whose budget to plan for; default: the current engine, or, when
+            none is running, the default engine :meth:`compute` would start
+            (planned for without starting it).
         budget : Budget, optional
             Plan for this budget instead of an engine's.
 
@@ -81,10 +86,20 @@ class TiledArray(LazyArray):
         """
         out_grid = None
         out = None
-        if self.ndim == 2 and not self._node.small and (path or tile or shard):
+        small = self.ndim != 2 or self._node.small
+        if not small and (path or tile or shard):
             out_grid = output_grid(self._node, tile, shard)
             out = ArrayRef.from_location(path, name) if path else None
-        return self._lower(out, out_grid, budget=budget, engine=engine).plan
+        plan = self._lower(out, out_grid, budget=budget, engine=engine).plan
+        if small:  # where the value goes: a worker writes it, or compute() brings it back
+            nbytes = int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+            target = str(ArrayRef.from_location(path, name)) if path else None
+            stage = Stage("store" if target else "result",
+                          f"a worker writes the {self.shape} result into {target!r}" if target
+                          else f"compute() brings {format_bytes(nbytes)} to the driver",
+                          1 if target else 0, 0, 0, nbytes if target else 0)
+            plan = dataclasses.replace(plan, stages=(*plan.stages, stage), output=target)
+        return plan
 
     def compute(self, *, engine=None) -> np.ndarray | Any:
         """Run and return the result in memory.
@@ -121,6 +136,7 @@ class TiledArray(LazyArray):
         output.create_temporaries(low)
         try:
             values, stats = engine.run(low.graph, low.keys, description="compute", plan=low.plan,
+                                       stat_keys=low.stat_keys,
                                        units_total=output.temporary_units(low))
         finally:
             output.cleanup(low)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import os
@@ -11,7 +12,7 @@ from dask.base import tokenize
 
 from ..errors import StorageError
 from ..graphs import elemwise as gel
-from ..storage import ArrayRef, create, grid_of, mark_complete
+from ..storage import ArrayRef, create, grid_of, locks, mark_complete
 from ..storage import array as sarray
 from ..storage.commit import existing_array, has_data
 from . import runtime
@@ -57,17 +58,23 @@ def open(path, name: str = "", *, allow_incomplete: bool = False) -> TiledArray:
     return TiledArray(source(ref, allow_incomplete))
 
 
+@contextlib.contextmanager
 def _new_array(path, name, shape, dtype, tile, shard, overwrite, dims):
-    """Create an output array (refusing to replace a group) with its dims chosen."""
+    """``with _new_array(...) as (ref, z):`` create an output array (refusing to
+    replace a group) with its dims chosen, holding the output's lock (as
+    ``to_zarr`` does: a second writer gets OutputLockedError) from before it
+    is created until the block ends (after ``mark_complete``)."""
     ref = ArrayRef.from_location(path, name)
+    sarray.check_parents(ref)  # inside an array or a v2 group: refused before the lock's file
     if existing_array(ref) is None and has_data(ref):
         raise StorageError(
             f"{str(ref)!r} exists and is not a Zarr array (a group, or other files); refusing "
             "to replace it — pass name= to write a member of a group, or choose another path"
         )
     dims = sarray.choose_dims(ref, shape, dims)
-    return ref, create(ref.store, shape, dtype, tile, shard=shard, overwrite=overwrite,
-                       path=ref.path, dims=dims)
+    with locks.writing(ref):
+        yield ref, create(ref.store, shape, dtype, tile, shard=shard, overwrite=overwrite,
+                          path=ref.path, dims=dims)
 
 
 _WRITE_PARAMS = """name : str, optional
@@ -89,15 +96,15 @@ def from_numpy(arr, path, *, name="", dims=None, tile=(1024, 1024), shard=None,
     arr = np.asarray(arr)
     if arr.ndim != 2:
         raise StorageError(f"from_numpy needs a 2-D array, got shape {arr.shape}")
-    ref, z = _new_array(path, name, arr.shape, arr.dtype, tile, shard, overwrite, dims)
-    grid = grid_of(z)
     from ..storage import write_block
 
-    for i in range(grid.unit_grid[0]):
-        for j in range(grid.unit_grid[1]):
-            rows, cols = grid.unit_range(0, i), grid.unit_range(1, j)
-            write_block(ref, rows, cols, arr[rows[0] : rows[1], cols[0] : cols[1]], arr=z)
-    mark_complete(ref)
+    with _new_array(path, name, arr.shape, arr.dtype, tile, shard, overwrite, dims) as (ref, z):
+        grid = grid_of(z)
+        for i in range(grid.unit_grid[0]):
+            for j in range(grid.unit_grid[1]):
+                rows, cols = grid.unit_range(0, i), grid.unit_range(1, j)
+                write_block(ref, rows, cols, arr[rows[0] : rows[1], cols[0] : cols[1]], arr=z)
+        mark_complete(ref)
     return open(path, name)
 
 
@@ -137,25 +144,25 @@ def _check_seed(seed) -> int:
 def random(shape, path, *, name="", dims=None, tile=(1024, 1024), shard=None,
            dtype="float64", seed=0, overwrite=False, engine=None) -> TiledArray:
     seed = _check_seed(seed)  # before anything is created
-    ref, z = _new_array(path, name, shape, dtype, tile, shard, overwrite, dims)
-    grid = grid_of(z)
-    graph, keys = {}, []
-    token = tokenize("random", str(ref), shape, tile, shard, str(dtype), seed)
-    for i in range(grid.unit_grid[0]):
-        for j in range(grid.unit_grid[1]):
-            key = ("random-" + token, i, j)
-            graph[key] = (gel.random_block, ref, grid.unit_range(0, i), grid.unit_range(1, j),
-                          np.dtype(dtype), seed, grid.tile)
-            keys.append(key)
-    engine = engine or runtime.current_engine(start=False)
-    if engine is not None:
-        engine.run(graph, keys, description=f"random -> {os.path.basename(str(ref))}",
-                   quiet=True, units_total=grid.n_units)
-    else:
-        import dask.threaded
+    with _new_array(path, name, shape, dtype, tile, shard, overwrite, dims) as (ref, z):
+        grid = grid_of(z)
+        graph, keys = {}, []
+        token = tokenize("random", str(ref), shape, tile, shard, str(dtype), seed)
+        for i in range(grid.unit_grid[0]):
+            for j in range(grid.unit_grid[1]):
+                key = ("random-" + token, i, j)
+                graph[key] = (gel.random_block, ref, grid.unit_range(0, i), grid.unit_range(1, j),
+                              np.dtype(dtype), seed, grid.tile)
+                keys.append(key)
+        engine = engine or runtime.current_engine(start=False)
+        if engine is not None:
+            engine.run(graph, keys, description=f"random -> {os.path.basename(str(ref))}",
+                       quiet=True, units_total=grid.n_units)
+        else:
+            import dask.threaded
 
-        dask.threaded.get(graph, keys)
-    mark_complete(ref)
+            dask.threaded.get(graph, keys)
+        mark_complete(ref)
     return open(path, name)
 
 
@@ -235,15 +242,15 @@ def from_dask(x, path, *, name="", dims=None, overwrite=False, shard=None) -> Ti
             "boolean indexing); call x.compute_chunk_sizes() first (it computes x once), then "
             "pass it again")
     tile = tuple(max(c) if c else 1 for c in x.chunks)
-    ref, z = _new_array(path, name, x.shape, x.dtype, tile, shard, overwrite, dims)
-    x.rechunk(shard or tile).to_zarr(z)
-    grid = grid_of(z)
     from ..storage.array import mark_unit_done
 
-    for i in range(grid.unit_grid[0]):
-        for j in range(grid.unit_grid[1]):
-            mark_unit_done(ref, i, j)
-    mark_complete(ref)
+    with _new_array(path, name, x.shape, x.dtype, tile, shard, overwrite, dims) as (ref, z):
+        x.rechunk(shard or tile).to_zarr(z)
+        grid = grid_of(z)
+        for i in range(grid.unit_grid[0]):
+            for j in range(grid.unit_grid[1]):
+                mark_unit_done(ref, i, j)
+        mark_complete(ref)
     return open(path, name)
 
 

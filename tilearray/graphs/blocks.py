@@ -66,3 +66,67 @@ def tree(keys: list, split_every: int, make_key, make_task, graph: dict) -> obje
             nxt.append(k)
         keys = nxt
     return keys[0]
+
+
+class Ranges(Sequence):
+    """The intervals ``[start + i*step, min(start + (i+1)*step, stop))``: a
+    regular run of ranges described by three numbers, so a task's K panels
+    cost the graph O(1) whatever their count (a sequence of ``(lo, hi)``)."""
+
+    __slots__ = ("start", "stop", "step")
+
+    def __init__(self, start: int, stop: int, step: int):
+        if step <= 0 or stop < start:
+            raise ValueError(f"bad ranges {start}:{stop}:{step}")
+        self.start, self.stop, self.step = int(start), int(stop), int(step)
+
+    def __len__(self) -> int:
+        return -(-(self.stop - self.start) // self.step)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return tuple(self)[i]
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(i)
+        lo = self.start + i * self.step
+        return (lo, min(lo + self.step, self.stop))
+
+    def __iter__(self):
+        for lo in range(self.start, self.stop, self.step):
+            yield (lo, min(lo + self.step, self.stop))
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, Ranges):
+            return (self.start, self.stop, self.step) == (other.start, other.stop, other.step)
+        return isinstance(other, tuple | list) and tuple(self) == tuple(other)
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __reduce__(self):
+        return (Ranges, (self.start, self.stop, self.step))
+
+    def __repr__(self) -> str:
+        return f"Ranges({self.start}, {self.stop}, {self.step})"
+
+    def __dask_tokenize__(self):
+        return ("Ranges", self.start, self.stop, self.step)
+
+
+def compact(ranges: Sequence[tuple[int, int]]):
+    """``ranges`` as :class:`Ranges` when regular (all one width, the last
+    possibly shorter), else as a tuple."""
+    ranges = tuple(ranges)
+    if len(ranges) < 3:
+        return ranges
+    step = ranges[0][1] - ranges[0][0]
+    if step > 0 and all(b[0] == a[1] and b[1] - b[0] == step
+                        for a, b in zip(ranges[:-2], ranges[1:-1], strict=True)) \
+            and ranges[-1][0] == ranges[-2][1] and 0 < ranges[-1][1] - ranges[-1][0] <= step:
+        out = Ranges(ranges[0][0], ranges[-1][1], step)
+        assert tuple(out) == ranges
+        return out
+    return ranges

@@ -20,7 +20,7 @@ from scipy.linalg import blas
 
 from ..storage import IOStats, write_block
 from ..storage.geometry import Range
-from .spec import evaluate
+from .spec import evaluate, prefetch
 
 _GEMM = {np.dtype("float32"): blas.sgemm, np.dtype("float64"): blas.dgemm}
 
@@ -72,7 +72,7 @@ def load_order(a_panels: tuple[Range, ...], b_panels: tuple[Range, ...]) -> list
 
 def matmul_block(
     a_spec, b_spec, rows: Range, cols: Range, a_panels, b_panels, dtype, deps=(),
-    read_bytes: int | None = None,
+    read_bytes: int | None = None, b_bands: tuple[Range, ...] | None = None,
 ) -> tuple[np.ndarray, dict]:
     """Compute output block ``rows x cols`` of ``A @ B`` over the given K panels.
 
@@ -82,6 +82,12 @@ def matmul_block(
     decode buffers exist at a time: less memory, so larger blocks and fewer
     bytes read, for no overlap within the task (on a machine whose cores are
     all busy with BLAS, decode and BLAS do not overlap anyway).
+
+    With ``b_bands`` (column ranges covering ``cols``; A and B share their K
+    panels) B is streamed: per K panel the A panel is read once, then B is
+    read band by band and each band's product accumulates into its columns
+    of the block, so only one B band is resident instead of a whole panel --
+    the memory that lets the planner choose larger blocks, which read less.
 
     Returns the block (Fortran-ordered) and the task's measured I/O stats.
     """
@@ -99,7 +105,10 @@ def matmul_block(
         return evaluate(b_spec, b_panels[i], cols, deps, stats, max_bytes=read_bytes)
 
     if is_gram(a_spec, b_spec, rows, cols, a_panels, b_panels):
-        return _gram_block(b_spec, rows, b_panels, acc, deps, stats, read_bytes)
+        return _gram_block(a_spec, b_spec, rows, b_panels, acc, deps, stats, read_bytes)
+    if b_bands is not None and tuple(a_panels) == tuple(b_panels):
+        return _streamed_block(a_spec, b_spec, rows, cols, a_panels, b_bands, acc, deps,
+                               stats, read_bytes)
     order = iter(load_order(a_panels, b_panels))
     t_wait = t_blas = 0.0
     with ThreadPoolExecutor(1, thread_name_prefix="tilearray-prefetch") as pool:
@@ -146,20 +155,67 @@ def matmul_block(
 
 
 def is_gram(a_spec, b_spec, rows, cols, a_panels, b_panels) -> bool:
-    """``X.T @ X`` on a diagonal block: both operands are the same panels."""
+    """``X.T @ X`` or ``X @ X.T`` on a diagonal block: both operands are the
+    same panels of X."""
     from .spec import Trans
 
-    return (isinstance(a_spec, Trans) and a_spec.x == b_spec and tuple(rows) == tuple(cols)
-            and tuple(a_panels) == tuple(b_panels))
+    same = (isinstance(a_spec, Trans) and a_spec.x == b_spec) or \
+        (isinstance(b_spec, Trans) and b_spec.x == a_spec)
+    return same and tuple(rows) == tuple(cols) and tuple(a_panels) == tuple(b_panels)
 
 
-def _gram_block(x_spec, cols, panels, acc, deps, stats, read_bytes):
-    """Diagonal block of ``X.T @ X``: each panel of X is read once and used as
-    both operands (``acc += P.T @ P``)."""
+_SYRK = {np.dtype("float32"): blas.ssyrk, np.dtype("float64"): blas.dsyrk}
+
+
+def syrk_accumulate(acc: np.ndarray, p: np.ndarray, transposed: bool) -> bool:
+    """``acc += p.T @ p`` (``transposed``) or ``acc += p @ p.T``, symmetric:
+    BLAS syrk updates the upper triangle only, for half the FLOPs of a gemm.
+    Returns False when it ran a full gemm instead (other dtypes, or ``acc``
+    not Fortran-ordered); then ``acc`` is whole and needs no mirroring."""
+    syrk = _SYRK.get(acc.dtype)
+    if syrk is None or not acc.flags.f_contiguous:
+        gemm_accumulate(acc, p.T, p) if transposed else gemm_accumulate(acc, p, p.T)
+        return False
+    p = p.astype(acc.dtype, copy=False)
+    if not (p.flags.c_contiguous or p.flags.f_contiguous):
+        p = np.ascontiguousarray(p)
+    # syrk: trans=0 -> A @ A.T with A (n x k) Fortran; trans=1 -> A.T @ A, A (k x n)
+    if transposed:
+        a, trans = (p.T, 0) if p.flags.c_contiguous else (p, 1)
+    else:
+        a, trans = (p, 0) if p.flags.f_contiguous else (p.T, 1)
+    out = syrk(1.0, a, beta=1.0, c=acc, trans=trans, lower=0, overwrite_c=1)
+    if out is not acc and not np.shares_memory(out, acc):  # pragma: no cover - defensive
+        acc[...] = out
+    return True
+
+
+def mirror_upper(acc: np.ndarray, step: int = 1024) -> None:
+    """Copy the upper triangle of a square ``acc`` onto its lower one, band by
+    band (no n x n temporaries)."""
+    n = acc.shape[0]
+    for c0 in range(0, n, step):
+        c1 = min(c0 + step, n)
+        d = acc[c0:c1, c0:c1]
+        d[...] = np.triu(d) + np.triu(d, 1).T
+        if c1 < n:
+            acc[c1:, c0:c1] = acc[c0:c1, c1:].T
+
+
+def _gram_block(a_spec, b_spec, rows, panels, acc, deps, stats, read_bytes):
+    """Diagonal block of ``X.T @ X`` / ``X @ X.T``: each panel of X is read
+    once and used as both operands, in a symmetric (syrk) update."""
+    from .spec import Trans
+
+    transposed = isinstance(a_spec, Trans) and a_spec.x == b_spec
+    x_spec = b_spec if transposed else a_spec
     t_wait = t_blas = 0.0
+    symmetric = False
     with ThreadPoolExecutor(1, thread_name_prefix="tilearray-prefetch") as pool:
         def load(i):
-            return evaluate(x_spec, panels[i], cols, deps, stats, max_bytes=read_bytes)
+            if transposed:  # X[panel, cols]
+                return evaluate(x_spec, panels[i], rows, deps, stats, max_bytes=read_bytes)
+            return evaluate(x_spec, rows, panels[i], deps, stats, max_bytes=read_bytes)
 
         nxt = pool.submit(load, 0) if read_bytes is None else None
         for i in range(len(panels)):
@@ -167,11 +223,44 @@ def _gram_block(x_spec, cols, panels, acc, deps, stats, read_bytes):
             p = nxt.result() if nxt is not None else load(i)
             if read_bytes is None and i + 1 < len(panels):
                 nxt = pool.submit(load, i + 1)
+            elif i + 1 < len(panels):
+                prefetch(x_spec, *((panels[i + 1], rows) if transposed else (rows, panels[i + 1])))
             t_wait += time.perf_counter() - t0
             t0 = time.perf_counter()
-            gemm_accumulate(acc, p.T, p)
+            symmetric = syrk_accumulate(acc, p, transposed)
             t_blas += time.perf_counter() - t0
             del p
+    if symmetric:
+        mirror_upper(acc)
+    out = stats.as_dict()
+    out.update(io_wait_seconds=t_wait, blas_seconds=t_blas, tasks=1)
+    return acc, out
+
+
+def _streamed_block(a_spec, b_spec, rows, cols, panels, bands, acc, deps, stats, read_bytes):
+    """``acc += A[rows, p] @ B[p, band]`` for each K panel ``p`` and B band."""
+    t_wait = t_blas = 0.0
+    c0 = cols[0]
+    a = None
+    # the reads in order; while BLAS works on one band, the OS loads the next
+    bands = tuple(bands)
+    steps = [(q, band) for q in range(len(panels)) for band in bands]
+    for s, (q, band) in enumerate(steps):
+        p = panels[q]
+        t0 = time.perf_counter()
+        if s % len(bands) == 0:
+            del a  # the previous panel goes before the next is read
+            a = evaluate(a_spec, rows, p, deps, stats, max_bytes=read_bytes)
+        b = evaluate(b_spec, p, band, deps, stats, max_bytes=read_bytes)
+        if s + 1 < len(steps):
+            nq, nband = steps[s + 1]
+            if nq != q:
+                prefetch(a_spec, rows, panels[nq])
+            prefetch(b_spec, panels[nq], nband)
+        t1 = time.perf_counter()
+        gemm_accumulate(acc[:, band[0] - c0 : band[1] - c0], a, b)
+        t_wait, t_blas = t_wait + t1 - t0, t_blas + time.perf_counter() - t1
+        del b
     out = stats.as_dict()
     out.update(io_wait_seconds=t_wait, blas_seconds=t_blas, tasks=1)
     return acc, out
@@ -193,12 +282,26 @@ class _Deferred:
 
 
 def matmul_store(a_spec, b_spec, rows, cols, a_panels, b_panels, dtype, out_ref, deps=(),
-                 read_bytes=None):
+                 read_bytes=None, b_bands=None):
     """Compute one output block and write it whole; return ``(None, stats)``."""
     acc, st = matmul_block(a_spec, b_spec, rows, cols, a_panels, b_panels, dtype, deps,
-                           read_bytes)
+                           read_bytes, b_bands)
     io = IOStats()
     write_block(out_ref, rows, cols, acc, io)
+    st["bytes_written"] = io.bytes_written
+    st["units_written"] = io.units_written
+    return None, st
+
+
+def matmul_store_pair(a_spec, b_spec, rows, cols, a_panels, b_panels, dtype, out_ref,
+                      deps=(), read_bytes=None, b_bands=None):
+    """Block ``rows x cols`` of a symmetric product (``X.T @ X``, ``X @ X.T``):
+    computed once, written there and, transposed, at ``cols x rows``."""
+    acc, st = matmul_block(a_spec, b_spec, rows, cols, a_panels, b_panels, dtype, deps,
+                           read_bytes, b_bands)
+    io = IOStats()
+    write_block(out_ref, rows, cols, acc, io)
+    write_block(out_ref, cols, rows, acc.T, io)
     st["bytes_written"] = io.bytes_written
     st["units_written"] = io.units_written
     return None, st

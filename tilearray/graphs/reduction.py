@@ -71,7 +71,10 @@ def partial(x: np.ndarray, op: str, axis, offset: tuple[int, int], ncols: int):
         if op == "mean":
             return (np.sum(xf, axis=axis, keepdims=True), n)
         mean = _quiet(np.mean, xf, axis=axis, keepdims=True)
-        m2 = np.sum((xf - mean) ** 2, axis=axis, keepdims=True)
+        d = np.subtract(xf, mean)  # one temporary, squared in place
+        np.multiply(d, d, out=d)
+        m2 = np.sum(d, axis=axis, keepdims=True)
+        del d
         return (n.astype(np.float64), mean, m2)
     if op in ARG:
         return _arg_partial(x, op, axis, offset, ncols)
@@ -164,6 +167,30 @@ def reduce_map(spec, rows, cols, op, axis, ncols, deps=()):
     st = stats.as_dict()
     st["tasks"] = 1
     return part, st
+
+
+def reduce_map_many(specs, rows, cols, ops, axes, ncols, deps=()):
+    """Partials of several reductions over one block; a stored array they
+    share is read once (one ``evaluate`` cache for all)."""
+    from ..storage import IOStats
+
+    stats = IOStats()
+    seen: dict = {}
+    out = []
+    for spec, op, axis in zip(specs, ops, axes, strict=True):
+        x = evaluate(spec, rows, cols, list(deps), stats, _seen=seen)
+        out.append(partial(np.asarray(x), op, axis, (rows[0], cols[0]), ncols))
+    del seen
+    st = stats.as_dict()
+    st["tasks"] = 1
+    return tuple(out), st
+
+
+def pick(q, result):
+    """Partial ``q`` of a :func:`reduce_map_many` result; the shared task's
+    stats travel with partial 0 only, so they are counted once."""
+    parts, st = result
+    return parts[q], (st if q == 0 else {})
 
 
 def reduce_combine(op, *parts):

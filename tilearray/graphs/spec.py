@@ -16,6 +16,7 @@ import numpy as np
 
 from ..storage import ArrayRef, IOStats, read_region
 from ..storage.geometry import Grid, Range
+from ..storage.io import prefetch_region
 
 
 @dataclass(frozen=True)
@@ -190,6 +191,14 @@ def evaluate(spec, rows: Range, cols: Range, deps: list, stats: IOStats, _seen=N
         args = [evaluate(a, rows, cols, deps, stats, seen, max_bytes) for a in spec.args]
         return func(spec.name)(*args, **dict(spec.kwargs))
     raise TypeError(f"unknown spec node {spec!r}")
+
+
+def prefetch(spec, rows: Range, cols: Range) -> None:
+    """Hint the stores that region ``rows x cols`` of ``spec`` is read next
+    (the OS loads its chunk files in the background; see
+    :func:`~tilearray.storage.io.prefetch_region`)."""
+    for leaf, r, c in reads(spec, rows, cols):
+        prefetch_region(leaf.ref, r, c)
 
 
 def reads(spec, rows: Range, cols: Range):

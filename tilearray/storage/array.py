@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import zarr
 from zarr.abc.store import Store
-from zarr.codecs import Crc32cCodec, ZstdCodec
+from zarr.codecs import BloscCodec, BloscShuffle, Crc32cCodec, ZstdCodec
 from zarr.core.sync import collect_aiterator, sync
 from zarr.errors import ArrayNotFoundError, ContainsGroupError, NodeTypeValidationError
 from zarr.storage import LocalStore
@@ -140,6 +140,19 @@ def check_output_complete(ref: ArrayRef, arr: zarr.Array) -> None:
     )
 
 
+def _compressor(name: str | None, dtype: np.dtype, loc: str) -> list:
+    if name == "default":
+        name = _config.get("storage.compressor")
+    if name is None or name == "none":
+        return []
+    if name == "lz4":
+        return [BloscCodec(cname="lz4", clevel=5, shuffle=BloscShuffle.shuffle,
+                           typesize=dtype.itemsize)]
+    if name == "zstd":
+        return [ZstdCodec(level=int(_config.get("storage.zstd-level")))]
+    raise StorageError(f"{loc!r}: unknown compressor {name!r} (use 'lz4', 'zstd' or None)")
+
+
 def create(
     where: str | os.PathLike | Store,
     shape: tuple[int, int],
@@ -148,7 +161,7 @@ def create(
     *,
     shard: tuple[int, int] | None = None,
     path: str = "",
-    compressor: str | None = "zstd",
+    compressor: str | None = "default",
     overwrite: bool = False,
     attributes: dict | None = None,
     output: bool = True,
@@ -157,8 +170,10 @@ def create(
     """Create a 2-D Zarr v3 array laid out for tilearray.
 
     ``tile`` is the Zarr chunk; ``shard``, if given, is the I/O unit and must
-    be a multiple of the tile. Chunks are compressed with zstd (``compressor=
-    None`` for none) and always carry a crc32c checksum. With ``output=True``
+    be a multiple of the tile. Chunks are compressed with ``compressor``:
+    ``"lz4"`` (blosc lz4 + byte shuffle), ``"zstd"`` (level
+    ``tilearray.storage.zstd-level``) or None; ``"default"`` is
+    ``tilearray.storage.compressor``. They always carry a crc32c checksum. With ``output=True``
     the array starts *incomplete* until :func:`mark_complete`. ``dims`` are
     the stored ``dimension_names`` (default ``("row", "col")``); a ``path``
     inside a store makes the array a member of the group there (parent
@@ -178,11 +193,7 @@ def create(
             raise StorageError(
                 f"{loc!r}: shard {shard} must be a positive multiple of the tile {tile}"
             )
-    compressors: list = [Crc32cCodec()]
-    if compressor == "zstd":
-        compressors.insert(0, ZstdCodec(level=int(_config.get("storage.zstd-level"))))
-    elif compressor is not None:
-        raise StorageError(f"{loc!r}: unknown compressor {compressor!r} (use 'zstd' or None)")
+    compressors = [*_compressor(compressor, dt, loc), Crc32cCodec()]
     attrs = dict(attributes or {})
     if output:
         attrs[ATTR_KEY] = {"format": FORMAT_VERSION, "complete": False, **attrs.get(ATTR_KEY, {})}

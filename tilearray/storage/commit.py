@@ -113,25 +113,33 @@ def existing_array(ref: ArrayRef):
         return None
 
 
-def write_small(value: np.ndarray, ref: ArrayRef, dims, meta: dict | None = None) -> np.ndarray:
-    """Store a small (in-memory) result, e.g. a reduction's vector, as Zarr.
-
-    Like a matrix output it is created incomplete (which also takes a member it
-    replaces out of its group's consolidated listing), filled, and only then
-    marked complete and listed; ``meta`` (the fingerprint) is recorded for
-    ``resume=True``."""
+def create_small(ref: ArrayRef, shape: tuple, dtype, dims, meta: dict):
+    """The empty, incomplete Zarr array a small (1-D / 0-d) result is written
+    into by a worker task; creating it also takes a member it replaces out of
+    its group's consolidated listing. ``meta`` (the fingerprint) is recorded
+    for ``resume=True``; the caller marks it complete."""
     import zarr
 
-    value = np.asarray(value)
-    attrs = {"format": sarray.FORMAT_VERSION, **(meta or {})}
-    arr = zarr.create_array(ref.store, name=ref.path or None, shape=value.shape,
-                            dtype=value.dtype, overwrite=sarray.clear_for_overwrite(ref),
+    arr = zarr.create_array(ref.store, name=ref.path or None, shape=tuple(shape),
+                            dtype=np.dtype(dtype), overwrite=sarray.clear_for_overwrite(ref),
                             zarr_format=3, dimension_names=tuple(dims),
                             config={"write_empty_chunks": True},
-                            attributes={sarray.ATTR_KEY: {**attrs, "complete": False}})
+                            attributes={sarray.ATTR_KEY: {**meta, "complete": False}})
     sarray.refresh_consolidated(ref)
-    arr[...] = value
-    sarray.check_lock_held(ref)
-    arr.attrs[sarray.ATTR_KEY] = {**attrs, "complete": True}
-    sarray.refresh_consolidated(ref)
-    return value
+    return arr
+
+
+SMALL_RETURN = 64 * 2**20
+"""A 1-D / 0-d result written to Zarr up to this size is also returned as a
+NumPy array (read back from the store); a larger one as the read-only
+``zarr.Array``, so it never passes through the driver's memory."""
+
+
+def small_return(arr):
+    """What ``to_zarr`` of a small result returns: the stored values as NumPy,
+    or, above :data:`SMALL_RETURN`, the read-only ``zarr.Array``."""
+    import zarr
+
+    arr = zarr.open_array(arr.store_path.store, path=arr.store_path.path or None, mode="r")
+    nbytes = int(np.prod(arr.shape, dtype=np.int64)) * arr.dtype.itemsize
+    return np.asarray(arr[...]) if nbytes <= SMALL_RETURN else arr

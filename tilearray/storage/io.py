@@ -20,6 +20,7 @@ import numpy as np
 from .. import _config
 from ..errors import CorruptChunkError, StorageError
 from .array import ArrayRef, every_unit_stored, grid_of, mark_unit_done
+from .chunks import DirectReader, direct_reader
 from .geometry import Grid, Range
 from .locks import local_root
 
@@ -109,15 +110,18 @@ class IOStats:
         }
 
 
-def _read_request(arr, ref: ArrayRef, grid: Grid, req: ReadRequest, stats: IOStats) -> np.ndarray:
+def _read_request(arr, ref: ArrayRef, grid: Grid, req: ReadRequest, stats: IOStats,
+                  direct: DirectReader | None = None) -> np.ndarray:
     retries = int(_config.get("storage.read-retries"))
     sel = (slice(*req.rows), slice(*req.cols))
     for attempt in range(retries + 1):
         try:
             t0 = time.perf_counter()
-            data = arr[sel]
+            data = direct.read(req.rows, req.cols) if direct is not None else arr[sel]
             stats.read_seconds += time.perf_counter() - t0
             break
+        except StorageError:  # a corrupt chunk found by the direct reader: no retry
+            raise
         except OSError as e:  # transient store errors: retry with backoff
             if attempt == retries:
                 raise StorageError(
@@ -195,19 +199,62 @@ def read_region(
     if not reqs:
         return np.empty((rows[1] - rows[0], cols[1] - cols[0]), dtype=arr.dtype)
     stored = every_unit_stored(arr)
+    direct = (direct_reader(arr, str(ref), ref.store, ref.path)
+              if _config.get("storage.direct-reads") else None)
+    if len(reqs) > 1 and direct is not None:
+        # one pass: the direct reader's buffers are one chunk whatever the size,
+        # so the bands (a bound for Zarr's buffers) would only add a copy
+        stats.read_requests += len(reqs) - 1  # as planned: counted per band
+        reqs = [ReadRequest((reqs[0].rows[0], reqs[-1].rows[1]),
+                            (reqs[0].cols[0], reqs[-1].cols[1]),
+                            sum(q.store_gets for q in reqs), sum(q.nbytes for q in reqs))]
     if len(reqs) == 1:
-        data = _read_request(arr, ref, grid, reqs[0], stats)
+        data = _read_request(arr, ref, grid, reqs[0], stats, direct)
     else:
         r0, c0 = reqs[0].rows[0], reqs[0].cols[0]
         data = np.empty((reqs[-1].rows[1] - r0, reqs[-1].cols[1] - c0), dtype=arr.dtype)
         for req in reqs:
             data[req.rows[0] - r0 : req.rows[1] - r0, req.cols[0] - c0 : req.cols[1] - c0] = \
-                _read_request(arr, ref, grid, req, stats)
+                _read_request(arr, ref, grid, req, stats, direct)
     if stored:
         check_units_stored(arr, ref, grid, (reqs[0].rows[0], reqs[-1].rows[1]),
                            (reqs[0].cols[0], reqs[-1].cols[1]))
     r0, c0 = reqs[0].rows[0], reqs[0].cols[0]
     return data[rows[0] - r0 : rows[1] - r0, cols[0] - c0 : cols[1] - c0]
+
+
+def store_small(ref: ArrayRef, result) -> tuple[None, dict]:
+    """Worker task: write a small result ``(value, stats)`` (a reduction's
+    vector or scalar) into the existing array at ``ref``; the driver marks it
+    complete. Returns ``(None, stats)`` with the write counted."""
+    value, st = result
+    value = np.asarray(value)
+    arr = ref.open(mode="r+")
+    if tuple(arr.shape) != value.shape:
+        raise StorageError(f"result of shape {value.shape} does not fit {str(ref)!r} of shape "
+                           f"{tuple(arr.shape)}")
+    try:
+        arr[...] = value
+    except OSError as e:
+        raise StorageError(f"writing {str(ref)!r} failed: {e}") from e
+    st = dict(st)
+    st["bytes_written"] = int(st.get("bytes_written", 0)) + value.nbytes
+    return None, st
+
+
+def prefetch_region(ref: ArrayRef, rows: Range, cols: Range) -> None:
+    """Hint that ``rows x cols`` of the array at ``ref`` will be read soon: its
+    chunk files are loaded into the OS page cache in the background (local,
+    directly read arrays; a no-op otherwise). Never fails."""
+    if not _config.get("storage.direct-reads"):
+        return
+    try:
+        arr = ref.open()
+        direct = direct_reader(arr, str(ref), ref.store, ref.path)
+        if direct is not None:
+            direct.prefetch(rows, cols)
+    except Exception:  # a hint only: the read itself reports problems
+        log.debug("prefetch hint for %s failed", ref, exc_info=True)
 
 
 def write_block(

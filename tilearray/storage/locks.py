@@ -42,7 +42,7 @@ import os
 import socket
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from zarr.abc.store import Store
 from zarr.core.buffer import default_buffer_prototype
@@ -194,7 +194,7 @@ def _start_time(pid: int) -> float | None:
 
 def _me(what: str) -> dict:
     return {"host": _HOST, "pid": os.getpid(), "started": _start_time(os.getpid()),
-            "taken": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+            "taken": datetime.now(UTC).isoformat(timespec="milliseconds"),
             "token": uuid.uuid4().hex, "what": what}
 
 
@@ -228,7 +228,7 @@ def describe_holder(owner: dict) -> str:
     if not owner:
         return "an unknown holder (the lock file is unreadable)"
     started = owner.get("started")
-    when = (datetime.fromtimestamp(started, timezone.utc).isoformat(timespec="seconds")
+    when = (datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds")
             if isinstance(started, int | float) and started > 0 else "?")
     return (f"pid {owner.get('pid')} on host {owner.get('host')} (process started {when}, "
             f"lock taken {owner.get('taken', '?')})")

@@ -21,9 +21,8 @@ from ... import _config
 from ...errors import PlanningError
 from ...graphs import elemwise as gel
 from ...graphs import matmul as gmm
-from ...graphs import reduction as gred
-from ...graphs.blocks import intervals, max_interval, tree
-from ...graphs.spec import Const, Dep, Op, Read, Slice, Trans
+from ...graphs.blocks import intervals, max_interval
+from ...graphs.spec import Const, Dep, Op, Read, Slice, Trans, leaves
 from ...storage import ArrayRef, Grid
 from ..expr.nodes import (
     Constant,
@@ -38,6 +37,7 @@ from ..expr.nodes import (
 )
 from . import layout
 from .matmul import MatmulLowering
+from .reduce import ReductionLowering
 from .sizing import (
     _all_done,
     _as_rss,
@@ -75,11 +75,16 @@ class Lowered:
     """For "blocks": ``(rows, cols)`` of each key."""
     creates: list = field(default_factory=list)
     skipped_units: int = 0
+    stat_keys: list = field(default_factory=list)
+    """More keys to gather for their stats only: small results big tasks read
+    as operands (a reduction feeding a map) and matmul temporaries' barriers,
+    whose figures no gathered key carries (each counted once)."""
 
 
-class Lowerer(MatmulLowering):
+class Lowerer(MatmulLowering, ReductionLowering):
     """Lowers one expression: specs, stages and graph, filled as it walks
-    (matrix products: :class:`~.matmul.MatmulLowering`)."""
+    (matrix products: :class:`~.matmul.MatmulLowering`; reductions:
+    :class:`~.reduce.ReductionLowering`)."""
 
     def __init__(self, budget: Budget, temp_dir: str | None = None):
         self.budget = budget
@@ -88,6 +93,9 @@ class Lowerer(MatmulLowering):
         self.creates: list[Create] = []
         self._small: dict[int, str] = {}
         self._temps: dict[int, Read] = {}
+        self._read_leaves: set = set()  # stored arrays read by the stages so far
+        self._covers: dict = {}  # small key -> keys whose stats its result carries
+        self._dep_keys: list = []  # small keys big tasks read as operands
         self.temp_dir = temp_dir
         self.run_id = uuid.uuid4().hex
 
@@ -107,6 +115,8 @@ class Lowerer(MatmulLowering):
             read, barrier = self._materialise(node)
             if barrier not in deps:
                 deps.append(barrier)  # wait for every block of the temporary
+            if barrier not in self._dep_keys:
+                self._dep_keys.append(barrier)
             return read
         raise PlanningError(f"cannot tile {node}")
 
@@ -118,6 +128,8 @@ class Lowerer(MatmulLowering):
         key = self.small(a)
         if key not in deps:
             deps.append(key)
+        if key not in self._dep_keys:
+            self._dep_keys.append(key)
         return Dep(deps.index(key), _dep_kind(a.shape, shape))
 
     def _materialise(self, node: MatMul) -> Read:
@@ -173,7 +185,21 @@ class Lowerer(MatmulLowering):
         else:
             raise PlanningError(f"cannot compute {node} in memory")
         self._small[id(node)] = key
+        if key not in self._covers:  # small ops merge their operands' stats
+            self._covers[key] = {key}.union(*(
+                self._covers.get(self._small.get(id(c)), set())
+                for c in [getattr(node, "x", None), *getattr(node, "args", ())]
+                if isinstance(c, Node) and c.small))
         return key
+
+    def stat_keys(self, gathered: list) -> list:
+        """Keys whose stats reach no gathered result: operands of big tasks
+        not merged into a gathered small result nor into another such key."""
+        covered = set().union(*(self._covers.get(k, {k}) for k in gathered)) if gathered \
+            else set()
+        todo = [d for d in self._dep_keys if d not in covered]
+        return [d for d in todo
+                if not any(d in self._covers.get(e, ()) for e in todo if e != d)]
 
     def _stage_small(self, what: str) -> None:
         self.stages.append(Stage("small", f"in-memory {what}", 1, 0, 0))
@@ -208,9 +234,20 @@ class Lowerer(MatmulLowering):
         self._check_fits("map", peak, str(node))
         self.stages.append(Stage(
             "map", f"{_short(node)} in blocks of up to {max_interval(row_edges)}x"
-            f"{max_interval(col_edges)}", len(keys), peak, nbytes, written,
-            reads=nreq, store_gets=gets))
+            f"{max_interval(col_edges)}{self._reread(spec, deps)}", len(keys), peak, nbytes,
+            written, reads=nreq, store_gets=gets))
         return keys, blocks
+
+    def _reread(self, spec, deps) -> str:
+        """Note for a stage reading stored arrays an earlier stage read: it
+        needs that stage's result (``a - a.mean(axis=0)``), so reads them again."""
+        names = {tokenize(leaf): str(leaf.ref) for leaf in leaves(spec)}
+        again = sorted({v for k, v in names.items() if k in self._read_leaves})
+        self._read_leaves.update(names)
+        if not again or not deps:
+            return ""
+        return (f"; reads {', '.join(repr(a) for a in again)} again: it needs the result of "
+                "an earlier pass over it")
 
     def _fit_blocks(self, spec, shape, out_grid, temp_bytes_per_elem, out_itemsize=0):
         """The layout whose every task fits and that reads least (see
@@ -245,74 +282,11 @@ class Lowerer(MatmulLowering):
         return layout.search(spec, shape, *hard, max(cap // max(per_elem, 1), 1), peak_of,
                              self.budget.task_memory)
 
-    # -- reductions -------------------------------------------------------------
-    def reduce(self, node: Reduce) -> str:
-        m, n = node.x.shape
-        if m == 0 or n == 0:  # nothing to read: NumPy's answer for an empty array
-            kwargs = {"axis": node.axis, "keepdims": node.keepdims}
-            if node.op in ("var", "std"):
-                kwargs["ddof"] = node.ddof
-            key = "reduce-empty-" + tokenize(structure(node))
-            empty = np.empty(node.x.shape, dtype=node.x.dtype)
-            self.graph[key] = (gel.small_op, node.op, tuple(kwargs.items()), empty)
-            self._stage_small(str(node))
-            return key
-        deps: list = []
-        spec = self.spec(node.x, deps)
-        in_dtype = np.dtype(node.x.dtype)
-        # op results, plus the float64 accumulation copy / (x - mean)**2 of var
-        extra = 2 if node.op in ("var", "std") else 1
-        temps = (_op_temporaries(spec) + extra) * max(in_dtype.itemsize, 8)
-        costs, peak = self._fit_blocks(spec, (m, n), None, temps)
-        row_edges, col_edges = costs.row_edges, costs.col_edges
-        token = tokenize("reduce", node.op, node.axis, node.ddof, spec, row_edges, col_edges,
-                         deps)
-        name = f"reduce-{node.op}-{token}"
-        parts = {}
-        nbytes = nreq = gets = 0
-        for i, rows in enumerate(intervals(row_edges)):
-            for j, cols in enumerate(intervals(col_edges)):
-                key = (name, "map", i, j)
-                self.graph[key] = (gred.reduce_map, spec, rows, cols, node.op, node.axis, n, deps)
-                parts[i, j] = key
-                b, r, g = costs.at(i, j)
-                nbytes, nreq, gets = nbytes + b, nreq + r, gets + g
-        self._check_fits("reduce", peak, str(node))
-        split_every = int(_config.get("reduction.split-every"))
-        nr, nc = len(row_edges) - 1, len(col_edges) - 1
-        if node.axis is None:
-            groups = {0: [parts[i, j] for i in range(nr) for j in range(nc)]}
-        elif node.axis == 0:
-            groups = {j: [parts[i, j] for i in range(nr)] for j in range(nc)}
-        else:
-            groups = {i: [parts[i, j] for j in range(nc)] for i in range(nr)}
-        finals = []
-        for g, keys in groups.items():
-            root = tree(
-                keys, split_every,
-                lambda level, k, g=g: (name, "combine", g, level, k),
-                lambda children: (gred.reduce_combine, node.op, *children),
-                self.graph,
-            )
-            fk = (name, "final", g)
-            self.graph[fk] = (gred.reduce_final, node.op, node.dtype, node.ddof, root)
-            finals.append(fk)
-        key = name
-        self.graph[key] = (gred.concat_final, node.axis, *finals)
-        if not node.keepdims:
-            flat = name + "-squeezed"
-            self.graph[flat] = (gel.small_op, "reshape", (), key, node.shape)
-            key = flat
-        n_tasks = len(parts) + len(finals) + 1
-        self.stages.append(Stage(
-            "reduce", f"{node.op}(axis={node.axis}) over {len(parts)} blocks of up to "
-            f"{max_interval(row_edges)}x{max_interval(col_edges)}, fan-in {split_every}",
-            n_tasks, peak, nbytes, reads=nreq, store_gets=gets))
-        return key
-
     def _check_fits(self, kind: str, peak: int, what: str) -> None:
         if peak > self.budget.task_memory:
             raise _DoesNotFit(kind, peak, what, self.budget)
+
+
 
 
 def _constant(value):
@@ -362,6 +336,7 @@ def lower(node, budget, out=None, out_grid=None, skip=()) -> Lowered:
 
 def _lower(node, budget, out, out_grid, skip) -> Lowered:
     low = Lowerer(budget)
+    low.fuse_reductions(node)
     blocks: list = []
     if node.small:
         key = low.small(node)
@@ -376,6 +351,5 @@ def _lower(node, budget, out, out_grid, skip) -> Lowered:
     plan = Plan(str(node), tuple(node.shape), str(node.dtype), budget, tuple(low.stages),
                 str(out) if out else None)
     skipped = len(skip)
-    return Lowered(plan, low.graph, keys, result, blocks, low.creates, skipped)
-
-
+    return Lowered(plan, low.graph, keys, result, blocks, low.creates, skipped,
+                   low.stat_keys(keys if result == "small" else []))

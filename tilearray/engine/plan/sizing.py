@@ -10,9 +10,16 @@ from dask.utils import format_bytes
 from ... import _config
 from ...errors import PlanningError
 from ...graphs.blocks import group_edges
-from ...graphs.spec import n_temporaries
+from ...graphs.spec import leaves, n_temporaries
 from ...storage import Grid
-from ..expr.nodes import Elemwise, MatMul, Node, SliceNode, Source, Transpose
+from ..expr.nodes import (
+    Elemwise,
+    MatMul,
+    Node,
+    SliceNode,
+    Source,
+    Transpose,
+)
 from .types import Budget
 
 MIN_PANEL = 512  # elements: K panels narrower than this waste BLAS efficiency
@@ -45,14 +52,13 @@ def _round_up_mib(nbytes: int) -> str:
     return f"{-(-nbytes // 2**20)}MiB"
 
 
+
 def _panels(edges) -> tuple[int, ...]:
     return group_edges(edges, max(MIN_PANEL, 1))
 
 
 def _op_temporaries(spec) -> int:
     """Arrays a region evaluation makes beyond the reads themselves."""
-    from ...graphs.spec import leaves
-
     return max(n_temporaries(spec) - len(leaves(spec)), 0)
 
 
@@ -67,8 +73,6 @@ def _io_overhead(a_spec, b_spec, out_grid, dtype) -> int:
     held compressed and decoded, on the read side and on the write side."""
     import zarr
 
-    from ...graphs.spec import leaves
-
     tiles = [leaf.grid.tile[0] * leaf.grid.tile[1] * leaf.dtype.itemsize
              for leaf in leaves(a_spec) + leaves(b_spec)]
     if out_grid is not None:
@@ -77,8 +81,6 @@ def _io_overhead(a_spec, b_spec, out_grid, dtype) -> int:
 
 
 def _leaf_itemsize(spec) -> int:
-    from ...graphs.spec import leaves
-
     return max((leaf.dtype.itemsize for leaf in leaves(spec)), default=8)
 
 
@@ -86,8 +88,6 @@ def _band_bytes(a_spec, b_spec, panel_width: int, task_memory: int) -> int:
     """Read request bound when panels are read in place, band by band: one
     unit deep across the panel's width, at most an eighth of the task's
     memory, and never less than one whole unit (units are never split)."""
-    from ...graphs.spec import leaves
-
     out = 0
     for leaf in leaves(a_spec) + leaves(b_spec):
         u0, u1 = leaf.grid.unit
@@ -100,8 +100,6 @@ def _band_bytes(a_spec, b_spec, panel_width: int, task_memory: int) -> int:
 def _per_element(spec, dtype: np.dtype) -> int:
     """Projected bytes per output element of evaluating a region of ``spec``:
     each read twice (compressed + decoded), plus every temporary."""
-    from ...graphs.spec import leaves
-
     reads_ = sum(2 * leaf.dtype.itemsize for leaf in leaves(spec))
     return reads_ + (n_temporaries(spec) * max(dtype.itemsize, 8) if dtype.itemsize > 1 else 0)
 
@@ -116,6 +114,7 @@ def _all_done(grid: Grid, rows, cols, done) -> bool:
 def _short(node) -> str:
     s = str(node)
     return s if len(s) < 90 else s[:87] + "..."
+
 
 
 def output_grid(node, tile, shard) -> Grid:

@@ -69,9 +69,9 @@ class Budget:
     """Workers that run tasks in parallel."""
     threads_per_worker: int = 1
     """Tasks one worker runs at once; they share its memory."""
-    baseline: int = 160 * 2**20
+    baseline: int = 120 * 2**20
     """Resident memory of an idle worker, reserved first, in bytes."""
-    fraction: float = 0.8
+    fraction: float = 0.85
     """Share of ``memory_per_worker`` the planner may fill."""
     worker: str | None = None
     """On a cluster: the worker that sets the budget (least memory per thread)."""
@@ -271,7 +271,7 @@ class Plan:
         if self.io_lower_bound:
             mm = sum(s.bytes_read for s in self.stages if s.io_lower_bound)
             out.append(
-                f"  matmul I/O lower bound 2mnk/sqrt(M/itemsize): "
+                f"  matmul I/O lower bound max(2mnk/sqrt(M/itemsize), inputs once): "
                 f"{format_bytes(self.io_lower_bound)}; planned reads are "
                 f"{mm / self.io_lower_bound:.2f}x that"
             )

@@ -111,6 +111,7 @@ class Engine:
         self.last_run: RunStats | None = None
         self._memory_override = memory_per_worker
         self._spec = None  # (memory, threads, max workers) of a cluster we start
+        self._adaptive = adaptive is not None
         if client is None:
             self.cluster, client, self._spec, self.blas_threads, self._environ = start_local(
                 n_workers, threads, memory_per_worker, processes, adaptive, span)
@@ -200,8 +201,11 @@ class Engine:
 
     # -- running ----------------------------------------------------------------
     def run(self, graph: dict, keys: list, *, description: str = "tilearray", quiet=None,
-            plan=None, units_total: int = 0, units_skipped: int = 0):
+            plan=None, units_total: int = 0, units_skipped: int = 0, stat_keys=()):
         """Run ``graph`` and gather ``keys`` (each a ``(value, stats)`` task).
+
+        ``stat_keys`` are gathered too, for their stats only (small results
+        whose figures no key in ``keys`` carries).
 
         Shows progress, samples worker memory, and returns ``(values, RunStats)``.
         On failure every pending task is cancelled and the first error raised.
@@ -209,9 +213,31 @@ class Engine:
         """
         quiet = self.quiet if quiet is None else quiet
         values, stats = gather(self.client, graph, keys, description=description, quiet=quiet,
-                               plan=plan, units_total=units_total, units_skipped=units_skipped)
+                               plan=plan, units_total=units_total, units_skipped=units_skipped,
+                               stat_keys=stat_keys,
+                               alive=lambda: self._check_workers_alive(description))
         self.last_run = stats
         return values, stats
+
+    def _check_workers_alive(self, description: str) -> None:
+        """Raise a ClusterError if every worker of the embedded (fixed-size)
+        LocalCluster has stopped for good: tasks would queue forever.
+
+        A nanny restarts a worker process that dies, but a nanny that closed
+        (its worker asked it to, or the restart failed) is never replaced by
+        LocalCluster. Borrowed and adaptive clusters are not checked."""
+        if not self._owns or self._adaptive or self.cluster is None:
+            return
+        from distributed.core import Status
+
+        workers = list(getattr(self.cluster, "workers", {}).values())
+        gone = (Status.closing, Status.closed, Status.closing_gracefully, Status.failed)
+        if all(getattr(w, "status", None) in gone for w in workers):  # or none left
+            raise ClusterError(
+                f"{description}: all {len(workers)} worker(s) of the embedded LocalCluster "
+                f"have stopped and will not be restarted (nanny status: "
+                f"{sorted({w.status.name for w in workers})}); the run cannot finish. Close "
+                "this engine, start a new one and rerun with resume=True")
 
     @property
     def metrics_url(self) -> str | None:

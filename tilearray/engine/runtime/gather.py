@@ -13,9 +13,13 @@ from .stats import RunStats
 
 
 def gather(client, graph: dict, keys: list, *, description: str, quiet: bool, plan=None,
-           units_total: int = 0, units_skipped: int = 0):
+           units_total: int = 0, units_skipped: int = 0, stat_keys=(), alive=None):
     """Run ``graph`` on ``client`` and gather ``keys``: ``(values, RunStats)``
-    (see :meth:`Engine.run <tilearray.engine.runtime.engine.Engine.run>`)."""
+    (see :meth:`Engine.run <tilearray.engine.runtime.engine.Engine.run>`).
+
+    ``stat_keys`` are gathered too, for their stats only (small results whose
+    figures no key in ``keys`` carries). ``alive()``, if given, is called
+    between polls and raises when the run can never finish."""
     from distributed import wait
 
     from .metrics import job_event
@@ -26,6 +30,8 @@ def gather(client, graph: dict, keys: list, *, description: str, quiet: bool, pl
               units_total=int(units_total), units_skipped=int(units_skipped),
               **(_plan_figures(plan) if plan is not None else {}))
     ok, futures, bar = False, [], None
+    n_keys = len(keys)
+    keys = list(keys) + [k for k in stat_keys if k not in set(keys)]
     try:
         futures = client.get(graph, keys, sync=False)
         keep: set = set()  # keys listed twice must not be released early
@@ -51,6 +57,8 @@ def gather(client, graph: dict, keys: list, *, description: str, quiet: bool, pl
             with contextlib.suppress(TimeoutError), client.as_current():
                 wait(list(itertools.islice(pending.values(), 1000)), timeout=2,
                      return_when="FIRST_COMPLETED")
+            if alive is not None:
+                alive()
             for fut in [f for f in pending.values() if f.done()]:
                 value = fut.result()  # raises the task's exception
                 for i in index[fut.key]:
@@ -85,7 +93,7 @@ def gather(client, graph: dict, keys: list, *, description: str, quiet: bool, pl
     stats.task_retries = _suspicious(client)
     for f in futures:  # release, not cancel: a later run may reuse these keys
         f.release()
-    return [v for v, _ in values], stats
+    return [v for v, _ in values[:n_keys]], stats
 
 
 def _suspicious(client) -> int:

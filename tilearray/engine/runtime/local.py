@@ -12,7 +12,7 @@ import psutil
 
 from ... import _config
 from ...errors import ClusterError
-from ..plan.types import _positive_int, check_worker_memory
+from ..plan.types import Budget, _positive_int, check_worker_memory
 from .spawn import _GUARD, _choose_processes
 
 
@@ -61,11 +61,7 @@ def start_local(n_workers, threads, memory_per_worker, processes, adaptive, span
     if adaptive is not None:
         n = hi if n_workers is None else int(n_workers)
     processes = _choose_processes(processes, n)
-    if memory_per_worker is None:
-        mem = _config.get_bytes("memory.default-per-worker")
-        mem = min(mem, int(psutil.virtual_memory().total * 0.8 / n))
-    else:
-        mem = memory_per_worker
+    mem = memory_per_worker if memory_per_worker is not None else _default_memory(n)
     blas = max(cores // (n * threads), 1)
     # distributed's nanny writes its pre-spawn settings (OMP/MKL/OPENBLAS
     # threads = 1, ...) into this process's environment; keep ours
@@ -99,6 +95,8 @@ def start_local(n_workers, threads, memory_per_worker, processes, adaptive, span
                     f"outside {_GUARD!r}, add the guard, or pass processes=False)")
         raise ClusterError(f"could not start a LocalCluster ({n} x {threads}): "
                            f"{e}{hint}") from e
+    if processes:
+        _keep_nannies(cluster)
     if adaptive is not None:
         cluster.adapt(minimum=lo, maximum=hi)
     from .plugins import BlasLimit, IgnoreInterrupt
@@ -108,6 +106,39 @@ def start_local(n_workers, threads, memory_per_worker, processes, adaptive, span
         client.register_plugin(IgnoreInterrupt(), name=IgnoreInterrupt.name)
     _restore_environ(environ)
     return cluster, client, (mem, threads, n), blas, environ
+
+
+def _keep_nannies(cluster) -> None:
+    """Stop SpecCluster closing a nanny whose worker is restarting.
+
+    On every worker removal SpecCluster arms a timer
+    (``distributed.deploy.lost-worker-timeout``, 15 s) that closes the
+    removed worker's nanny and drops it from ``cluster.workers`` if, when
+    it fires, no worker of that *name* is registered. The timer of an old,
+    long-recovered removal therefore closes the nanny when the same-named
+    worker happens to be mid-restart 15 s later (killed again), and
+    LocalCluster never replaces it: with every nanny gone, tasks queue
+    forever. A nanny restarts its own worker, so for an embedded cluster of
+    nannies only the base class's bookkeeping is kept.
+    """
+    from distributed.deploy.cluster import Cluster
+
+    cluster._update_worker_status = lambda op, msg: Cluster._update_worker_status(
+        cluster, op, msg)
+
+
+def _default_memory(n_workers: int) -> int:
+    """Memory per worker of a LocalCluster started without one: the configured
+    default, at most 0.8 of this machine's memory shared by the workers."""
+    mem = _config.get_bytes("memory.default-per-worker")
+    return min(mem, int(psutil.virtual_memory().total * 0.8 / n_workers))
+
+
+def default_budget() -> Budget:
+    """The budget of the engine :func:`current_engine` would start here (one
+    single-threaded worker per core), computed without starting it."""
+    n = max(os.cpu_count() or 1, 1)
+    return Budget.from_config(_default_memory(n), n, 1)
 
 
 def _restore_environ(saved: dict) -> None:

@@ -91,9 +91,6 @@ from .mpi_ranks import (
     _seconds,
     _shutdown,
 )
-
-log = logging.getLogger("tilearray")
-
 from .mpirun import (  # noqa: F401  (the launcher's public names live here too)
     _SHELL_WRAPPER,
     CLIENT_RANK,
@@ -109,6 +106,8 @@ from .mpirun import (  # noqa: F401  (the launcher's public names live here too)
     start_heartbeat,
     write_status,
 )
+
+log = logging.getLogger("tilearray")
 
 SCHEDULER_RANK = 0
 

@@ -1,0 +1,174 @@
+"""Lowering reductions: sibling reductions over the same stored arrays fused
+into one pass, each pass a map over blocks whose partials a tree combines
+(:mod:`tilearray.graphs.reduction` tasks). Pure, like the rest of the plan."""
+
+from __future__ import annotations
+
+import numpy as np
+from dask.base import tokenize
+
+from ... import _config
+from ...graphs import elemwise as gel
+from ...graphs import reduction as gred
+from ...graphs.blocks import intervals, max_interval, tree
+from ...graphs.spec import Op, leaves
+from ..expr.nodes import (
+    MatMul,
+    Node,
+    Reduce,
+    structure,
+)
+from .sizing import (
+    _op_temporaries,
+)
+from .types import Stage
+
+
+class ReductionLowering:
+    """:meth:`reduce` and :meth:`fuse_reductions` of :class:`~.lower.Lowerer`
+    (a mixin: it uses the Lowerer's ``spec``, ``budget``, ``graph``,
+    ``stages``, ``_fit_blocks`` and ``_check_fits``)."""
+
+    # -- reductions -------------------------------------------------------------
+    def fuse_reductions(self, root: Node) -> None:
+        """Lower together the reductions of ``root`` that read the same stored
+        arrays over the same shape and need no other reduction first
+        (``(a * a).sum() + a.sum()``, ``a.mean(0)`` and ``a.std(0)``): one pass
+        over the blocks evaluates all of them, so each array is read once."""
+        groups: dict = {}
+        seen: set = set()
+
+        def visit(node):
+            if not isinstance(node, Node) or id(node) in seen:
+                return
+            seen.add(id(node))
+            if isinstance(node, Reduce) and not node.x.small and 0 not in node.x.shape \
+                    and _reads_only_stored(node.x):  # so it can share a pass
+                deps: list = []
+                spec = self.spec(node.x, deps)
+                if not deps:
+                    reads = frozenset(tokenize(leaf) for leaf in leaves(spec))
+                    groups.setdefault(tuple(node.x.shape), []).append((node, spec, reads))
+            for child in ("x", "a", "b"):
+                visit(getattr(node, child, None))
+            for a in getattr(node, "args", ()):
+                visit(a)
+
+        visit(root)
+        for members in groups.values():
+            # reductions sharing a stored array, directly or through others, share a pass
+            parts: list[tuple[set, list]] = []
+            for r, spec, reads in members:
+                joined = [p for p in parts if p[0] & reads]
+                parts = [p for p in parts if not p[0] & reads]
+                keys = set(reads).union(*(p[0] for p in joined))
+                parts.append((keys, [m for p in joined for m in p[1]] + [(r, spec)]))
+            for _, group in parts:
+                if len(group) > 1:
+                    nodes = [r for r, _ in group]
+                    keys = self._reduce_pass(nodes, [sp for _, sp in group], [])
+                    for r, key in zip(nodes, keys, strict=True):
+                        self._small[id(r)] = key
+
+    def reduce(self, node: Reduce) -> str:
+        m, n = node.x.shape
+        if m == 0 or n == 0:  # nothing to read: NumPy's answer for an empty array
+            kwargs = {"axis": node.axis, "keepdims": node.keepdims}
+            if node.op in ("var", "std"):
+                kwargs["ddof"] = node.ddof
+            key = "reduce-empty-" + tokenize(structure(node))
+            empty = np.empty(node.x.shape, dtype=node.x.dtype)
+            self.graph[key] = (gel.small_op, node.op, tuple(kwargs.items()), empty)
+            self._stage_small(str(node))
+            return key
+        deps: list = []
+        spec = self.spec(node.x, deps)
+        return self._reduce_pass([node], [spec], deps)[0]
+
+    def _reduce_pass(self, nodes: list[Reduce], specs: list, deps: list) -> list[str]:
+        """One map over the blocks of ``nodes``' common input shape, then a
+        combine tree and final value per reduction; returns their keys."""
+        m, n = nodes[0].x.shape
+        # op results, plus the float64 accumulation copy / (x - mean)**2 of var
+        temps = sum((_op_temporaries(spec) + (2 if r.op in ("var", "std") else 1))
+                    * max(np.dtype(r.x.dtype).itemsize, 8) for r, spec in zip(nodes, specs,
+                                                                                strict=True))
+        joint = specs[0] if len(specs) == 1 else Op("fused", tuple(specs))  # for costs only
+        costs, peak = self._fit_blocks(joint, (m, n), None, temps)
+        row_edges, col_edges = costs.row_edges, costs.col_edges
+        what = [(r.op, r.axis, r.ddof) for r in nodes]
+        token = tokenize("reduce", what, specs, row_edges, col_edges, deps)
+        name = f"reduce-{'-'.join(dict.fromkeys(r.op for r in nodes))}-{token}"
+        parts = {}
+        nbytes = nreq = gets = 0
+        for i, rows in enumerate(intervals(row_edges)):
+            for j, cols in enumerate(intervals(col_edges)):
+                key = (name, "map", i, j)
+                if len(nodes) == 1:
+                    self.graph[key] = (gred.reduce_map, specs[0], rows, cols, nodes[0].op,
+                                       nodes[0].axis, n, deps)
+                else:
+                    self.graph[key] = (gred.reduce_map_many, tuple(specs), rows, cols,
+                                       tuple(r.op for r in nodes), tuple(r.axis for r in nodes),
+                                       n, deps)
+                parts[i, j] = key
+                b, r, g = costs.at(i, j)
+                nbytes, nreq, gets = nbytes + b, nreq + r, gets + g
+        self._check_fits("reduce", peak, " and ".join(str(r) for r in nodes))
+        split_every = int(_config.get("reduction.split-every"))
+        nr, nc = len(row_edges) - 1, len(col_edges) - 1
+        out_keys, n_tasks = [], len(parts)
+        for q, node in enumerate(nodes):
+            qname = name if len(nodes) == 1 else f"{name}-{q}"
+            mine = parts
+            if len(nodes) > 1:  # this reduction's partials out of the shared map
+                mine = {}
+                for (i, j), key in parts.items():
+                    mine[i, j] = (qname, "pick", i, j)
+                    self.graph[mine[i, j]] = (gred.pick, q, key)
+                n_tasks += len(mine)
+            if node.axis is None:
+                groups = {0: [mine[i, j] for i in range(nr) for j in range(nc)]}
+            elif node.axis == 0:
+                groups = {j: [mine[i, j] for i in range(nr)] for j in range(nc)}
+            else:
+                groups = {i: [mine[i, j] for j in range(nc)] for i in range(nr)}
+            finals = []
+            for g, keys in groups.items():
+                root = tree(
+                    keys, split_every,
+                    lambda level, k, g=g, qname=qname: (qname, "combine", g, level, k),
+                    lambda children, node=node: (gred.reduce_combine, node.op, *children),
+                    self.graph,
+                )
+                fk = (qname, "final", g)
+                self.graph[fk] = (gred.reduce_final, node.op, node.dtype, node.ddof, root)
+                finals.append(fk)
+            key = qname
+            self.graph[key] = (gred.concat_final, node.axis, *finals)
+            if not node.keepdims:
+                flat = qname + "-squeezed"
+                self.graph[flat] = (gel.small_op, "reshape", (), key, node.shape)
+                key = flat
+            n_tasks += len(finals) + 1
+            out_keys.append(key)
+            self._covers[key] = {key}  # its map tasks' stats, not their operands'
+        ops = ", ".join(f"{r.op}(axis={r.axis})" for r in nodes)
+        shared_note = self._reread(joint, deps)
+        shared = f" in one pass ({len(nodes)} reductions read each block once)" \
+            if len(nodes) > 1 else ""
+        self.stages.append(Stage(
+            "reduce", f"{ops} over {len(parts)} blocks of up to "
+            f"{max_interval(row_edges)}x{max_interval(col_edges)}, fan-in {split_every}{shared}"
+            f"{shared_note}",
+            n_tasks, peak, nbytes, reads=nreq, store_gets=gets))
+        return out_keys
+
+
+def _reads_only_stored(node) -> bool:
+    """True if a big node is computed from stored arrays alone: no small
+    operand (a reduction's result) and no matmul temporary below it."""
+    if isinstance(node, MatMul) or (isinstance(node, Node) and node.small):
+        return False
+    children = [getattr(node, c, None) for c in ("x", "a", "b")] + list(getattr(node, "args", ()))
+    return all(_reads_only_stored(c) for c in children if isinstance(c, Node))
