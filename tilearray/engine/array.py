@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any
 
@@ -19,7 +18,6 @@ from .expr.lazy import LazyArray
 from .expr.nodes import Node, Source
 from .plan.lower import Lowered, lower
 from .plan.sizing import output_grid
-from .plan.types import Stage
 
 log = logging.getLogger("tilearray")
 
@@ -92,13 +90,8 @@ class TiledArray(LazyArray):
             out = ArrayRef.from_location(path, name) if path else None
         plan = self._lower(out, out_grid, budget=budget, engine=engine).plan
         if small:  # where the value goes: a worker writes it, or compute() brings it back
-            nbytes = int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
             target = str(ArrayRef.from_location(path, name)) if path else None
-            stage = Stage("store" if target else "result",
-                          f"a worker writes the {self.shape} result into {target!r}" if target
-                          else f"compute() brings {format_bytes(nbytes)} to the driver",
-                          1 if target else 0, 0, 0, nbytes if target else 0)
-            plan = dataclasses.replace(plan, stages=(*plan.stages, stage), output=target)
+            plan = plan.with_result(self.shape, self.dtype, target)
         return plan
 
     def compute(self, *, engine=None) -> np.ndarray | Any:

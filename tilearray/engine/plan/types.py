@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from dataclasses import dataclass, field
@@ -240,6 +241,18 @@ class Plan:
         without a matmul)."""
         bounds = [s.io_lower_bound for s in self.stages if s.io_lower_bound]
         return sum(bounds) if bounds else None
+
+    def with_result(self, shape: tuple, dtype, target: str | None) -> Plan:
+        """This plan plus where a small (1-D / 0-d) result goes: a worker
+        writes it into ``target``, or ``compute()`` brings it to the driver."""
+        import numpy as np
+
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        stage = Stage("store" if target else "result",
+                      f"a worker writes the {tuple(shape)} result into {target!r}" if target
+                      else f"compute() brings {format_bytes(nbytes)} to the driver",
+                      1 if target else 0, 0, 0, nbytes if target else 0)
+        return dataclasses.replace(self, stages=(*self.stages, stage), output=target)
 
     def _lines(self) -> list[str]:
         b = self.budget

@@ -18,7 +18,7 @@ from ...errors import ClusterError
 from ..plan.types import Budget
 from . import context
 from .gather import gather
-from .local import _restore_environ, check_arguments, start_local
+from .local import _restore_environ, check_alive, check_arguments, start_local
 from .stats import RunStats
 
 log = logging.getLogger("tilearray")
@@ -215,29 +215,10 @@ class Engine:
         values, stats = gather(self.client, graph, keys, description=description, quiet=quiet,
                                plan=plan, units_total=units_total, units_skipped=units_skipped,
                                stat_keys=stat_keys,
-                               alive=lambda: self._check_workers_alive(description))
+                               alive=None if not self._owns or self._adaptive else
+                               lambda: check_alive(self.cluster, description))
         self.last_run = stats
         return values, stats
-
-    def _check_workers_alive(self, description: str) -> None:
-        """Raise a ClusterError if every worker of the embedded (fixed-size)
-        LocalCluster has stopped for good: tasks would queue forever.
-
-        A nanny restarts a worker process that dies, but a nanny that closed
-        (its worker asked it to, or the restart failed) is never replaced by
-        LocalCluster. Borrowed and adaptive clusters are not checked."""
-        if not self._owns or self._adaptive or self.cluster is None:
-            return
-        from distributed.core import Status
-
-        workers = list(getattr(self.cluster, "workers", {}).values())
-        gone = (Status.closing, Status.closed, Status.closing_gracefully, Status.failed)
-        if all(getattr(w, "status", None) in gone for w in workers):  # or none left
-            raise ClusterError(
-                f"{description}: all {len(workers)} worker(s) of the embedded LocalCluster "
-                f"have stopped and will not be restarted (nanny status: "
-                f"{sorted({w.status.name for w in workers})}); the run cannot finish. Close "
-                "this engine, start a new one and rerun with resume=True")
 
     @property
     def metrics_url(self) -> str | None:

@@ -108,6 +108,27 @@ def start_local(n_workers, threads, memory_per_worker, processes, adaptive, span
     return cluster, client, (mem, threads, n), blas, environ
 
 
+def check_alive(cluster, description: str) -> None:
+    """Raise a ClusterError if every worker of an embedded, fixed-size
+    LocalCluster has stopped for good: tasks would queue forever.
+
+    A nanny restarts a worker process that dies, but a nanny that closed
+    (its worker asked it to, or the restart failed) is never replaced by
+    LocalCluster. (Borrowed and adaptive clusters are not checked.)"""
+    if cluster is None:
+        return
+    from distributed.core import Status
+
+    workers = list(getattr(cluster, "workers", {}).values())
+    gone = (Status.closing, Status.closed, Status.closing_gracefully, Status.failed)
+    if all(getattr(w, "status", None) in gone for w in workers):  # or none left
+        raise ClusterError(
+            f"{description}: all {len(workers)} worker(s) of the embedded LocalCluster "
+            f"have stopped and will not be restarted (nanny status: "
+            f"{sorted({w.status.name for w in workers})}); the run cannot finish. Close "
+            "this engine, start a new one and rerun with resume=True")
+
+
 def _keep_nannies(cluster) -> None:
     """Stop SpecCluster closing a nanny whose worker is restarting.
 
