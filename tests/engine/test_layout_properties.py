@@ -250,6 +250,8 @@ def test_results_equal_numpy_under_small_budgets(thread_engine, small_budget_dat
             assume(False)  # too small for this expression: covered by the advice test
         assert plan.peak_task_memory <= task_kib * 1024
         got = expr.compute(engine=thread_engine)
+        # every graph task is in the plan and in the run's figures
+        assert expr.stats.tasks == plan.tasks and expr.stats.bytes_read == plan.bytes_read
     assert_close(got, want, precision="f4" if kind in ("diff", "sum0", "sum1") else None)
 
 

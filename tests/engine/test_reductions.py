@@ -171,8 +171,10 @@ def test_sibling_reductions_share_one_pass(tmp_path):
 
 
 def test_run_stats_count_every_pass(tmp_path):
-    """RunStats bytes equal the plan's for every expression kind, including a
-    reduction feeding a map and a matmul temporary read by a later stage."""
+    """RunStats tasks and bytes equal the plan's for every expression kind,
+    including a reduction feeding a map, sibling reductions sharing a pass and
+    a matmul temporary read by a later stage: the plan counts every graph task
+    (combine trees, picks, barriers, squeezes, the small result's store)."""
     rng = np.random.default_rng(5)
     x, y = rng.standard_normal((120, 90)), rng.standard_normal((90, 120))
     with ta.Engine(n_workers=1, memory_per_worker="200MiB", processes=False, quiet=True):
@@ -184,15 +186,21 @@ def test_run_stats_count_every_pass(tmp_path):
             ((a @ b) + 1, x @ y + 1),
             ((a @ b).sum(axis=1), (x @ y).sum(1)),
             (a.sum() + (a / a.max()).sum(), x.sum() + (x / x.max()).sum()),
+            ((a * a).sum(axis=1) + a.sum(axis=1), (x * x).sum(1) + x.sum(1)),
+            ((a - a.mean(axis=0)) / a.std(axis=0), (x - x.mean(0)) / x.std(0)),
+            (a.T @ a, x.T @ x),
         ]
         for i, (expr, want) in enumerate(cases):
             plan = expr.plan()
+            assert plan.tasks == len(expr._lower().graph), (i, str(plan))
             assert_close(expr.compute(), want)
+            assert expr.stats.tasks == plan.tasks, (i, str(plan))
             assert expr.stats.bytes_read == plan.bytes_read, (i, str(plan))
             assert expr.stats.bytes_written == plan.bytes_written, (i, str(plan))
             out = tmp_path / f"o{i}.zarr"
             plan = expr.plan(out)
             expr.to_zarr(out)
+            assert expr.stats.tasks == plan.tasks, (i, str(plan))
             assert expr.stats.bytes_read == plan.bytes_read, (i, str(plan))
             assert expr.stats.bytes_written == plan.bytes_written, (i, str(plan))
 

@@ -225,3 +225,56 @@ def test_refused_job_creates_nothing(engine, tmp_path):
     with pytest.raises((ta.StorageError, ta.PlanningError)):
         (a * 2).to_zarr(out, tile=(4, 4), shard=(6, 6))  # not a multiple of the tile
     assert not (tmp_path / "new").exists()
+
+
+def _dead_lock(path):
+    """The lock a SIGKILLed job of this host leaves: its process is gone."""
+    import socket
+
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    with open(path, "w") as f:
+        json.dump({"host": socket.gethostname(), "pid": p.pid, "started": 1.0,
+                   "token": "dead"}, f)
+    return p.pid
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("left", ["empty dir", "chunk dirs", "member"])
+def test_killed_create_is_an_unfinished_output_resumed_or_replaced(engine, tmp_path, left):
+    """A job killed inside Zarr's create leaves a directory without zarr.json
+    next to its (now stale) lock. Readers get IncompleteOutputError naming the
+    dead job; a plain rerun is refused with the same error unless the directory
+    is empty, resume=True or overwrite=True replace it; a non-array directory
+    with no lock beside it stays refused."""
+    x = np.arange(120.0).reshape(12, 10)
+    a = ta.from_numpy(x, tmp_path / "a.zarr", tile=(5, 4))
+    if left == "member":
+        ta.from_numpy(x, tmp_path / "g.zarr", name="other", tile=(5, 4))
+        path, name, target = tmp_path / "g.zarr", "c", tmp_path / "g.zarr" / "c"
+    else:
+        path, name, target = tmp_path / "c.zarr", "", tmp_path / "c.zarr"
+    target.mkdir()
+    if left != "empty dir":
+        (target / "c" / "0").mkdir(parents=True)
+    pid = _dead_lock(str(target) + ".tilearray.lock")
+    with pytest.raises(ta.IncompleteOutputError, match=f"pid {pid} .*was killed"):
+        ta.open(path, name)
+    if left == "empty dir":  # holds nothing: a plain rerun simply writes it
+        assert_close((a * 2).to_zarr(path, name=name).compute(), x * 2)
+        return
+    with pytest.raises(ta.IncompleteOutputError, match="resume=True or overwrite=True"):
+        (a * 2).to_zarr(path, name=name)
+    for kw in ({"resume": True}, {"overwrite": True}):
+        out = (a * 2).to_zarr(path, name=name, **kw)
+        assert_close(out.compute(), x * 2)
+        assert_close(ta.open(path, name).compute(), x * 2)
+    if left == "member":
+        assert_close(ta.open(path, "other").compute(), x)  # the group's other member kept
+    # the same directory with no lock beside it is somebody's data: never replaced
+    plain = tmp_path / "plain.zarr"
+    (plain / "c" / "0").mkdir(parents=True)
+    with pytest.raises(ta.StorageError, match="not a Zarr array") as e:
+        (a * 2).to_zarr(plain, overwrite=True)
+    assert not isinstance(e.value, ta.IncompleteOutputError)
+    assert (plain / "c" / "0").is_dir()

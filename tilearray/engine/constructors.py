@@ -14,7 +14,7 @@ from ..errors import StorageError
 from ..graphs import elemwise as gel
 from ..storage import ArrayRef, create, grid_of, locks, mark_complete
 from ..storage import array as sarray
-from ..storage.commit import existing_array, has_data
+from ..storage.commit import abandoned, existing_array, has_data
 from . import runtime
 from .array import TiledArray
 from .output import source
@@ -66,7 +66,7 @@ def _new_array(path, name, shape, dtype, tile, shard, overwrite, dims):
     is created until the block ends (after ``mark_complete``)."""
     ref = ArrayRef.from_location(path, name)
     sarray.check_parents(ref)  # inside an array or a v2 group: refused before the lock's file
-    if existing_array(ref) is None and has_data(ref):
+    if existing_array(ref) is None and has_data(ref) and not abandoned(ref, overwrite):
         raise StorageError(
             f"{str(ref)!r} exists and is not a Zarr array (a group, or other files); refusing "
             "to replace it — pass name= to write a member of a group, or choose another path"

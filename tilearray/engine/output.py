@@ -114,7 +114,7 @@ class _State:
 
 def _inspect(ref, node, fp, tile, shard, dims, overwrite, resume) -> _State:
     """Decide from the target's state; raises the refusals (nothing is written)."""
-    check_target_kind(ref)
+    check_target_kind(ref, replace_abandoned=overwrite or resume)
     existing = existing_array(ref)
     if existing is not None and resume and not overwrite:
         meta = sarray.info_attrs(existing)
@@ -212,7 +212,7 @@ def _write_small_result(x, ref, overwrite, resume, engine, dims, labels):
     node = x._node
 
     def inspect():
-        check_target_kind(ref)
+        check_target_kind(ref, replace_abandoned=overwrite or resume)
         existing = existing_array(ref)
         if existing is not None and resume and not overwrite:
             meta = sarray.info_attrs(existing)

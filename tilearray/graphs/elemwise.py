@@ -34,7 +34,7 @@ def small_op(name, kwargs, *args):
 
     Operands that come from other tasks arrive as ``(value, stats)`` pairs.
     """
-    from .matmul import merge_stats
+    from .matmul import counted, merge_stats
     from .spec import func
 
     values, stats = [], {}
@@ -44,7 +44,7 @@ def small_op(name, kwargs, *args):
             stats = merge_stats(stats, a[1])
         else:
             values.append(a)
-    return func(name)(*values, **dict(kwargs)), stats
+    return func(name)(*values, **dict(kwargs)), counted(stats)
 
 
 def random_block(out_ref, rows, cols, dtype, seed, tile):

@@ -317,7 +317,7 @@ def sum_partials(*parts):
         else:
             np.add(acc, block, out=acc)
         stats = merge_stats(stats, st)
-    return acc, stats
+    return acc, counted(stats)
 
 
 def store_partials(out_ref, rows, cols, *parts):
@@ -335,6 +335,12 @@ MERGED = "merged"
 """Stats key set by tasks that pass on other tasks' figures (tree combines):
 their totals are not their own I/O, only the ``own_*`` keys are."""
 OWN = "own_"
+
+
+def counted(stats: dict) -> dict:
+    """``stats`` plus this task itself: every task counts 1 in ``tasks``,
+    so a run's RunStats.tasks is the number of graph tasks it ran."""
+    return {**stats, "tasks": stats.get("tasks", 0) + 1}
 
 
 def merge_stats(a: dict, b: dict) -> dict:

@@ -15,7 +15,7 @@ import warnings
 
 import numpy as np
 
-from .matmul import merge_stats
+from .matmul import counted, merge_stats
 from .spec import evaluate
 
 SIMPLE = {
@@ -190,7 +190,7 @@ def pick(q, result):
     """Partial ``q`` of a :func:`reduce_map_many` result; the shared task's
     stats travel with partial 0 only, so they are counted once."""
     parts, st = result
-    return parts[q], (st if q == 0 else {})
+    return parts[q], counted(st if q == 0 else {})
 
 
 def reduce_combine(op, *parts):
@@ -198,7 +198,7 @@ def reduce_combine(op, *parts):
     for p, st in parts[1:]:
         part = merge(op, part, p)
         stats = merge_stats(stats, st)
-    return part, stats
+    return part, counted(stats)
 
 
 def reduce_final(op, out_dtype, ddof, *parts):
@@ -212,6 +212,7 @@ def concat_final(axis, *finals):
     stats: dict = {}
     for f in finals:
         stats = merge_stats(stats, f[1])
+    stats = counted(stats)
     if axis is None:
         return values[0], stats
     return np.concatenate(values, axis=1 - axis), stats

@@ -33,9 +33,11 @@ from .groups import (  # noqa: F401  (re-exported: callers use storage.array's n
     sibling_dims,
 )
 from .locks import (  # noqa: F401  (the output lock, re-exported)
+    abandoned_by,
     acquire_lock,
     check_lock_held,
     check_unlocked,
+    describe_holder,
     group_lock,
     local_root,
     lock_path,
@@ -98,6 +100,12 @@ def open_array(
     try:
         arr = zarr.open_array(ref.store, path=ref.path or None, mode=mode)
     except (ArrayNotFoundError, FileNotFoundError, KeyError) as e:
+        dead = abandoned_by(ref) if check_complete else None
+        if dead is not None:  # a killed job's create, cut short before zarr.json
+            raise IncompleteOutputError(
+                f"{loc!r} is an unfinished output: the job creating it "
+                f"({describe_holder(dead)}) was killed before its array metadata was "
+                "written; rerun that job with resume=True or overwrite=True") from None
         raise StorageError(f"no Zarr array at {loc!r}: {e}") from None
     except (ContainsGroupError, NodeTypeValidationError) as e:
         raise StorageError(

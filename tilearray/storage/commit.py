@@ -10,8 +10,9 @@ import os
 
 import numpy as np
 
-from ..errors import StorageError
+from ..errors import IncompleteOutputError, StorageError
 from . import array as sarray
+from . import locks
 from .array import ArrayRef
 
 
@@ -66,20 +67,42 @@ def local_path(ref: ArrayRef) -> str | None:
     return None if root is None else os.path.join(root, *[p for p in ref.path.split("/") if p])
 
 
-def check_target_kind(ref: ArrayRef) -> None:
+def check_target_kind(ref: ArrayRef, replace_abandoned: bool = False) -> None:
     """Refuse a target that is a regular file, a group or other files. Part of
     inspecting the target (while another job replaces an array, its directory
-    is briefly neither: that job's lock then says so)."""
+    is briefly neither: that job's lock then says so).
+
+    What a killed job left before its array's metadata existed (its stale lock
+    says so, :func:`~.locks.abandoned_by`) is an unfinished output: replaced
+    when ``replace_abandoned`` (resume / overwrite), else refused with
+    :class:`IncompleteOutputError`."""
     out_file = local_path(ref)
     if out_file is not None and os.path.exists(out_file) and not os.path.isdir(out_file):
         raise StorageError(
             f"{str(ref)!r} is a regular file, not a Zarr array; refusing to replace it "
             "(also with overwrite=True) — choose another path or remove it first")
     if existing_array(ref) is None and has_data(ref):
+        if abandoned(ref, replace_abandoned):
+            return
         raise StorageError(
             f"{str(ref)!r} exists and is not a Zarr array (a group, or other files); refusing "
             "to replace it — choose another path or remove it first"
         )
+
+
+def abandoned(ref: ArrayRef, replace: bool) -> bool:
+    """True if the non-array data at ``ref`` was left by a killed writer and
+    ``replace`` allows replacing it; False if no killed writer left it;
+    IncompleteOutputError if one did and ``replace`` is False."""
+    dead = locks.abandoned_by(ref)
+    if dead is None:
+        return False
+    if replace:
+        return True
+    raise IncompleteOutputError(
+        f"{str(ref)!r} is an unfinished output: the job creating it "
+        f"({locks.describe_holder(dead)}) was killed before its array metadata was "
+        "written; rerun with resume=True or overwrite=True to replace it")
 
 
 def refusing(ref: ArrayRef, fn, *args):

@@ -239,6 +239,8 @@ def store_small(ref: ArrayRef, result) -> tuple[None, dict]:
         raise StorageError(f"writing {str(ref)!r} failed: {e}") from e
     st = dict(st)
     st["bytes_written"] = int(st.get("bytes_written", 0)) + value.nbytes
+    st["own_bytes_written"] = value.nbytes  # its own write (graphs.matmul.OWN), for /metrics
+    st["tasks"] = int(st.get("tasks", 0)) + 1
     return None, st
 
 

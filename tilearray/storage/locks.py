@@ -271,7 +271,8 @@ def _acquire(slot: _Slot, what: str, refuse) -> str:
             current = _parse(slot.read())
             if current is not None and current.get("token") == owner.get("token") \
                     and current.get("pid") == owner.get("pid"):
-                slot.replace(mine)
+                # the dead holder is remembered: what it left is its unfinished output
+                slot.replace(json.dumps({**me, "reclaimed_from": owner}).encode())
                 return me["token"]
         finally:
             claim.delete()
@@ -322,6 +323,22 @@ def check_unlocked(ref) -> None:
     owner = _parse(slot.read())
     if owner is not None and _held.get(str(ref)) != owner.get("token") and not is_stale(owner):
         _refuse_output(ref, slot)(owner)
+
+
+def abandoned_by(ref) -> dict | None:
+    """The holder of the output's lock if it is stale (the job that held it was
+    killed: same host, process gone) -- or, once this process has reclaimed
+    that lock, the killed holder it took it from -- else None. Whatever that job left at
+    the target -- e.g. a directory whose ``zarr.json`` it never wrote -- is an
+    unfinished output: before taking the lock, a job refuses targets that
+    are not arrays, so only the dead holder can have made it so."""
+    owner = _parse(_output_slot(ref).read())
+    if owner is None:
+        return None
+    if owner.get("token") == _held.get(str(ref)):  # ours, reclaimed from a killed job
+        dead = owner.get("reclaimed_from")
+        return dead if isinstance(dead, dict) else None
+    return owner if is_stale(owner) else None
 
 
 def check_lock_held(ref) -> None:

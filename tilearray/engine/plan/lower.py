@@ -90,6 +90,7 @@ class Lowerer(MatmulLowering, ReductionLowering):
         self.budget = budget
         self.graph: dict = {}
         self.stages: list[Stage] = []
+        self._counted = 0  # graph tasks already attributed to a stage
         self.creates: list[Create] = []
         self._small: dict[int, str] = {}
         self._temps: dict[int, Read] = {}
@@ -202,7 +203,14 @@ class Lowerer(MatmulLowering, ReductionLowering):
                 if not any(d in self._covers.get(e, ()) for e in todo if e != d)]
 
     def _stage_small(self, what: str) -> None:
-        self.stages.append(Stage("small", f"in-memory {what}", 1, 0, 0))
+        self._add_stage(Stage("small", f"in-memory {what}", 1, 0, 0))
+
+    def _add_stage(self, stage: Stage) -> None:
+        """Append ``stage``, counting as its tasks every graph task added since
+        the previous stage (its combines, picks, barriers and squeezes too), so
+        the plan's task total is the graph's size, which RunStats counts."""
+        self.stages.append(dataclasses.replace(stage, tasks=len(self.graph) - self._counted))
+        self._counted = len(self.graph)
 
     # -- map: elementwise into blocks --------------------------------------------
     def map_blocks(self, node: Node, out: ArrayRef | None, out_grid: Grid | None, skip):
@@ -232,7 +240,7 @@ class Lowerer(MatmulLowering, ReductionLowering):
                 keys.append(key)
                 blocks.append((rows, cols))
         self._check_fits("map", peak, str(node))
-        self.stages.append(Stage(
+        self._add_stage(Stage(
             "map", f"{_short(node)} in blocks of up to {max_interval(row_edges)}x"
             f"{max_interval(col_edges)}{self._reread(spec, deps)}", len(keys), peak, nbytes,
             written, reads=nreq, store_gets=gets))
@@ -290,7 +298,7 @@ class Lowerer(MatmulLowering, ReductionLowering):
 
 
 def _constant(value):
-    return value, {}
+    return value, {"tasks": 1}
 
 
 def _barrier(*args):
@@ -298,7 +306,7 @@ def _barrier(*args):
     for a in args:
         st = a[1] if isinstance(a, tuple) else a
         stats = gmm.merge_stats(stats, st)
-    return None, stats
+    return None, gmm.counted(stats)
 
 
 def _dep_kind(small_shape: tuple, shape: tuple) -> str:
@@ -348,6 +356,10 @@ def _lower(node, budget, out, out_grid, skip) -> Lowered:
     else:
         keys, blocks = low.map_blocks(node, out, out_grid, skip)
         result = "store" if out is not None else "blocks"
+    if len(low.graph) > low._counted and low.stages:  # tasks after the last stage: its own
+        last = low.stages[-1]
+        low.stages[-1] = dataclasses.replace(
+            last, tasks=last.tasks + len(low.graph) - low._counted)
     plan = Plan(str(node), tuple(node.shape), str(node.dtype), budget, tuple(low.stages),
                 str(out) if out else None)
     skipped = len(skip)

@@ -241,7 +241,7 @@ class MatmulLowering:
                 for leaf in leaves(a_spec) + leaves(b_spec)}
         lb = max(lb, sum(once.values())) if flops else 0
         ksplit_txt = f", K split in {len(k_split) - 1}" if len(k_split) > 2 else ""
-        self.stages.append(Stage(
+        self._add_stage(Stage(
             "matmul", f"{_short(node)}: output blocks up to {max_interval(row_edges)}x"
             f"{max_interval(col_edges)}, K panels A {ka} / B {kb}{ksplit_txt}{sym_txt}, "
             + {"prefetch": "next panel prefetched",

@@ -157,7 +157,7 @@ class ReductionLowering:
         shared_note = self._reread(joint, deps)
         shared = f" in one pass ({len(nodes)} reductions read each block once)" \
             if len(nodes) > 1 else ""
-        self.stages.append(Stage(
+        self._add_stage(Stage(
             "reduce", f"{ops} over {len(parts)} blocks of up to "
             f"{max_interval(row_edges)}x{max_interval(col_edges)}, fan-in {split_every}{shared}"
             f"{shared_note}",

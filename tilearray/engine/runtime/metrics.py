@@ -62,12 +62,9 @@ class TaskReporter(WorkerPlugin):
             return
         if st.get(MERGED):  # a tree combine: only what it did itself (a K-split's write)
             msg = {k: int(st.get(OWN + k, 0)) for k in _COUNTED}
-            if not any(msg.values()):
-                return
-            msg["tasks"] = 0
         else:
             msg = {k: int(st.get(k, 0)) for k in _COUNTED}
-            msg["tasks"] = 1
+        msg["tasks"] = 1  # every graph task counts once, as in RunStats and the plan
         rss = getattr(worker, "_tilearray_rss", None)  # the PeakMemory plugin's sampler
         msg["worker"] = worker.address
         msg["worker_peak_rss"] = int(rss[0]["peak"]) if rss is not None else 0
