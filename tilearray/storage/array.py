@@ -25,6 +25,7 @@ from zarr.storage import LocalStore
 from .. import _config
 from ..errors import IncompleteOutputError, StorageError
 from .geometry import Grid
+from .stream import streams_rows
 from .locks import (  # noqa: F401  (the output lock, re-exported)
     acquire_lock,
     check_lock_held,
@@ -228,7 +229,7 @@ class ArrayRef:
 def grid_of(arr: zarr.Array) -> Grid:
     """The tile / I/O-unit grid of an opened 2-D Zarr array (v2 or v3)."""
     shards = arr.shards
-    return Grid.regular(arr.shape, arr.chunks, shards)
+    return Grid.regular(arr.shape, arr.chunks, shards, streams_rows(arr))
 
 
 def check_dtype(dtype: Any, where: str) -> np.dtype:

@@ -1,0 +1,337 @@
+"""Streaming decode of chunks in row slabs: a chunk's rows without ever
+holding the chunk, compressed or decoded.
+
+A Gram product ``X.T @ X`` needs one row slab of X at a time (``out += Xs.T
+@ Xs`` for each slab ``Xs``), so a worker whose budget cannot hold one
+chunk twice (its file and its decoded copy: 1.08 GiB for a 65536 x 1000
+float64 chunk) can still compute it slab by slab. :class:`RowStreamer` reads
+the chunk files of a row panel through one reused slab buffer per chunk
+column: the file is read in pieces of :data:`READ_SIZE` bytes and, for zstd,
+decompressed by python-zstandard's ``stream_reader`` into the slab buffer
+(``readinto``); a raw chunk is read straight into it.
+
+Supported, and nothing else (:func:`row_streamer` returns None, callers read
+whole chunks instead): a local (``LocalStore``), unsharded, 2-D, C-ordered
+array of a native-endian bool / integer / float dtype whose chunks are
+
+- Zarr v3: ``bytes`` [+ ``zstd``] [+ ``crc32c``] (the crc32c of the stored
+  bytes before it, verified incrementally as they are read);
+- Zarr v2: no filters and either no compressor or one ``zstd`` compressor.
+
+zstd frames whose window exceeds :data:`MAX_WINDOW` are refused with a
+:class:`~tilearray.errors.StorageError` (the decoder would need more memory
+than was planned for; such frames come from zstd's ``--ultra`` levels).
+
+Semantics are Zarr's and :mod:`.chunks`'s: a missing chunk reads as the fill
+value; zarr stores edge chunks full size, and only their valid rows and
+columns are yielded; a chunk that fails to decode, has the wrong size or
+fails its checksum raises :class:`~tilearray.errors.CorruptChunkError`
+naming the array and tile. The checksum covers the whole file, so it is
+known only once a chunk's last slab has been decoded: the error is raised
+before the generator moves past that chunk (and before it finishes), so a
+caller that uses its result only after the generator is exhausted never
+uses numbers from a corrupt chunk.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import zarr
+from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
+from zarr.storage import LocalStore
+
+from ..errors import CorruptChunkError, StorageError
+from .geometry import Range
+
+READ_SIZE = 131075
+"""Compressed bytes read from a chunk file at a time (zstd's recommended
+decompression input size), in bytes."""
+MAX_WINDOW = 2**23
+"""Largest zstd window (frame) the streaming decoder accepts, in bytes: 8 MiB,
+what zstd levels up to 19 use; an ``--ultra`` frame is refused."""
+DECODER_STATE = 2**19
+"""A zstd stream decoder's memory beyond its window (block buffers and
+context), in bytes (measured: 0.49 MiB over the window with
+python-zstandard 0.25, ``ZstdDecompressor.memory_size``)."""
+
+
+def stream_memory(chunk_bytes: int, compressed: bool = True) -> int:
+    """Memory one chunk's stream holds besides the slab buffer, in bytes: its
+    zstd window (never more than the chunk: a small chunk's frame is one
+    segment, decoded into a window of its size) and decoder state, and the
+    compressed pieces read from the file."""
+    if not compressed:
+        return 0
+    return min(MAX_WINDOW, chunk_bytes) + DECODER_STATE + 2 * READ_SIZE
+
+
+@dataclass(frozen=True)
+class RowStreamer:
+    """Yields row slabs of chunk-row-aligned regions of one array (see module doc)."""
+
+    name: str
+    """The array, for error messages."""
+    root: str
+    """Directory the array's chunk keys are relative to."""
+    meta: object
+    """The array's Zarr metadata (encodes chunk keys)."""
+    shape: tuple[int, int]
+    chunks: tuple[int, int]
+    dtype: np.dtype
+    zstd: bool
+    """Chunks are one zstd frame (else stored raw)."""
+    crc32c: bool
+    """Chunks end with a little-endian crc32c of the bytes before it."""
+    fill_value: object
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Decoded size of one (full-size) chunk, in bytes."""
+        return self.chunks[0] * self.chunks[1] * self.dtype.itemsize
+
+    def memory(self, cols: Range, slab_rows: int) -> int:
+        """Bytes :meth:`slabs` holds for ``cols`` in slabs of ``slab_rows``."""
+        (ch, cw) = self.chunks
+        n_cols = -(-cols[1] // cw) - cols[0] // cw
+        s = min(slab_rows, ch)
+        own = n_cols * s * cw * self.dtype.itemsize  # one slab buffer per chunk column
+        joined = 0 if n_cols == 1 else s * (cols[1] - cols[0]) * self.dtype.itemsize
+        return own + joined + n_cols * stream_memory(self.chunk_bytes, self.zstd)
+
+    def path(self, i: int, j: int) -> str:
+        return os.path.join(self.root, *self.meta.encode_chunk_key((i, j)).split("/"))
+
+    def slabs(self, rows: Range, cols: Range, slab_rows: int, stats=None) -> Iterator[np.ndarray]:
+        """Yield ``rows x cols`` as consecutive row slabs of at most
+        ``slab_rows`` rows (a chunk's last slab may be shorter).
+
+        ``rows`` must start on a chunk row edge and end on one or at the
+        array's end. Each slab is a view of a buffer reused for the next one:
+        use it before asking for the next. ``stats`` (an
+        :class:`~tilearray.storage.IOStats`) counts decoded bytes, one
+        request per chunk row and one store get per chunk.
+        """
+        (ch, cw), (m, n) = self.chunks, self.shape
+        if rows[0] % ch or (rows[1] % ch and rows[1] != m) or not 0 <= rows[0] <= rows[1] <= m:
+            raise ValueError(f"rows {rows} are not aligned to chunk rows of {ch} in {self.name!r}")
+        if not 0 <= cols[0] <= cols[1] <= n:
+            raise ValueError(f"cols {cols} outside the {n} columns of {self.name!r}")
+        s_max = max(1, min(int(slab_rows), ch))
+        js = range(cols[0] // cw, -(-cols[1] // cw))
+        if rows[0] == rows[1] or not js:
+            return
+        bufs = [np.empty((s_max, cw), dtype=self.dtype) for _ in js]
+        joined = None if len(js) == 1 else np.empty((s_max, cols[1] - cols[0]), self.dtype)
+        decoders: dict = {}
+        for i in range(rows[0] // ch, -(-rows[1] // ch)):
+            valid = min(ch, m - i * ch)
+            streams = [_ChunkStream(self, i, j, decoders) for j in js]
+            try:
+                for r in range(0, ch, s_max):  # the padding rows of an edge chunk are decoded too
+                    s = min(s_max, ch - r)
+                    for stream, buf in zip(streams, bufs, strict=True):
+                        stream.read_rows(buf[:s])
+                    use = min(s, valid - r)
+                    if use <= 0:
+                        continue
+                    if joined is None:
+                        j = js[0]
+                        out = bufs[0][:use, cols[0] - j * cw : cols[1] - j * cw]
+                    else:
+                        for j, buf in zip(js, bufs, strict=True):
+                            lo, hi = max(cols[0], j * cw), min(cols[1], (j + 1) * cw)
+                            joined[:use, lo - cols[0] : hi - cols[0]] = buf[:use, lo - j * cw :
+                                                                           hi - j * cw]
+                        out = joined[:use]
+                    if r + s >= ch:  # the chunk's last slab: verify before handing it over
+                        for stream in streams:
+                            stream.finish()
+                    yield out
+                for stream in streams:
+                    stream.finish()
+            finally:
+                for stream in streams:
+                    stream.close()
+            if stats is not None:
+                stats.bytes_read += valid * (cols[1] - cols[0]) * self.dtype.itemsize
+                stats.read_requests += 1
+                stats.store_gets += len(js)
+
+
+class _ChunkStream:
+    """One chunk file, decoded row by row into caller buffers."""
+
+    def __init__(self, owner: RowStreamer, i: int, j: int, decoders: dict):
+        self.owner, self.tile = owner, (i, j)
+        self.fd = None
+        self.reader = None
+        self.done = False
+        self.decoded = 0
+        try:
+            self.fd = os.open(owner.path(i, j), os.O_RDONLY)
+        except FileNotFoundError:  # not stored: the fill value, as Zarr reads it
+            return
+        try:
+            size = os.fstat(self.fd).st_size
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            self.body = size - 4 if owner.crc32c else size
+            if self.body < 0:
+                self._corrupt("chunk shorter than its crc32c")
+            if not owner.zstd and self.body != owner.chunk_bytes:
+                self._corrupt(f"{self.body} bytes stored, a chunk has {owner.chunk_bytes}")
+            self.consumed = 0
+            self.crc = 0
+            if owner.zstd:
+                import zstandard
+
+                dec = decoders.get(j)
+                if dec is None:
+                    dec = decoders[j] = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW)
+                self.reader = dec.stream_reader(self, read_size=READ_SIZE,
+                                                read_across_frames=True, closefd=False)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- the compressed side: a file object for zstandard, checksummed as read --
+    def read(self, n: int = -1) -> bytes:
+        left = self.body - self.consumed
+        n = left if n is None or n < 0 else min(n, left)
+        if n <= 0:
+            return b""
+        data = os.read(self.fd, n)
+        self.consumed += len(data)
+        if self.owner.crc32c:
+            from crc32c import crc32c  # incremental: crc32c(data, value=previous)
+
+            self.crc = crc32c(data, self.crc)
+        return data
+
+    def _corrupt(self, reason: str):
+        raise CorruptChunkError(self.owner.name, self.tile, reason)
+
+    def read_rows(self, buf: np.ndarray) -> None:
+        """Fill ``buf`` (C-ordered rows of the chunk's width) with the next rows."""
+        if self.fd is None:
+            buf[...] = self.owner.fill_value
+            return
+        flat = memoryview(buf.reshape(-1).view(np.uint8))
+        got = 0
+        try:
+            while got < len(flat):
+                if self.reader is not None:
+                    k = self.reader.readinto(flat[got:])
+                else:
+                    k = os.readv(self.fd, [flat[got:]])
+                    if k and self.owner.crc32c:
+                        from crc32c import crc32c
+
+                        self.crc = crc32c(flat[got : got + k], self.crc)
+                    self.consumed += k
+                if k == 0:
+                    break
+                got += k
+        except CorruptChunkError:
+            raise
+        except Exception as e:
+            if "too much memory" in str(e) or "window" in str(e).lower():
+                raise StorageError(
+                    f"{self.owner.name!r} chunk {self.tile}: its zstd frame needs a window "
+                    f"above {MAX_WINDOW} bytes (an --ultra level?), more than streaming "
+                    f"decode plans for: {e}") from e
+            self._corrupt(f"{type(e).__name__}: {e}")
+        self.decoded += got
+        if got < len(flat):
+            self._corrupt(f"decoded to {self.decoded} bytes, a chunk has "
+                          f"{self.owner.chunk_bytes} (truncated?)")
+
+    def finish(self) -> None:
+        """After the last row: nothing may follow, and the checksum must hold."""
+        if self.fd is None or self.done:
+            return
+        self.done = True
+        if self.reader is not None:
+            try:
+                extra = self.reader.read(1)
+            except Exception as e:
+                self._corrupt(f"{type(e).__name__}: {e}")
+            if extra:
+                self._corrupt(f"decodes to more than the {self.owner.chunk_bytes} bytes of a chunk")
+            while self.read(1 << 20):  # bytes past the frame still count in the checksum
+                pass
+            if self.consumed != self.body:
+                self._corrupt(f"{self.body - self.consumed} stored bytes past its zstd frame")
+        if self.owner.crc32c:
+            want = os.read(self.fd, 4)
+            if len(want) != 4 or int.from_bytes(want, "little") != self.crc:
+                self._corrupt("crc32c checksum mismatch")
+
+    def close(self) -> None:
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def streams_rows(arr: zarr.Array) -> bool:
+    """Whether :func:`row_streamer` supports ``arr`` (no I/O: its metadata
+    and store type only)."""
+    return _layout(arr) is not None
+
+
+def row_streamer(arr: zarr.Array, name: str, store, path: str) -> RowStreamer | None:
+    """A :class:`RowStreamer` for ``arr`` (in ``store`` at ``path``), or None
+    when its layout or store is not supported (see module doc)."""
+    got = _layout(arr, store)
+    if got is None:
+        return None
+    zstd, crc = got
+    meta = arr.metadata
+    dtype = np.dtype(arr.dtype)
+    root = os.path.join(str(store.root), *path.split("/")) if path else str(store.root)
+    fill = meta.fill_value if meta.fill_value is not None else 0
+    return RowStreamer(name, root, meta, tuple(arr.shape), tuple(arr.chunks), dtype, zstd, crc,
+                       dtype.type(fill))
+
+
+def _layout(arr: zarr.Array, store=None) -> tuple[bool, bool] | None:
+    """``(zstd, crc32c)`` of a supported array, else None."""
+    store = arr.store if store is None else store
+    if type(store) is not LocalStore or arr.ndim != 2 or arr.shards is not None:
+        return None
+    dtype = np.dtype(arr.dtype)
+    if not dtype.isnative or dtype.kind not in "biuf":
+        return None
+    meta = arr.metadata
+    if meta.zarr_format == 3:
+        if getattr(meta, "chunk_key_encoding", None) is None:
+            return None
+        codecs = list(meta.codecs)
+        if not codecs or not isinstance(codecs[0], BytesCodec):
+            return None
+        endian = codecs[0].endian
+        if dtype.itemsize > 1 and endian is not None and endian.value != sys.byteorder:
+            return None
+        crc = isinstance(codecs[-1], Crc32cCodec)
+        middle = codecs[1 : len(codecs) - crc]
+        if not middle:
+            return False, crc
+        if len(middle) == 1 and type(middle[0]) is ZstdCodec:
+            return True, crc
+        return None
+    if meta.filters or meta.order != "C":
+        return None
+    comp = meta.compressor
+    if comp is None:
+        return False, False
+    if getattr(comp, "codec_id", None) == "zstd":
+        return True, False
+    return None
