@@ -88,6 +88,9 @@ class RowStreamer:
     crc32c: bool
     """Chunks end with a little-endian crc32c of the bytes before it."""
     fill_value: object
+    missing_is_error: bool = False
+    """A missing chunk file is lost data (a complete tilearray output), not
+    the fill value."""
 
     @property
     def chunk_bytes(self) -> int:
@@ -175,6 +178,9 @@ class _ChunkStream:
         try:
             self.fd = os.open(owner.path(i, j), os.O_RDONLY)
         except FileNotFoundError:  # not stored: the fill value, as Zarr reads it
+            if owner.missing_is_error:
+                self._corrupt("its chunk file is missing, but the array is a complete "
+                              "tilearray output (every unit was written): the data was lost")
             return
         try:
             size = os.fstat(self.fd).st_size
