@@ -60,6 +60,37 @@ context), in bytes (measured: 0.49 MiB over the window with
 python-zstandard 0.25, ``ZstdDecompressor.memory_size``)."""
 
 
+SLAB_BYTES = 32 * 2**20
+"""Default slab size (all chunk columns together), in bytes: enough rows for
+BLAS to run near its peak (4096 rows of 1000 float64), small beside a chunk."""
+
+
+def slab_memory(chunks: tuple[int, int], itemsize: int, cols: Range, slab_rows: int,
+                compressed: bool = True) -> int:
+    """Bytes :meth:`RowStreamer.slabs` holds streaming ``cols`` of an array
+    with ``chunks`` in slabs of ``slab_rows`` rows: one slab buffer per chunk
+    column (chunk-wide), the joined slab when there are several, and each
+    chunk's stream (:func:`stream_memory`)."""
+    (ch, cw) = chunks
+    n_cols = -(-cols[1] // cw) - cols[0] // cw
+    s = max(1, min(slab_rows, ch))
+    own = n_cols * s * cw * itemsize
+    joined = 0 if n_cols <= 1 else s * (cols[1] - cols[0]) * itemsize
+    return own + joined + n_cols * stream_memory(ch * cw * itemsize, compressed)
+
+
+def slab_plan(chunks: tuple[int, int], itemsize: int, cols: Range, task_memory: int,
+              target: int = SLAB_BYTES) -> tuple[int, int]:
+    """``(slab_rows, bytes held)`` for streaming ``cols`` within a task of
+    ``task_memory`` bytes: slabs of about ``min(target, task_memory / 8)``
+    bytes, at least one row (pure; the planner's sizing)."""
+    (ch, cw) = chunks
+    n_cols = max(-(-cols[1] // cw) - cols[0] // cw, 1)
+    row = n_cols * cw * itemsize
+    rows = max(1, min(ch, max(min(target, task_memory // 8), 1) // max(row, 1)))
+    return rows, slab_memory(chunks, itemsize, cols, rows)
+
+
 def stream_memory(chunk_bytes: int, compressed: bool = True) -> int:
     """Memory one chunk's stream holds besides the slab buffer, in bytes: its
     zstd window (never more than the chunk: a small chunk's frame is one
@@ -99,12 +130,7 @@ class RowStreamer:
 
     def memory(self, cols: Range, slab_rows: int) -> int:
         """Bytes :meth:`slabs` holds for ``cols`` in slabs of ``slab_rows``."""
-        (ch, cw) = self.chunks
-        n_cols = -(-cols[1] // cw) - cols[0] // cw
-        s = min(slab_rows, ch)
-        own = n_cols * s * cw * self.dtype.itemsize  # one slab buffer per chunk column
-        joined = 0 if n_cols == 1 else s * (cols[1] - cols[0]) * self.dtype.itemsize
-        return own + joined + n_cols * stream_memory(self.chunk_bytes, self.zstd)
+        return slab_memory(self.chunks, self.dtype.itemsize, cols, slab_rows, self.zstd)
 
     def path(self, i: int, j: int) -> str:
         return os.path.join(self.root, *self.meta.encode_chunk_key((i, j)).split("/"))
