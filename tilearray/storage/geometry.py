@@ -34,10 +34,11 @@ class Grid:
     """Chunk shape (inner chunk when sharded), in elements."""
     unit: tuple[int, int]
     """I/O unit shape (shard, or chunk when unsharded); a multiple of ``tile``."""
-    row_slabs: bool = field(default=False, compare=False)
-    """Its chunks can be decoded in row slabs without holding one whole
-    (:mod:`tilearray.storage.stream`); set from the array's metadata by
-    :func:`~tilearray.storage.grid_of`, not part of the geometry (not compared)."""
+    row_slabs: int = field(default=0, compare=False)
+    """Nonzero when its chunks can be decoded in row slabs without holding one
+    whole (:mod:`tilearray.storage.stream`): the bytes one chunk's decode
+    stream holds (zstd window + state), in bytes. Set from the array's
+    metadata by :func:`~tilearray.storage.grid_of`; not geometry (not compared)."""
 
     def __post_init__(self) -> None:
         if len(self.shape) != 2 or len(self.tile) != 2 or len(self.unit) != 2:
@@ -49,11 +50,11 @@ class Grid:
                 raise ValueError(f"I/O unit {self.unit} is not a multiple of the tile {self.tile}")
 
     @classmethod
-    def regular(cls, shape, tile, unit=None, row_slabs: bool = False) -> Grid:
+    def regular(cls, shape, tile, unit=None, row_slabs: int = 0) -> Grid:
         """Build a grid from plain sequences; ``unit`` defaults to the tile."""
         tile = tuple(int(t) for t in tile)
         unit = tile if unit is None else tuple(int(u) for u in unit)
-        return cls(tuple(int(s) for s in shape), tile, unit, bool(row_slabs))
+        return cls(tuple(int(s) for s in shape), tile, unit, int(row_slabs))
 
     @property
     def sharded(self) -> bool:

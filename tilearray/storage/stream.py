@@ -18,9 +18,15 @@ array of a native-endian bool / integer / float dtype whose chunks are
   bytes before it, verified incrementally as they are read);
 - Zarr v2: no filters and either no compressor or one ``zstd`` compressor.
 
-zstd frames whose window exceeds :data:`MAX_WINDOW` are refused with a
-:class:`~tilearray.errors.StorageError` (the decoder would need more memory
-than was planned for; such frames come from zstd's ``--ultra`` levels).
+A zstd stream decoder holds its frame's window (and a few hundred KiB of
+state): the window is known from the array's metadata without reading a
+chunk -- the compression level and the chunk size fix it (zstd's parameter
+table, ``ZstdCompressionParameters.from_level``; a frame no larger than its
+window is one segment, decoded into a window of its size) -- so the planner
+charges it (:attr:`~tilearray.storage.Grid.row_slabs`) and the decoder is
+told to refuse any frame that needs more (written with other parameters than
+the metadata says, or an ``--ultra`` level beyond :data:`MAX_WINDOW`): a
+:class:`~tilearray.errors.StorageError`, not a silent overrun.
 
 Semantics are Zarr's and :mod:`.chunks`'s: a missing chunk reads as the fill
 value; zarr stores edge chunks full size, and only their valid rows and
@@ -52,8 +58,9 @@ READ_SIZE = 131075
 """Compressed bytes read from a chunk file at a time (zstd's recommended
 decompression input size), in bytes."""
 MAX_WINDOW = 2**23
-"""Largest zstd window (frame) the streaming decoder accepts, in bytes: 8 MiB,
-what zstd levels up to 19 use; an ``--ultra`` frame is refused."""
+"""Largest zstd window the streaming decoder accepts, in bytes: 8 MiB, what
+zstd levels up to 19 use; arrays whose level needs more (``--ultra``, 20-22)
+are not streamed."""
 DECODER_STATE = 2**19
 """A zstd stream decoder's memory beyond its window (block buffers and
 context), in bytes (measured: 0.49 MiB over the window with
@@ -66,21 +73,21 @@ BLAS to run near its peak (4096 rows of 1000 float64), small beside a chunk."""
 
 
 def slab_memory(chunks: tuple[int, int], itemsize: int, cols: Range, slab_rows: int,
-                compressed: bool = True) -> int:
+                per_stream: int) -> int:
     """Bytes :meth:`RowStreamer.slabs` holds streaming ``cols`` of an array
     with ``chunks`` in slabs of ``slab_rows`` rows: one slab buffer per chunk
     column (chunk-wide), the joined slab when there are several, and each
-    chunk's stream (:func:`stream_memory`)."""
+    chunk's stream of ``per_stream`` bytes (:func:`stream_memory`)."""
     (ch, cw) = chunks
     n_cols = -(-cols[1] // cw) - cols[0] // cw
     s = max(1, min(slab_rows, ch))
     own = n_cols * s * cw * itemsize
     joined = 0 if n_cols <= 1 else s * (cols[1] - cols[0]) * itemsize
-    return own + joined + n_cols * stream_memory(ch * cw * itemsize, compressed)
+    return own + joined + n_cols * per_stream
 
 
 def slab_plan(chunks: tuple[int, int], itemsize: int, cols: Range, task_memory: int,
-              target: int = SLAB_BYTES) -> tuple[int, int]:
+              per_stream: int, target: int = SLAB_BYTES) -> tuple[int, int]:
     """``(slab_rows, bytes held)`` for streaming ``cols`` within a task of
     ``task_memory`` bytes: slabs of about ``min(target, task_memory / 8)``
     bytes, at least one row (pure; the planner's sizing)."""
@@ -88,17 +95,35 @@ def slab_plan(chunks: tuple[int, int], itemsize: int, cols: Range, task_memory: 
     n_cols = max(-(-cols[1] // cw) - cols[0] // cw, 1)
     row = n_cols * cw * itemsize
     rows = max(1, min(ch, max(min(target, task_memory // 8), 1) // max(row, 1)))
-    return rows, slab_memory(chunks, itemsize, cols, rows)
+    return rows, slab_memory(chunks, itemsize, cols, rows, per_stream)
 
 
-def stream_memory(chunk_bytes: int, compressed: bool = True) -> int:
+RAW_STREAM = 4096
+"""What streaming a raw (uncompressed) chunk holds besides the slab, in bytes
+(a file descriptor and a few small objects; nonzero: "can stream")."""
+
+
+def stream_memory(window: int | None) -> int:
     """Memory one chunk's stream holds besides the slab buffer, in bytes: its
-    zstd window (never more than the chunk: a small chunk's frame is one
-    segment, decoded into a window of its size) and decoder state, and the
-    compressed pieces read from the file."""
-    if not compressed:
-        return 0
-    return min(MAX_WINDOW, chunk_bytes) + DECODER_STATE + 2 * READ_SIZE
+    zstd ``window`` and decoder state and the compressed pieces read from the
+    file, or :data:`RAW_STREAM` for a raw chunk (``window=None``)."""
+    if window is None:
+        return RAW_STREAM
+    return window + DECODER_STATE + 2 * READ_SIZE
+
+
+def zstd_window(level: int, chunk_bytes: int) -> int | None:
+    """The window of a zstd frame of ``chunk_bytes`` compressed at ``level``
+    (0: zstd's default, 3), in bytes; None above :data:`MAX_WINDOW` or when
+    python-zstandard is missing."""
+    try:
+        import zstandard
+    except ImportError:  # pragma: no cover - a declared dependency
+        return None
+    params = zstandard.ZstdCompressionParameters.from_level(int(level) or 3,
+                                                           source_size=max(chunk_bytes, 1))
+    window = min(1 << params.window_log, max(chunk_bytes, 1))
+    return window if window <= MAX_WINDOW else None
 
 
 @dataclass(frozen=True)
@@ -114,8 +139,9 @@ class RowStreamer:
     shape: tuple[int, int]
     chunks: tuple[int, int]
     dtype: np.dtype
-    zstd: bool
-    """Chunks are one zstd frame (else stored raw)."""
+    window: int | None
+    """Chunks are zstd frames decoded with at most this window, in bytes
+    (larger frames are refused); None: stored raw."""
     crc32c: bool
     """Chunks end with a little-endian crc32c of the bytes before it."""
     fill_value: object
@@ -130,7 +156,8 @@ class RowStreamer:
 
     def memory(self, cols: Range, slab_rows: int) -> int:
         """Bytes :meth:`slabs` holds for ``cols`` in slabs of ``slab_rows``."""
-        return slab_memory(self.chunks, self.dtype.itemsize, cols, slab_rows, self.zstd)
+        return slab_memory(self.chunks, self.dtype.itemsize, cols, slab_rows,
+                           stream_memory(self.window))
 
     def path(self, i: int, j: int) -> str:
         return os.path.join(self.root, *self.meta.encode_chunk_key((i, j)).split("/"))
@@ -215,16 +242,16 @@ class _ChunkStream:
             self.body = size - 4 if owner.crc32c else size
             if self.body < 0:
                 self._corrupt("chunk shorter than its crc32c")
-            if not owner.zstd and self.body != owner.chunk_bytes:
+            if owner.window is None and self.body != owner.chunk_bytes:
                 self._corrupt(f"{self.body} bytes stored, a chunk has {owner.chunk_bytes}")
             self.consumed = 0
             self.crc = 0
-            if owner.zstd:
+            if owner.window is not None:
                 import zstandard
 
                 dec = decoders.get(j)
                 if dec is None:
-                    dec = decoders[j] = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW)
+                    dec = decoders[j] = zstandard.ZstdDecompressor(max_window_size=owner.window)
                 self.reader = dec.stream_reader(self, read_size=READ_SIZE,
                                                 read_across_frames=True, closefd=False)
         except BaseException:
@@ -272,11 +299,13 @@ class _ChunkStream:
         except CorruptChunkError:
             raise
         except Exception as e:
-            if "too much memory" in str(e) or "window" in str(e).lower():
+            if "too much memory" in str(e):
                 raise StorageError(
                     f"{self.owner.name!r} chunk {self.tile}: its zstd frame needs a window "
-                    f"above {MAX_WINDOW} bytes (an --ultra level?), more than streaming "
-                    f"decode plans for: {e}") from e
+                    f"above the {self.owner.window} bytes its metadata's level gives (written "
+                    f"with other zstd parameters?), more than streaming decode planned for: "
+                    f"{e}; read it with tilearray.storage.stream disabled by re-writing the "
+                    "array, or plan with a budget that holds a whole chunk") from e
             self._corrupt(f"{type(e).__name__}: {e}")
         self.decoded += got
         if got < len(flat):
@@ -313,10 +342,12 @@ class _ChunkStream:
             self.fd = None
 
 
-def streams_rows(arr: zarr.Array) -> bool:
-    """Whether :func:`row_streamer` supports ``arr`` (no I/O: its metadata
-    and store type only)."""
-    return _layout(arr) is not None
+def streams_rows(arr: zarr.Array) -> int:
+    """Bytes one chunk's stream holds (:func:`stream_memory`) when
+    :func:`row_streamer` supports ``arr``, else 0 (no I/O: its metadata and
+    store type only)."""
+    got = _layout(arr)
+    return 0 if got is None else stream_memory(got[0])
 
 
 def row_streamer(arr: zarr.Array, name: str, store, path: str) -> RowStreamer | None:
@@ -325,17 +356,17 @@ def row_streamer(arr: zarr.Array, name: str, store, path: str) -> RowStreamer | 
     got = _layout(arr, store)
     if got is None:
         return None
-    zstd, crc = got
+    window, crc = got
     meta = arr.metadata
     dtype = np.dtype(arr.dtype)
     root = os.path.join(str(store.root), *path.split("/")) if path else str(store.root)
     fill = meta.fill_value if meta.fill_value is not None else 0
-    return RowStreamer(name, root, meta, tuple(arr.shape), tuple(arr.chunks), dtype, zstd, crc,
-                       dtype.type(fill))
+    return RowStreamer(name, root, meta, tuple(arr.shape), tuple(arr.chunks), dtype, window,
+                       crc, dtype.type(fill))
 
 
-def _layout(arr: zarr.Array, store=None) -> tuple[bool, bool] | None:
-    """``(zstd, crc32c)`` of a supported array, else None."""
+def _layout(arr: zarr.Array, store=None) -> tuple[int | None, bool] | None:
+    """``(zstd window or None for raw, crc32c)`` of a supported array, else None."""
     store = arr.store if store is None else store
     if type(store) is not LocalStore or arr.ndim != 2 or arr.shards is not None:
         return None
@@ -343,6 +374,13 @@ def _layout(arr: zarr.Array, store=None) -> tuple[bool, bool] | None:
     if not dtype.isnative or dtype.kind not in "biuf":
         return None
     meta = arr.metadata
+    chunk_bytes = int(np.prod(arr.chunks)) * dtype.itemsize
+
+    def zstd(level):
+        window = zstd_window(level, chunk_bytes)
+        return None if window is None else (window, crc)
+
+    crc = False
     if meta.zarr_format == 3:
         if getattr(meta, "chunk_key_encoding", None) is None:
             return None
@@ -355,15 +393,15 @@ def _layout(arr: zarr.Array, store=None) -> tuple[bool, bool] | None:
         crc = isinstance(codecs[-1], Crc32cCodec)
         middle = codecs[1 : len(codecs) - crc]
         if not middle:
-            return False, crc
+            return None, crc
         if len(middle) == 1 and type(middle[0]) is ZstdCodec:
-            return True, crc
+            return zstd(middle[0].level)
         return None
     if meta.filters or meta.order != "C":
         return None
     comp = meta.compressor
     if comp is None:
-        return False, False
+        return None, False
     if getattr(comp, "codec_id", None) == "zstd":
-        return True, False
+        return zstd(getattr(comp, "level", 0))
     return None
