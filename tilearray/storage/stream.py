@@ -25,8 +25,10 @@ table, ``ZstdCompressionParameters.from_level``; a frame no larger than its
 window is one segment, decoded into a window of its size) -- so the planner
 charges it (:attr:`~tilearray.storage.Grid.row_slabs`) and the decoder is
 told to refuse any frame that needs more (written with other parameters than
-the metadata says, or an ``--ultra`` level beyond :data:`MAX_WINDOW`): a
-:class:`~tilearray.errors.StorageError`, not a silent overrun.
+the metadata says, or a corrupt frame header): a
+:class:`~tilearray.errors.CorruptChunkError` (the chunk does not match its
+array's metadata), not a silent overrun. Levels whose window exceeds
+:data:`MAX_WINDOW` (``--ultra``) are not streamed.
 
 Semantics are Zarr's and :mod:`.chunks`'s: a missing chunk reads as the fill
 value; zarr stores edge chunks full size, and only their valid rows and
@@ -51,7 +53,7 @@ import zarr
 from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
 from zarr.storage import LocalStore
 
-from ..errors import CorruptChunkError, StorageError
+from ..errors import CorruptChunkError
 from .geometry import Range
 
 READ_SIZE = 131075
@@ -251,7 +253,8 @@ class _ChunkStream:
 
                 dec = decoders.get(j)
                 if dec is None:
-                    dec = decoders[j] = zstandard.ZstdDecompressor(max_window_size=owner.window)
+                    dec = decoders[j] = zstandard.ZstdDecompressor(
+                        max_window_size=max(owner.window, 1 << 10))  # zstd's least window
                 self.reader = dec.stream_reader(self, read_size=READ_SIZE,
                                                 read_across_frames=True, closefd=False)
         except BaseException:
@@ -300,17 +303,24 @@ class _ChunkStream:
             raise
         except Exception as e:
             if "too much memory" in str(e):
-                raise StorageError(
-                    f"{self.owner.name!r} chunk {self.tile}: its zstd frame needs a window "
-                    f"above the {self.owner.window} bytes its metadata's level gives (written "
-                    f"with other zstd parameters?), more than streaming decode planned for: "
-                    f"{e}; read it with tilearray.storage.stream disabled by re-writing the "
-                    "array, or plan with a budget that holds a whole chunk") from e
+                self._corrupt(
+                    f"its zstd frame needs a window of {self._frame_window()} bytes, above the "
+                    f"{self.owner.window} its metadata's zstd level gives (a corrupt frame "
+                    "header, or written with other zstd parameters; streaming decode would "
+                    "need more memory than planned)")
             self._corrupt(f"{type(e).__name__}: {e}")
         self.decoded += got
         if got < len(flat):
             self._corrupt(f"decoded to {self.decoded} bytes, a chunk has "
                           f"{self.owner.chunk_bytes} (truncated?)")
+
+    def _frame_window(self) -> str:
+        try:
+            import zstandard
+
+            return str(zstandard.get_frame_parameters(os.pread(self.fd, 18, 0)).window_size)
+        except Exception:
+            return "?"
 
     def finish(self) -> None:
         """After the last row: nothing may follow, and the checksum must hold."""
