@@ -25,7 +25,6 @@ from zarr.storage import LocalStore
 from .. import _config
 from ..errors import IncompleteOutputError, StorageError
 from .geometry import Grid
-from .stream import streams_rows
 from .locks import (  # noqa: F401  (the output lock, re-exported)
     acquire_lock,
     check_lock_held,
@@ -36,6 +35,7 @@ from .locks import (  # noqa: F401  (the output lock, re-exported)
     output_lock_key,
     release_lock,
 )
+from .stream import streams_rows
 
 ATTR_KEY = "tilearray"
 DONE_DIR = "tilearray.done"
