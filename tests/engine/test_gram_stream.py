@@ -8,10 +8,10 @@ import numpy as np
 import psutil
 import pytest
 import zarr
-from zarr.codecs import GzipCodec
+from zarr.codecs import Crc32cCodec, GzipCodec, ZstdCodec
 
 import tilearray as ta
-from tilearray.errors import PlanningError
+from tilearray.errors import CorruptChunkError, PlanningError
 from tilearray.testing import assert_close
 
 TALL = (10**8, 1000)
@@ -81,3 +81,20 @@ def test_streamed_gram_matches_numpy_within_worker_memory(tmp_path):
         assert 0 < st.peak_worker_memory <= eng.budget().memory_per_worker
         assert st.peak_worker_memory - idle <= plan.peak_task_memory, (st, idle, plan)
         assert_close(got.compute(), x.T @ x)
+
+
+def test_streamed_gram_reports_a_corrupt_chunk(tmp_path):
+    """A flipped byte in a crc32c-checked chunk fails the streamed task with
+    the array and tile, never a result."""
+    x = (np.arange(9000 * 256) % 17 - 8).astype("f8").reshape(9000, 256)
+    xs = _write(tmp_path / "x.zarr", x, (4096, 256), compressors=[ZstdCodec(), Crc32cCodec()])
+    p = tmp_path / "x.zarr" / "c" / "1" / "0"
+    raw = bytearray(p.read_bytes())
+    raw[len(raw) // 3] ^= 0x10
+    p.write_bytes(bytes(raw))
+    budget = ta.Budget(int(1.6 * 4096 * 256 * 8), 1, 1, baseline=0, fraction=1.0)
+    low = (xs.T @ xs)._lower(budget=budget)
+    assert "row slabs" in str(low.plan)
+    with pytest.raises(CorruptChunkError) as e:
+        dask.get(low.graph, low.keys)
+    assert e.value.tile == (1, 0) and "x.zarr" in e.value.path
