@@ -12,6 +12,7 @@ panel being prefetched.
 
 from __future__ import annotations
 
+import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,8 +21,10 @@ from scipy.linalg import blas
 
 from ..storage import IOStats, write_block
 from ..storage.geometry import Range
-from .spec import evaluate, prefetch
+from ..storage.io import open_row_streamer
+from .spec import Read, evaluate, prefetch
 
+log = logging.getLogger(__name__)
 _GEMM = {np.dtype("float32"): blas.sgemm, np.dtype("float64"): blas.dgemm}
 
 
@@ -73,6 +76,7 @@ def load_order(a_panels: tuple[Range, ...], b_panels: tuple[Range, ...]) -> list
 def matmul_block(
     a_spec, b_spec, rows: Range, cols: Range, a_panels, b_panels, dtype, deps=(),
     read_bytes: int | None = None, b_bands: tuple[Range, ...] | None = None,
+    slab_rows: int | None = None,
 ) -> tuple[np.ndarray, dict]:
     """Compute output block ``rows x cols`` of ``A @ B`` over the given K panels.
 
@@ -88,6 +92,11 @@ def matmul_block(
     read band by band and each band's product accumulates into its columns
     of the block, so only one B band is resident instead of a whole panel --
     the memory that lets the planner choose larger blocks, which read less.
+
+    With ``slab_rows`` (a diagonal block of ``X.T @ X``, X stored with
+    :attr:`~tilearray.storage.Grid.row_slabs`) each K panel of X is decoded
+    in row slabs of that many rows and accumulated slab by slab
+    (:func:`gram_stream_accumulate`): no chunk is ever held whole.
 
     Returns the block (Fortran-ordered) and the task's measured I/O stats.
     """
@@ -105,7 +114,8 @@ def matmul_block(
         return evaluate(b_spec, b_panels[i], cols, deps, stats, max_bytes=read_bytes)
 
     if is_gram(a_spec, b_spec, rows, cols, a_panels, b_panels):
-        return _gram_block(a_spec, b_spec, rows, b_panels, acc, deps, stats, read_bytes)
+        return _gram_block(a_spec, b_spec, rows, b_panels, acc, deps, stats, read_bytes,
+                           slab_rows)
     if b_bands is not None and tuple(a_panels) == tuple(b_panels):
         return _streamed_block(a_spec, b_spec, rows, cols, a_panels, b_bands, acc, deps,
                                stats, read_bytes)
@@ -202,7 +212,47 @@ def mirror_upper(acc: np.ndarray, step: int = 1024) -> None:
             acc[c1:, c0:c1] = acc[c0:c1, c1:].T
 
 
-def _gram_block(a_spec, b_spec, rows, panels, acc, deps, stats, read_bytes):
+def gram_stream_accumulate(acc: np.ndarray, x: Read, panels, cols: Range, slab_rows: int,
+                           stats: IOStats, times: list | None = None) -> bool | None:
+    """``acc += X[p, cols].T @ X[p, cols]`` for each K panel ``p`` (row
+    ranges of X on its chunk rows), decoding each panel's chunks in row slabs
+    of ``slab_rows`` (:class:`~tilearray.storage.stream.RowStreamer`) and
+    updating ``acc`` by syrk slab by slab. Resident: ``acc``, one slab buffer
+    per chunk column and the zstd decoders -- never a chunk.
+
+    Returns whether ``acc`` holds its upper triangle only (see
+    :func:`syrk_accumulate`), or None when X cannot be streamed (nothing
+    done; the caller reads whole panels). ``times``, if given, gets
+    ``[decode seconds, BLAS seconds]`` added. A corrupt chunk raises
+    :class:`~tilearray.errors.CorruptChunkError` before its last slab is
+    used; ``acc`` then holds a partial sum and must be dropped.
+    """
+    streamer = open_row_streamer(x.ref)
+    if streamer is None:
+        return None
+    symmetric = False
+    t_dec = t_blas = 0.0
+    for q, p in enumerate(panels):
+        if q + 1 < len(panels):  # the OS loads the next panel's files meanwhile
+            prefetch(x, panels[q + 1], cols)
+        slabs = streamer.slabs(p, cols, slab_rows, stats)
+        while True:
+            t0 = time.perf_counter()
+            slab = next(slabs, None)
+            t1 = time.perf_counter()
+            t_dec += t1 - t0
+            if slab is None:
+                break
+            symmetric = syrk_accumulate(acc, slab, True)
+            t_blas += time.perf_counter() - t1
+    stats.read_seconds += t_dec
+    if times is not None:
+        times[0] += t_dec
+        times[1] += t_blas
+    return symmetric
+
+
+def _gram_block(a_spec, b_spec, rows, panels, acc, deps, stats, read_bytes, slab_rows=None):
     """Diagonal block of ``X.T @ X`` / ``X @ X.T``: each panel of X is read
     once and used as both operands, in a symmetric (syrk) update."""
     from .spec import Trans
@@ -211,6 +261,18 @@ def _gram_block(a_spec, b_spec, rows, panels, acc, deps, stats, read_bytes):
     x_spec = b_spec if transposed else a_spec
     t_wait = t_blas = 0.0
     symmetric = False
+    if slab_rows is not None and transposed and isinstance(x_spec, Read):
+        times = [0.0, 0.0]
+        symmetric = gram_stream_accumulate(acc, x_spec, panels, rows, slab_rows, stats, times)
+        if symmetric is not None:
+            if symmetric:
+                mirror_upper(acc)
+            out = stats.as_dict()
+            out.update(io_wait_seconds=times[0], blas_seconds=times[1], tasks=1)
+            return acc, out
+        log.warning("%s cannot be decoded in row slabs (changed since planning?): reading "
+                    "whole panels, above the planned memory", x_spec.ref)
+        symmetric = False
     with ThreadPoolExecutor(1, thread_name_prefix="tilearray-prefetch") as pool:
         def load(i):
             if transposed:  # X[panel, cols]
@@ -282,10 +344,10 @@ class _Deferred:
 
 
 def matmul_store(a_spec, b_spec, rows, cols, a_panels, b_panels, dtype, out_ref, deps=(),
-                 read_bytes=None, b_bands=None):
+                 read_bytes=None, b_bands=None, slab_rows=None):
     """Compute one output block and write it whole; return ``(None, stats)``."""
     acc, st = matmul_block(a_spec, b_spec, rows, cols, a_panels, b_panels, dtype, deps,
-                           read_bytes, b_bands)
+                           read_bytes, b_bands, slab_rows)
     io = IOStats()
     write_block(out_ref, rows, cols, acc, io)
     st["bytes_written"] = io.bytes_written
@@ -294,11 +356,11 @@ def matmul_store(a_spec, b_spec, rows, cols, a_panels, b_panels, dtype, out_ref,
 
 
 def matmul_store_pair(a_spec, b_spec, rows, cols, a_panels, b_panels, dtype, out_ref,
-                      deps=(), read_bytes=None, b_bands=None):
+                      deps=(), read_bytes=None, b_bands=None, slab_rows=None):
     """Block ``rows x cols`` of a symmetric product (``X.T @ X``, ``X @ X.T``):
     computed once, written there and, transposed, at ``cols x rows``."""
     acc, st = matmul_block(a_spec, b_spec, rows, cols, a_panels, b_panels, dtype, deps,
-                           read_bytes, b_bands)
+                           read_bytes, b_bands, slab_rows)
     io = IOStats()
     write_block(out_ref, rows, cols, acc, io)
     write_block(out_ref, cols, rows, acc.T, io)

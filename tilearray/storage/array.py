@@ -53,6 +53,7 @@ from .ref import (  # noqa: F401  (re-exported: callers use storage.array's name
     describe,
     info_attrs,
 )
+from .stream import streams_rows
 
 SUPPORTED_KINDS = "biuf"  # bool, signed/unsigned integers, floats
 
@@ -60,7 +61,7 @@ SUPPORTED_KINDS = "biuf"  # bool, signed/unsigned integers, floats
 def grid_of(arr: zarr.Array) -> Grid:
     """The tile / I/O-unit grid of an opened 2-D Zarr array (v2 or v3)."""
     shards = arr.shards
-    return Grid.regular(arr.shape, arr.chunks, shards)
+    return Grid.regular(arr.shape, arr.chunks, shards, streams_rows(arr))
 
 
 def check_dtype(dtype: Any, where: str) -> np.dtype:

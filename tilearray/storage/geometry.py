@@ -9,7 +9,7 @@ axis may be cut short by the array's shape. Nothing here does I/O.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 Range = tuple[int, int]
 """A half-open index range ``(start, stop)`` along one axis."""
@@ -34,6 +34,11 @@ class Grid:
     """Chunk shape (inner chunk when sharded), in elements."""
     unit: tuple[int, int]
     """I/O unit shape (shard, or chunk when unsharded); a multiple of ``tile``."""
+    row_slabs: int = field(default=0, compare=False)
+    """Nonzero when its chunks can be decoded in row slabs without holding one
+    whole (:mod:`tilearray.storage.stream`): the bytes one chunk's decode
+    stream holds (zstd window + state), in bytes. Set from the array's
+    metadata by :func:`~tilearray.storage.grid_of`; not geometry (not compared)."""
 
     def __post_init__(self) -> None:
         if len(self.shape) != 2 or len(self.tile) != 2 or len(self.unit) != 2:
@@ -45,11 +50,11 @@ class Grid:
                 raise ValueError(f"I/O unit {self.unit} is not a multiple of the tile {self.tile}")
 
     @classmethod
-    def regular(cls, shape, tile, unit=None) -> Grid:
+    def regular(cls, shape, tile, unit=None, row_slabs: int = 0) -> Grid:
         """Build a grid from plain sequences; ``unit`` defaults to the tile."""
         tile = tuple(int(t) for t in tile)
         unit = tile if unit is None else tuple(int(u) for u in unit)
-        return cls(tuple(int(s) for s in shape), tile, unit)
+        return cls(tuple(int(s) for s in shape), tile, unit, int(row_slabs))
 
     @property
     def sharded(self) -> bool:

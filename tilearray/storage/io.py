@@ -23,6 +23,7 @@ from .array import ArrayRef, every_unit_stored, grid_of, mark_unit_done
 from .chunks import DirectReader, direct_reader
 from .geometry import Grid, Range
 from .locks import local_root
+from .stream import RowStreamer, row_streamer
 
 log = logging.getLogger(__name__)
 
@@ -221,6 +222,19 @@ def read_region(
                            (reqs[0].cols[0], reqs[-1].cols[1]))
     r0, c0 = reqs[0].rows[0], reqs[0].cols[0]
     return data[rows[0] - r0 : rows[1] - r0, cols[0] - c0 : cols[1] - c0]
+
+
+def open_row_streamer(ref: ArrayRef) -> RowStreamer | None:
+    """A :class:`~tilearray.storage.stream.RowStreamer` over the array at
+    ``ref`` (a missing chunk of a complete tilearray output is an error), or
+    None when its layout or store cannot be streamed."""
+    import dataclasses
+
+    arr = ref.open()
+    streamer = row_streamer(arr, str(ref), ref.store, ref.path)
+    if streamer is not None and every_unit_stored(arr):
+        streamer = dataclasses.replace(streamer, missing_is_error=True)
+    return streamer
 
 
 def store_small(ref: ArrayRef, result) -> tuple[None, dict]:

@@ -15,8 +15,9 @@ from dask.utils import format_bytes
 from ... import _config
 from ...graphs import matmul as gmm
 from ...graphs.blocks import compact, group_edges, intervals, max_interval, split_points, tree
-from ...graphs.spec import Trans, leaves, unit_edges
+from ...graphs.spec import Read, Trans, leaves, unit_edges
 from ...storage import ArrayRef, Grid
+from ...storage.stream import slab_plan
 from ..expr.nodes import (
     MatMul,
 )
@@ -84,6 +85,15 @@ class MatmulLowering:
             b_band = max(c.max_read_bytes(exact=False), kb * wb * cb) + kb * wb * cb * tb
             b_band_request = c.min_request_bytes()
 
+        # X.T @ X in one block, X's chunks decodable in row slabs: X streamed slab
+        # by slab (slab buffer + zstd decoders, never a whole chunk)
+        slabs = gram and k > 0 and m > 0 and a_spec == Trans(b_spec) \
+            and isinstance(b_spec, Read) and b_spec.grid.row_slabs
+        slab_rows = slab_mem = 0
+        if slabs:
+            slab_rows, slab_mem = slab_plan(b_spec.grid.tile, b_spec.dtype.itemsize, (0, n),
+                                            self.budget.task_memory, b_spec.grid.row_slabs)
+
         def memory(re, ce, mode: str) -> int:
             """Peak of one task: the accumulator and the current panels, plus
             the panel in flight (compressed + decoded) when prefetching, or,
@@ -95,6 +105,8 @@ class MatmulLowering:
             plus one read's buffers."""
             bm, bn = max_interval(re), max_interval(ce)
             acc = bm * bn * dtype.itemsize
+            if mode == "slabs":
+                return _as_rss(acc + max(2 * out_unit, slab_mem))
             pa, pb, request = panel_bytes(re, ce)
             if gram and bm == m and bn == n:
                 pa = 0  # X.T @ X in one block: each panel serves as both operands
@@ -133,6 +145,12 @@ class MatmulLowering:
                         if mem > budget or t >= max(m, n):
                             break
                         t += step
+        if slabs:  # one block, whole: every task is a diagonal (syrk) block
+            mem = memory((0, m), (0, n), "slabs")
+            if mem <= budget:
+                layouts.append(((0, m), (0, n), mem, "slabs"))
+            elif smallest is None or mem < smallest[2]:
+                smallest = ((0, m), (0, n), mem, "slabs")
         if not layouts:
             self._check_fits("matmul", smallest[2], str(node))
 
@@ -143,7 +161,8 @@ class MatmulLowering:
             return m * k * (len(lay[1]) - 1) + k * n * (len(lay[0]) - 1)
 
         def rank(lay):  # least read, then fewest tasks, then prefetch > stream > in place
-            return (reads_of(lay), n_of(lay), ("prefetch", "stream", "in-place").index(lay[3]))
+            return (reads_of(lay), n_of(lay),
+                    ("prefetch", "stream", "in-place", "slabs").index(lay[3]))
 
         best = min(layouts, key=rank)
         threads = self.budget.total_threads
@@ -164,6 +183,7 @@ class MatmulLowering:
                     best = min(enough, key=rank)
         row_edges, col_edges, peak, mode = best
         read_bytes = None if mode == "prefetch" else band
+        slab = slab_rows if mode == "slabs" else None
         if len(k_split) > 2:  # panels never straddle a split point
             a_k = tuple(sorted(set(a_k) | set(k_split)))
             b_k = tuple(sorted(set(b_k) | set(k_split)))
@@ -209,10 +229,11 @@ class MatmulLowering:
                     if len(k_split) <= 2 and out is not None:
                         key = (name, i, j)
                         store = gmm.matmul_store_pair if sym and i < j else gmm.matmul_store
-                        self.graph[key] = (store, *args, out, deps, read_bytes, b_bands)
+                        self.graph[key] = (store, *args, out, deps, read_bytes, b_bands, slab)
                     else:
                         key = (name + "-part", i, j, s)
-                        self.graph[key] = (gmm.matmul_block, *args, deps, read_bytes, b_bands)
+                        self.graph[key] = (gmm.matmul_block, *args, deps, read_bytes, b_bands,
+                                           slab)
                     parts.append(key)
                 if len(parts) > 1 or (out is None and len(k_split) > 2):
                     root = tree(
@@ -247,8 +268,11 @@ class MatmulLowering:
             + {"prefetch": "next panel prefetched",
                "stream": f"A panels read in place, B streamed in bands of {max_interval(b_cols)}"
                          " columns",
-               "in-place": "panels read in place"}[mode]
-            + ("" if mode == "prefetch" else f" (requests <= {format_bytes(read_bytes)})"),
+               "in-place": "panels read in place",
+               "slabs": f"X decoded in row slabs of {slab} rows, never a whole chunk "
+                        f"({format_bytes(slab_mem)} of slab and decoder buffers)"}[mode]
+            + ("" if mode in ("prefetch", "slabs")
+               else f" (requests <= {format_bytes(read_bytes)})"),
             len(keys) * max(len(k_split) - 1, 1), peak, nbytes, written, flops,
             io_lower_bound=lb or None, reads=nreq, store_gets=gets))
         return keys if out is not None else (keys, blocks)
