@@ -150,3 +150,22 @@ def test_gram_of_one_block_reads_x_once(tmp_path, rng):
         c = (a.T @ a).to_zarr(tmp_path / "g.zarr")
         assert c.stats.bytes_read == x.nbytes
         assert_close(c.compute(), x.T @ x)
+
+
+def test_inherited_output_tile_is_capped_so_the_job_fits(tmp_path):
+    """A's 8192-row tiles x B's 8192-column tiles would make 512 MiB output
+    chunks whose encode buffer alone sank every layout at 1 GiB workers: the
+    inherited tile is halved to <= 64 MiB (still aligned with the inputs), and
+    the job plans; a tile the user gives is kept as given."""
+    zarr.create_array(tmp_path / "a.zarr", shape=(16384, 16384), chunks=(8192, 512), dtype="f8")
+    zarr.create_array(tmp_path / "b.zarr", shape=(16384, 16384), chunks=(512, 8192), dtype="f8")
+    expr = ta.open(tmp_path / "a.zarr") @ ta.open(tmp_path / "b.zarr")
+    budget = ta.Budget.from_config("1GiB", 2, 1)
+    plan = expr.plan(tmp_path / "c.zarr", budget=budget)
+    assert plan.peak_task_memory <= budget.task_memory and plan.bytes_read == 8 * 2**30
+    from tilearray.engine.plan.sizing import MAX_INHERITED_TILE, output_grid
+
+    grid = output_grid(expr._node, None, None)
+    assert grid.tile[0] * grid.tile[1] * 8 <= MAX_INHERITED_TILE
+    assert 8192 % grid.tile[0] == 0 and 8192 % grid.tile[1] == 0
+    assert output_grid(expr._node, (8192, 8192), None).tile == (8192, 8192)

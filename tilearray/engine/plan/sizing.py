@@ -125,6 +125,7 @@ def output_grid(node, tile, shard) -> Grid:
         else:
             tile = (leaf_tile(node, 0), leaf_tile(node, 1))
         tile = tuple(max(min(t, max(n, 1)), 1) for t, n in zip(tile, node.shape, strict=True))
+        tile = _capped(tile, np.dtype(node.dtype).itemsize)
         how = "inherited from the inputs"
     else:
         how = "given"
@@ -143,6 +144,24 @@ def output_grid(node, tile, shard) -> Grid:
                 f"tile that divides the shard, e.g. tile={hint}"
             )
     return Grid.regular(node.shape, tile, shard)
+
+
+MAX_INHERITED_TILE = 64 * 2**20
+"""Bytes of an output tile inherited from the inputs, at most: larger ones
+(a matmul's rows of A's tile x columns of B's, e.g. 8192 x 8192 from
+8192 x 512 and 512 x 8192 chunks) are halved along their longer side until
+under. A tile is the unit of one write and of its encode buffer; keeping it
+moderate lets the planner fit blocks that a 512 MiB chunk would not."""
+
+
+def _capped(tile: tuple, itemsize: int) -> tuple:
+    r, c = tile
+    while r * c * itemsize > MAX_INHERITED_TILE and max(r, c) > 1:
+        if r >= c:
+            r = -(-r // 2)
+        else:
+            c = -(-c // 2)
+    return r, c
 
 
 def leaf_tile(node, axis: int, default: int = 1024) -> int:
