@@ -280,14 +280,8 @@ class TiledArray(LazyArray):
         import xarray as xr
 
         x = self.to_dask()
-        ref = self._node.ref
         dims = self.dims or tuple(f"dim_{i}" for i in range(self.ndim))
-        name = ref.path.strip("/").rsplit("/", 1)[-1]
-        if not name:
-            name = str(ref).rstrip("/").rsplit("/", 1)[-1]
-            name = name[: -len(".zarr")] if name.endswith(".zarr") and len(name) > 5 else name
-        name = name or None
-        return xr.DataArray(x, dims=dims, name=name)
+        return xr.DataArray(x, dims=dims, name=self._node.ref.short_name)
 
     # -- display -------------------------------------------------------------------------
     def __repr__(self) -> str:

@@ -158,6 +158,16 @@ class ArrayRef:
     def __str__(self) -> str:
         return describe(self.store, self.path)
 
+    @property
+    def short_name(self) -> str | None:
+        """A name for the array: its member name in a group (``"C"``), else the
+        file name without ``.zarr`` (``"c.zarr"`` -> ``"c"``); None if neither."""
+        name = self.path.strip("/").rsplit("/", 1)[-1]
+        if not name:
+            name = str(self).rstrip("/").rsplit("/", 1)[-1]
+            name = name[: -len(".zarr")] if name.endswith(".zarr") and len(name) > 5 else name
+        return name or None
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ArrayRef) and self.store == other.store and self.path == other.path
 
