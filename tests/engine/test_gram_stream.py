@@ -64,7 +64,8 @@ def test_streamed_plan_where_whole_chunks_are_refused(tmp_path, dtype):
 def test_streamed_gram_matches_numpy_within_worker_memory(tmp_path):
     """End to end on 2 x 256 MiB workers (~98 MiB per task): a 48 MiB chunk
     decoded whole (file + decoded copy) does not fit, its slabs do. The
-    result equals NumPy's and each worker's RSS stays within the plan."""
+    result equals NumPy's, each worker's RSS stays within its baseline plus
+    the planned task, and grows by less than one chunk."""
     rng = np.random.default_rng(5)
     # small integers as floats: exact sums, and zstd keeps the files small on disk
     x = rng.integers(-4, 5, size=(70000, 192)).astype("f8")  # 2 chunk rows + a ragged one
@@ -79,7 +80,12 @@ def test_streamed_gram_matches_numpy_within_worker_memory(tmp_path):
         st = got.stats
         assert st.bytes_read == plan.bytes_read == x.nbytes
         assert 0 < st.peak_worker_memory <= eng.budget().memory_per_worker
-        assert st.peak_worker_memory - idle <= plan.peak_task_memory, (st, idle, plan)
+        # the planner's contract: a worker holds its baseline plus the planned task
+        # (the first run also loads code, e.g. zstandard: the baseline covers it) ...
+        assert st.peak_worker_memory <= eng.budget().baseline + plan.peak_task_memory, \
+            (st, plan)
+        # ... and never a whole 48 MiB chunk, let alone its file and decoded copies
+        assert st.peak_worker_memory - idle < 32768 * 192 * 8, (st, idle, plan)
         assert_close(got.compute(), x.T @ x)
 
 
