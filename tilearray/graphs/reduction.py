@@ -17,7 +17,7 @@ import numpy as np
 
 from ..storage import IOStats, buffers, read_region
 from .matmul import merge_stats
-from .spec import Read, Trans, evaluate, reads
+from .spec import Op, Read, Trans, evaluate, func, reads
 
 SIMPLE = {
     # op: (block reducer, pairwise merge)
@@ -53,8 +53,12 @@ def _quiet(fn, *args, **kwargs):
         return fn(*args, **kwargs)
 
 
-def partial(x: np.ndarray, op: str, axis, offset: tuple[int, int], ncols: int):
-    """Partial result of ``op`` over block ``x`` (reduced axes kept as length 1)."""
+def partial(x: np.ndarray, op: str, axis, offset: tuple[int, int], ncols: int,
+            work: np.ndarray | None = None):
+    """Partial result of ``op`` over block ``x`` (reduced axes kept as length 1).
+
+    ``work``, a C-ordered array of ``x``'s shape in the accumulation dtype,
+    holds var/std's squared deviations (else a new array does)."""
     acc = accumulation_dtype(op, x.dtype)
     if op in SIMPLE:
         fn = SIMPLE[op][0]
@@ -72,7 +76,9 @@ def partial(x: np.ndarray, op: str, axis, offset: tuple[int, int], ncols: int):
         if op == "mean":
             return (np.sum(xf, axis=axis, keepdims=True), n)
         mean = _quiet(np.mean, xf, axis=axis, keepdims=True)
-        d = np.subtract(xf, mean)  # one temporary, squared in place
+        if work is None or work.shape != xf.shape or work.dtype != xf.dtype:
+            work = None
+        d = np.subtract(xf, mean, out=work)  # one temporary, squared in place
         np.multiply(d, d, out=d)
         m2 = np.sum(d, axis=axis, keepdims=True)
         del d
@@ -219,21 +225,47 @@ def _owned(part, lent):
         np.may_share_memory(p, b) for b in lent) else p for p in part)
 
 
-def _block_partial(spec, op, axis, rows, cols, ncols, deps, stats, full):
+def _block_partial(spec, op, axis, rows, cols, ncols, deps, stats, full, lent):
     """Partial of ``op`` over block ``rows x cols`` of ``spec``, its reads in
     ``full``: whole, or strip by strip (merged along the reduced axis, joined
-    along a kept one) when the expression would make block-sized temporaries."""
+    along a kept one) when the expression would make block-sized temporaries.
+
+    A strip's top-level ufunc result and var's deviations go to reused strip
+    buffers (appended to ``lent``): a fresh 1 MiB array is above glibc's mmap
+    threshold (distributed's MALLOC_TRIM_THRESHOLD_ fixes it at 128 KiB), so
+    each would be new pages, faulted in and zeroed."""
     h = rows[1] - rows[0]
     if _strip_mined(spec, op):
         h = max(1, STRIP_BYTES // max(8 * (cols[1] - cols[0]), 1))
     if h >= rows[1] - rows[0]:
         x = evaluate(spec, rows, cols, list(deps), stats, _seen=_views(spec, rows, cols, full))
         return partial(np.asarray(x), op, axis, (rows[0], cols[0]), ncols)
+    width = cols[1] - cols[0]
+    ufunc = func(spec.name) if isinstance(spec, Op) and not spec.kwargs else None
+    if not (isinstance(ufunc, np.ufunc) and ufunc.nout == 1):
+        ufunc = None
+    result = work = None  # strip buffers, made after the first strip
     merged, joined = None, []
     for s0 in range(rows[0], rows[1], h):
         srows = (s0, min(s0 + h, rows[1]))
-        x = evaluate(spec, srows, cols, list(deps), stats, _seen=_views(spec, srows, cols, full))
-        p = partial(np.asarray(x), op, axis, (srows[0], cols[0]), ncols)
+        hh = srows[1] - srows[0]
+        seen = _views(spec, srows, cols, full)
+        if result is not None:
+            args = [evaluate(a, srows, cols, list(deps), stats, _seen=seen) for a in spec.args]
+            x = ufunc(*args, out=result[:hh])
+        else:
+            x = np.asarray(evaluate(spec, srows, cols, list(deps), stats, _seen=seen))
+            if ufunc is not None and x.shape == (h, width) and x.base is None \
+                    and x.flags.c_contiguous:
+                # every strip's ufunc gets the same operand dtypes: this one's
+                # result dtype is theirs
+                result = buffers.take((h, width), x.dtype)
+                lent.append(result)
+        if op in ("var", "std") and work is None:
+            work = buffers.take((h, width), accumulation_dtype(op, x.dtype) or x.dtype)
+            lent.append(work)
+        p = partial(x, op, axis, (srows[0], cols[0]), ncols,
+                    None if work is None else work[:hh])
         if axis == 1:
             joined.append(p)
         else:
@@ -258,8 +290,8 @@ def _map(specs, rows, cols, ops, axes, ncols, deps, many):
     lent: list = []
     try:
         full = _read_leaves(specs, rows, cols, stats, lent)
-        out = tuple(_owned(_block_partial(spec, op, axis, rows, cols, ncols, deps, stats, full),
-                           lent)
+        out = tuple(_owned(_block_partial(spec, op, axis, rows, cols, ncols, deps, stats, full,
+                                          lent), lent)
                     for spec, op, axis in zip(specs, ops, axes, strict=True))
         del full
     finally:
