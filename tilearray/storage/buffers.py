@@ -12,15 +12,18 @@ reused (sys time 25 -> 9 ms per chunk).
 bytes; :func:`take` / :func:`give` lend whole decoded blocks (the reduction
 map tasks, whose blocks never outlive the task). Both are memory a task
 holds anyway while it runs (the planner counts each read compressed and
-decoded); a thread's buffers are dropped once it has not used them for
-``IDLE_SECONDS``, so a worker that moves on to other work (a matmul planned
-against the whole budget) does not keep them.
+decoded). Readers that do not pass a reused destination drop the scratch
+after each read (:func:`drop_scratch`), so matmul and elementwise tasks hold
+what they held before; a thread's buffers are dropped once it has not used
+them for ``IDLE_SECONDS``, when the thread ends, or when a task planned
+against the whole budget starts (:func:`release`).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -31,7 +34,7 @@ MAX_POOLED_BYTES = 256 * 2**20
 
 
 class _Pool:
-    __slots__ = ("lock", "scratch", "blocks", "nbytes", "used")
+    __slots__ = ("lock", "scratch", "blocks", "nbytes", "used", "__weakref__")
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -47,7 +50,7 @@ class _Pool:
 
 
 _local = threading.local()
-_pools: list[_Pool] = []
+_pools: weakref.WeakSet[_Pool] = weakref.WeakSet()  # a thread's pool goes with it
 _pools_lock = threading.Lock()
 _reaper: threading.Thread | None = None
 
@@ -57,7 +60,7 @@ def _pool() -> _Pool:
     if pool is None:
         pool = _local.pool = _Pool()
         with _pools_lock:
-            _pools.append(pool)
+            _pools.add(pool)
             _start_reaper()
     pool.used = time.monotonic()
     return pool
@@ -97,6 +100,15 @@ def scratch(nbytes: int) -> np.ndarray:
         return buf
 
 
+def drop_scratch() -> None:
+    """Free this thread's compressed-bytes buffer (readers that do not reuse
+    it across calls: their memory is then what it was without it)."""
+    pool = getattr(_local, "pool", None)
+    if pool is not None:
+        with pool.lock:
+            pool.scratch = None
+
+
 def take(shape: tuple[int, ...], dtype) -> np.ndarray:
     """A C-ordered array of ``shape`` and ``dtype`` (contents undefined):
     one this thread gave back earlier, else a new one."""
@@ -124,9 +136,15 @@ def give(arr: np.ndarray) -> None:
         pool.nbytes += arr.nbytes
 
 
-def release() -> None:
-    """Drop this thread's buffers now."""
+def release(blocks_only: bool = False) -> None:
+    """Drop this thread's buffers now (``blocks_only``: keep the compressed
+    scratch, which every read uses). Tasks planned against the whole budget
+    (matmul, elementwise blocks) call it first, so that blocks a reduction
+    left behind on this thread are not held while they run."""
     pool = getattr(_local, "pool", None)
     if pool is not None:
         with pool.lock:
-            pool.clear()
+            if blocks_only:
+                pool.blocks, pool.nbytes = {}, 0
+            else:
+                pool.clear()

@@ -89,9 +89,17 @@ class DirectReader:
         order), else a new one."""
         self.prefetch(rows, cols)  # later chunks load while the first decode
         shape = (rows[1] - rows[0], cols[1] - cols[0])
+        reusing = out is not None  # a caller that reuses buffers: keep the scratch too
         if out is None or out.shape != shape or out.dtype != self.dtype \
                 or not out.flags.c_contiguous:
             out = np.empty(shape, dtype=self.dtype)
+        try:
+            return self._read_into(out, rows, cols)
+        finally:
+            if not reusing:
+                buffers.drop_scratch()
+
+    def _read_into(self, out: np.ndarray, rows: Range, cols: Range) -> np.ndarray:
         (ch, cw), (m, n) = self.chunks, self.shape
         chunk_bytes = ch * cw * self.dtype.itemsize
         scratch = None  # reused decoded chunk, when it cannot go straight to ``out``
