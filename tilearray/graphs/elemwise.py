@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..storage import IOStats, write_block
+from ..storage import IOStats, buffers, write_block
 from .spec import evaluate
 
 
 def block_store(spec, rows, cols, dtype, out_ref, deps=()):
     """Evaluate block ``rows x cols`` of ``spec`` and write it whole."""
+    buffers.release(blocks_only=True)  # no reduction's blocks held under this budget
     stats = IOStats()
     x = np.asarray(evaluate(spec, rows, cols, list(deps), stats)).astype(dtype, copy=False)
     x = np.broadcast_to(x, (rows[1] - rows[0], cols[1] - cols[0]))
@@ -21,6 +22,7 @@ def block_store(spec, rows, cols, dtype, out_ref, deps=()):
 
 def block_compute(spec, rows, cols, dtype, deps=()):
     """Evaluate block ``rows x cols`` of ``spec`` and return it with stats."""
+    buffers.release(blocks_only=True)
     stats = IOStats()
     x = np.asarray(evaluate(spec, rows, cols, list(deps), stats)).astype(dtype, copy=False)
     x = np.broadcast_to(x, (rows[1] - rows[0], cols[1] - cols[0]))

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from scipy.linalg import blas
 
-from ..storage import IOStats, write_block
+from ..storage import IOStats, buffers, write_block
 from ..storage.geometry import Range
 from ..storage.io import open_row_streamer
 from .spec import Read, evaluate, prefetch
@@ -100,6 +100,7 @@ def matmul_block(
 
     Returns the block (Fortran-ordered) and the task's measured I/O stats.
     """
+    buffers.release(blocks_only=True)  # no reduction's blocks held under this budget
     dtype = np.dtype(dtype)
     stats = IOStats()
     acc = np.zeros((rows[1] - rows[0], cols[1] - cols[0]), dtype=dtype, order="F")

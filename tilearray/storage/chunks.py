@@ -32,6 +32,7 @@ from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, ZstdCode
 from zarr.storage import LocalStore
 
 from ..errors import CorruptChunkError
+from . import buffers
 from .geometry import Range
 
 _V3_COMPRESSORS = {ZstdCodec: numcodecs.Zstd, BloscCodec: numcodecs.Blosc, GzipCodec: numcodecs.GZip}
@@ -82,14 +83,25 @@ class DirectReader:
             finally:
                 os.close(fd)
 
-    def read(self, rows: Range, cols: Range) -> np.ndarray:
+    def read(self, rows: Range, cols: Range, out: np.ndarray | None = None) -> np.ndarray:
         """The region ``rows x cols`` (aligned to chunks or the array's edge)
-        as a new C-ordered array."""
+        as a C-ordered array: ``out`` when given (its shape and dtype, C
+        order), else a new one."""
         self.prefetch(rows, cols)  # later chunks load while the first decode
-        out = np.empty((rows[1] - rows[0], cols[1] - cols[0]), dtype=self.dtype)
+        shape = (rows[1] - rows[0], cols[1] - cols[0])
+        reusing = out is not None  # a caller that reuses buffers: keep the scratch too
+        if out is None or out.shape != shape or out.dtype != self.dtype \
+                or not out.flags.c_contiguous:
+            out = np.empty(shape, dtype=self.dtype)
+        try:
+            return self._read_into(out, rows, cols)
+        finally:
+            if not reusing:
+                buffers.drop_scratch()
+
+    def _read_into(self, out: np.ndarray, rows: Range, cols: Range) -> np.ndarray:
         (ch, cw), (m, n) = self.chunks, self.shape
         chunk_bytes = ch * cw * self.dtype.itemsize
-        raw = bytearray()  # reused compressed bytes of each chunk
         scratch = None  # reused decoded chunk, when it cannot go straight to ``out``
         for i in range(rows[0] // ch, -(-rows[1] // ch)):
             r0, r1 = i * ch, min((i + 1) * ch, m)
@@ -100,28 +112,27 @@ class DirectReader:
                 if not whole and scratch is None:
                     scratch = np.empty((ch, cw), dtype=self.dtype)
                 target = dest if whole else scratch
-                raw = self._read_chunk(i, j, raw, target, chunk_bytes)
-                if raw is None:  # not stored: the fill value, as Zarr reads it
-                    dest[...] = self.fill_value
-                    raw = bytearray()
+                if not self._read_chunk(i, j, target, chunk_bytes):
+                    dest[...] = self.fill_value  # not stored: the fill value, as Zarr reads it
                 elif not whole:
                     dest[...] = scratch[: r1 - r0, : c1 - c0]
         return out
 
-    def _read_chunk(self, i, j, raw: bytearray, target: np.ndarray, chunk_bytes: int):
+    def _read_chunk(self, i, j, target: np.ndarray, chunk_bytes: int) -> bool:
+        """Decode chunk ``(i, j)`` into ``target``; False when it is not stored.
+        Its compressed bytes go through this thread's reused scratch buffer
+        (see :mod:`.buffers`)."""
         path = os.path.join(self.root, *self.meta.encode_chunk_key((i, j)).split("/"))
         # a chunk file is read whole: say so (the kernel's read-ahead window is smaller)
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
-            return None
+            return False
         try:
             size = os.fstat(fd).st_size
             if hasattr(os, "posix_fadvise"):
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-            if len(raw) < size:
-                raw = bytearray(size)
-            view = memoryview(raw)[:size]
+            view = memoryview(buffers.scratch(max(size, 1)))[:size]
             got = 0
             while got < size:
                 k = os.readv(fd, [view[got:]])
@@ -146,7 +157,7 @@ class DirectReader:
                                      f"has {chunk_bytes}")
         except Exception as e:
             raise CorruptChunkError(self.name, (i, j), f"{type(e).__name__}: {e}") from e
-        return raw
+        return True
 
     def _checked(self, i, j, data: memoryview) -> memoryview:
         from crc32c import crc32c  # reads any buffer, without a copy

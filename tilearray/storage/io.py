@@ -112,13 +112,15 @@ class IOStats:
 
 
 def _read_request(arr, ref: ArrayRef, grid: Grid, req: ReadRequest, stats: IOStats,
-                  direct: DirectReader | None = None) -> np.ndarray:
+                  direct: DirectReader | None = None, out: np.ndarray | None = None
+                  ) -> np.ndarray:
     retries = int(_config.get("storage.read-retries"))
     sel = (slice(*req.rows), slice(*req.cols))
     for attempt in range(retries + 1):
         try:
             t0 = time.perf_counter()
-            data = direct.read(req.rows, req.cols) if direct is not None else arr[sel]
+            data = direct.read(req.rows, req.cols, out) if direct is not None \
+                else arr[sel]
             stats.read_seconds += time.perf_counter() - t0
             break
         except StorageError:  # a corrupt chunk found by the direct reader: no retry
@@ -187,11 +189,15 @@ def read_region(
     *,
     arr=None,
     max_bytes: int | None = None,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Read ``rows x cols`` of the array at ``ref`` through whole-unit requests.
 
     The units covering the region are fetched whole, once; the requested
     region is returned (a view into them when it is not unit-aligned).
+    ``out``, a C-ordered array of the region's shape and the array's dtype,
+    is decoded into when the region is unit-aligned and read directly (see
+    :mod:`.chunks`); check ``result is out`` -- otherwise it is untouched.
     """
     stats = stats if stats is not None else IOStats()
     arr = arr if arr is not None else ref.open()
@@ -210,7 +216,9 @@ def read_region(
                             (reqs[0].cols[0], reqs[-1].cols[1]),
                             sum(q.store_gets for q in reqs), sum(q.nbytes for q in reqs))]
     if len(reqs) == 1:
-        data = _read_request(arr, ref, grid, reqs[0], stats, direct)
+        aligned = (reqs[0].rows, reqs[0].cols) == (tuple(rows), tuple(cols))
+        data = _read_request(arr, ref, grid, reqs[0], stats, direct,
+                             out if aligned else None)
     else:
         r0, c0 = reqs[0].rows[0], reqs[0].cols[0]
         data = np.empty((reqs[-1].rows[1] - r0, reqs[-1].cols[1] - c0), dtype=arr.dtype)
@@ -221,6 +229,8 @@ def read_region(
         check_units_stored(arr, ref, grid, (reqs[0].rows[0], reqs[-1].rows[1]),
                            (reqs[0].cols[0], reqs[-1].cols[1]))
     r0, c0 = reqs[0].rows[0], reqs[0].cols[0]
+    if data.shape == (rows[1] - rows[0], cols[1] - cols[0]):
+        return data  # unit-aligned: the read itself (``out`` when it was used)
     return data[rows[0] - r0 : rows[1] - r0, cols[0] - c0 : cols[1] - c0]
 
 
