@@ -229,3 +229,41 @@ def test_large_vector_results_are_written_by_workers(tmp_path, monkeypatch):
         assert expr.stats.bytes_written == 700 * 8 and expr.stats.bytes_read == x.nbytes
         small = a.sum().to_zarr(tmp_path / "s.zarr")  # under the limit: a NumPy value
         assert isinstance(small, np.ndarray) and small == pytest.approx(x.sum())
+
+
+def test_var_of_mean_centred_input_reads_it_once(tmp_path):
+    """``(a - a.mean(axis)).var(axis)`` / ``.std`` is lowered as ``a.var(axis)``
+    (a shift along the reduced axis leaves the variance unchanged; the plan
+    says so): ``a`` is read once, and the values equal NumPy's. Other shifts
+    (another array's mean, a mean broadcast along the wrong axis) are left as
+    written, read twice and still correct."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((90, 90)) * 3 + 7
+    z = rng.standard_normal((90, 90))
+    with ta.Engine(n_workers=1, memory_per_worker="200MiB", processes=False, quiet=True):
+        a = ta.from_numpy(x, tmp_path / "a.zarr", tile=(32, 40))
+        c = ta.from_numpy(z, tmp_path / "c.zarr", tile=(32, 40))
+        once = [
+            ((a - a.mean(axis=0)).std(axis=0), (x - x.mean(0)).std(0)),
+            ((a - a.mean(axis=0)).var(axis=0, ddof=1), (x - x.mean(0)).var(0, ddof=1)),
+            ((a - a.mean(axis=1, keepdims=True)).var(axis=1),
+             (x - x.mean(1, keepdims=True)).var(1)),
+            ((a - a.mean()).std(), (x - x.mean()).std()),
+            (((a * 2) - (a * 2).mean(axis=0)).std(axis=0), (2 * x - (2 * x).mean(0)).std(0)),
+        ]
+        for expr, want in once:
+            plan = expr.plan()
+            assert plan.bytes_read == x.nbytes and "computed unshifted" in str(plan), str(plan)
+            assert_close(expr.compute(), want)
+            assert expr.stats.bytes_read == x.nbytes and expr.stats.tasks == plan.tasks
+        twice = [
+            ((a - c.mean(axis=0)).std(axis=0), (x - z.mean(0)).std(0)),
+            # (90,) broadcasts as a row: not constant along axis 1, so not a shift of it
+            ((a - a.mean(axis=1)).var(axis=1), (x - x.mean(1)).var(1)),
+            ((a - a.max(axis=0)).var(axis=0), (x - x.max(0)).var(0)),
+        ]
+        for expr, want in twice:
+            plan = expr.plan()
+            assert "computed unshifted" not in str(plan), str(plan)
+            assert plan.bytes_read == 2 * x.nbytes or plan.bytes_read == x.nbytes + z.nbytes
+            assert_close(expr.compute(), want)

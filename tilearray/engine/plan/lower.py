@@ -93,6 +93,7 @@ class Lowerer(MatmulLowering, ReductionLowering):
         self._counted = 0  # graph tasks already attributed to a stage
         self.creates: list[Create] = []
         self._small: dict[int, str] = {}
+        self._shifted: dict = {}  # id(var/std node) -> (node, its unshifted form)
         self._temps: dict[int, Read] = {}
         self._read_leaves: set = set()  # stored arrays read by the stages so far
         self._covers: dict = {}  # small key -> keys whose stats its result carries
@@ -160,7 +161,7 @@ class Lowerer(MatmulLowering, ReductionLowering):
             key = "const-" + node.token
             self.graph[key] = (_constant, node.value)
         elif isinstance(node, Reduce) and not node.x.small:
-            key = self.reduce(node)
+            key = self.reduce(self._unshifted(node))
         elif isinstance(node, Reduce):
             inner = self.small(node.x)
             key = "small-" + tokenize(structure(node), inner)

@@ -4,6 +4,8 @@ into one pass, each pass a map over blocks whose partials a tree combines
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 from dask.base import tokenize
 
@@ -13,6 +15,7 @@ from ...graphs import reduction as gred
 from ...graphs.blocks import intervals, max_interval, tree
 from ...graphs.spec import Op, leaves
 from ..expr.nodes import (
+    Elemwise,
     MatMul,
     Node,
     Reduce,
@@ -42,13 +45,16 @@ class ReductionLowering:
             if not isinstance(node, Node) or id(node) in seen:
                 return
             seen.add(id(node))
-            if isinstance(node, Reduce) and not node.x.small and 0 not in node.x.shape \
-                    and _reads_only_stored(node.x):  # so it can share a pass
+            red = self._unshifted(node) if isinstance(node, Reduce) else None
+            if red is not None and not red.x.small and 0 not in red.x.shape \
+                    and _reads_only_stored(red.x):  # so it can share a pass
                 deps: list = []
-                spec = self.spec(node.x, deps)
+                spec = self.spec(red.x, deps)
                 if not deps:
                     reads = frozenset(tokenize(leaf) for leaf in leaves(spec))
-                    groups.setdefault(tuple(node.x.shape), []).append((node, spec, reads))
+                    groups.setdefault(tuple(red.x.shape), []).append((node, spec, reads))
+            if red is not None:  # a rewritten var/std no longer needs its shift's mean
+                node = red
             for child in ("x", "a", "b"):
                 visit(getattr(node, child, None))
             for a in getattr(node, "args", ()):
@@ -66,9 +72,17 @@ class ReductionLowering:
             for _, group in parts:
                 if len(group) > 1:
                     nodes = [r for r, _ in group]
-                    keys = self._reduce_pass(nodes, [sp for _, sp in group], [])
+                    keys = self._reduce_pass([self._unshifted(r) for r in nodes],
+                                             [sp for _, sp in group], [])
                     for r, key in zip(nodes, keys, strict=True):
                         self._small[id(r)] = key
+
+    def _unshifted(self, node: Reduce) -> Reduce:
+        """:func:`unshifted`, once per node (the plan text names the rewrite)."""
+        if id(node) not in self._shifted:
+            new = unshifted(node)
+            self._shifted[id(node)] = (node, new)
+        return self._shifted[id(node)][1]
 
     def reduce(self, node: Reduce) -> str:
         m, n = node.x.shape
@@ -154,6 +168,11 @@ class ReductionLowering:
             out_keys.append(key)
             self._covers[key] = {key}  # its map tasks' stats, not their operands'
         ops = ", ".join(f"{r.op}(axis={r.axis})" for r in nodes)
+        shifts = [str(orig) for orig, new in self._shifted.values()
+                  if new is not orig and any(new is r for r in nodes)]
+        if shifts:
+            ops += (f" ({', '.join(shifts)}: computed unshifted, as a shift constant along the "
+                    "reduced axis leaves the variance unchanged)")
         shared_note = self._reread(joint, deps)
         shared = f" in one pass ({len(nodes)} reductions read each block once)" \
             if len(nodes) > 1 else ""
@@ -172,3 +191,37 @@ def _reads_only_stored(node) -> bool:
         return False
     children = [getattr(node, c, None) for c in ("x", "a", "b")] + list(getattr(node, "args", ()))
     return all(_reads_only_stored(c) for c in children if isinstance(c, Node))
+
+
+
+def unshifted(node: Reduce) -> Reduce:
+    """``(x - x.mean(axis)).var(axis)`` (or ``.std``) as ``x.var(axis)``.
+
+    A shift constant along the reduced axis does not change the variance, and
+    the mean of ``x`` along that axis is such a shift; lowering the reduction
+    of ``x`` itself saves the pass that computes the mean (``x`` is read once,
+    not twice). Only this exact form is rewritten: the shift is a mean of the
+    same expression over the same axis, broadcast along that axis (``(n,)``
+    or ``(1, n)`` for axis 0, ``(m, 1)`` for axis 1, a scalar for None), so
+    non-finite values give NumPy's NaN either way. Any other node is
+    returned as it is."""
+    x = node.x
+    if node.op not in ("var", "std") or not isinstance(x, Elemwise) \
+            or x.name != "subtract" or len(x.args) != 2 or x.kwargs:
+        return node
+    base, shift = x.args
+    if not isinstance(base, Node) or base.small or not isinstance(shift, Reduce) \
+            or shift.op != "mean" or shift.axis != node.axis \
+            or structure(shift.x) != structure(base) or base.shape != x.shape:
+        return node
+    s = tuple(shift.shape)
+    if node.axis is None:
+        along = s == () or s == (1, 1)
+    elif node.axis == 0:
+        along = s in ((x.shape[1],), (1, x.shape[1]))
+    else:
+        along = s == (x.shape[0], 1)
+    if not along:
+        return node
+    return dataclasses.replace(node, x=base)
+
