@@ -26,6 +26,7 @@ def gather(client, graph: dict, keys: list, *, description: str, quiet: bool, pl
 
     t0 = time.perf_counter()
     _worker_peaks(client)  # reset the in-worker peaks (PeakMemory plugin)
+    retries0 = _retries(client)
     job_event(client, "start", name=description, tasks=len(graph),
               units_total=int(units_total), units_skipped=int(units_skipped),
               **(_plan_figures(plan) if plan is not None else {}))
@@ -90,14 +91,20 @@ def gather(client, graph: dict, keys: list, *, description: str, quiet: bool, pl
         stats.blas_seconds += st.get("blas_seconds", 0.0)
     stats.per_worker_peak = peaks
     stats.peak_worker_memory = max(peaks.values(), default=0)
-    stats.task_retries = _suspicious(client)
+    stats.task_retries = max(0, _retries(client) - retries0)
     for f in futures:  # release, not cancel: a later run may reuse these keys
         f.release()
     return [v for v, _ in values[:n_keys]], stats
 
 
-def _suspicious(client) -> int:
+def _retries(client) -> int:
+    """Reruns counted so far by the scheduler's Metrics plugin (a key that
+    started processing again: worker lost while running it or holding its
+    result); the sum of ``suspicious`` counts if the plugin is missing."""
     def count(dask_scheduler):
+        plugin = dask_scheduler.plugins.get("tilearray-metrics")
+        if plugin is not None:
+            return plugin.task_retries
         return sum(ts.suspicious for ts in dask_scheduler.tasks.values())
 
     try:

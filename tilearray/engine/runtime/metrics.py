@@ -83,7 +83,7 @@ class Metrics(SchedulerPlugin):
         self.worker_peak: dict[str, int] = {}
         self.job: dict = {}
         self.job_units_done = 0
-        self._suspicious: dict = {}
+        self._started: dict = {}  # key -> times it started processing
 
     async def start(self, scheduler):
         self.scheduler = scheduler
@@ -116,21 +116,19 @@ class Metrics(SchedulerPlugin):
                     self.totals["jobs_failed"] += int(not msg.get("ok", False))
 
     def transition(self, key, start, finish, *args, **kwargs):
-        # a task taken off a dying worker has its ``suspicious`` count raised
-        # by the scheduler before it is rescheduled: count those as retries
+        # a key that starts processing a second time is a rerun: its worker
+        # died while running it, or died holding its finished result (which
+        # the scheduler then computes again). Both count as a retry.
         if finish == "forgotten":
-            self._suspicious.pop(key, None)
+            self._started.pop(key, None)
             return
-        if start != "processing":
+        if finish != "processing":
             return
-        ts = self.scheduler.tasks.get(key)
-        if ts is None:
-            return
-        seen = self._suspicious.get(key, 0)
-        if ts.suspicious > seen:
+        n = self._started.get(key, 0)
+        self._started[key] = n + 1
+        if n:
             with self._lock:
-                self.task_retries += ts.suspicious - seen
-            self._suspicious[key] = ts.suspicious
+                self.task_retries += 1
 
     def snapshot(self) -> dict:
         """The current figures, as a plain dict (also what ``/metrics`` shows)."""
