@@ -81,7 +81,8 @@ def main(argv=None) -> int:
             print(e.plan(), flush=True)
             got = e.compute()
             np.testing.assert_allclose(got, ref(x_np, y_np), rtol=1e-9)
-            shown = np.array2string(np.atleast_1d(got)[:4], precision=4)
+            shown = (f"{float(got):.4f}" if np.ndim(got) == 0 else
+                     np.array2string(np.asarray(got)[:4], precision=4))
             print(f"{name} = {shown}{' ...' if np.size(got) > 4 else ''}  "
                   f"[{e.stats}] verified against NumPy\n", flush=True)
     print("all results verified against NumPy.")

@@ -237,3 +237,56 @@ def test_slab_plan_sizes():
     # several chunk columns: one buffer each plus the joined slab
     rows, mem = slab_plan((64, 10), 8, (5, 25), 8 * 64 * 30 * 8, 4096)
     assert rows == 64 and mem == 3 * 64 * 10 * 8 + 64 * 20 * 8 + 3 * 4096
+
+
+class _Flaky:
+    """Makes the first ``n`` calls of ``os.<name>`` raise EIO."""
+
+    def __init__(self, monkeypatch, name, n):
+        self.real, self.left = getattr(os, name), n
+        monkeypatch.setattr(os, name, self)
+
+    def __call__(self, *args, **kw):
+        if self.left:
+            self.left -= 1
+            raise OSError(5, "Input/output error (injected)")
+        return self.real(*args, **kw)
+
+
+_READ_CALLS = [  # which os calls each layout reads through
+    (layout, call)
+    for layout in ("v3-zstd-crc32c", "v3-raw-crc32c", "v2-zstd", "v2-raw")
+    for call in ("open",
+                 *(("preadv",) if "raw" in layout else ()),  # raw data
+                 *(("pread",) if "zstd" in layout or "crc32c" in layout else ()))  # zstd / crc
+]
+
+
+@pytest.mark.parametrize(("layout", "call"), _READ_CALLS)
+def test_transient_os_errors_are_retried_where_they_failed(tmp_path, monkeypatch, layout, call):
+    z, x = _make(tmp_path / "a.zarr", **LAYOUTS[layout])
+    r = row_streamer(z, "a", z.store, "")
+    stats = IOStats()
+    flaky = _Flaky(monkeypatch, call, 2)
+    np.testing.assert_array_equal(_streamed(r, (0, 1000), (0, 70), 64, stats), x)
+    assert flaky.left == 0 and stats.read_retries == 2
+
+
+def test_persistent_os_error_is_a_storage_error_naming_the_tile(tmp_path, monkeypatch):
+    from tilearray.errors import StorageError
+
+    z, _ = _make(tmp_path / "a.zarr", **LAYOUTS["v3-zstd-crc32c"])
+    r = row_streamer(z, "a", z.store, "")
+    _Flaky(monkeypatch, "pread", 10**6)
+    with pytest.raises(StorageError, match=r"read of chunk \(0, 0\) of 'a' failed after") as e:
+        _streamed(r, (0, 1000), (0, 70), 64)
+    assert not isinstance(e.value, CorruptChunkError)
+
+
+def test_direct_reads_off_turns_streaming_off(tmp_path):
+    import dask
+
+    z, _ = _make(tmp_path / "a.zarr")
+    assert row_streamer(z, "a", z.store, "") is not None and grid_of(z).row_slabs > 0
+    with dask.config.set({"tilearray.storage.direct-reads": False}):
+        assert row_streamer(z, "a", z.store, "") is None and grid_of(z).row_slabs == 0

@@ -38,13 +38,20 @@ naming the array and tile. The checksum covers the whole file, so it is
 known only once a chunk's last slab has been decoded: the error is raised
 before the generator moves past that chunk (and before it finishes), so a
 caller that uses its result only after the generator is exhausted never
-uses numbers from a corrupt chunk.
+uses numbers from a corrupt chunk. An ``OSError`` opening or reading a file
+is retried like any store read (``tilearray.storage.read-retries``, with
+backoff, counted in ``read_retries``), resuming at the same file offset;
+one that persists is a :class:`~tilearray.errors.StorageError` naming the
+array and tile. ``tilearray.storage.direct-reads: false`` turns streaming
+off (the planner then plans whole-chunk reads).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -53,8 +60,11 @@ import zarr
 from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
 from zarr.storage import LocalStore
 
-from ..errors import CorruptChunkError
+from .. import _config
+from ..errors import CorruptChunkError, StorageError
 from .geometry import Range
+
+log = logging.getLogger(__name__)
 
 READ_SIZE = 131075
 """Compressed bytes read from a chunk file at a time (zstd's recommended
@@ -188,7 +198,14 @@ class RowStreamer:
         decoders: dict = {}
         for i in range(rows[0] // ch, -(-rows[1] // ch)):
             valid = min(ch, m - i * ch)
-            streams = [_ChunkStream(self, i, j, decoders) for j in js]
+            streams = []
+            try:
+                for j in js:
+                    streams.append(_ChunkStream(self, i, j, decoders, stats))
+            except BaseException:
+                for stream in streams:
+                    stream.close()
+                raise
             try:
                 for r in range(0, ch, s_max):  # the padding rows of an edge chunk are decoded too
                     s = min(s_max, ch - r)
@@ -224,14 +241,15 @@ class RowStreamer:
 class _ChunkStream:
     """One chunk file, decoded row by row into caller buffers."""
 
-    def __init__(self, owner: RowStreamer, i: int, j: int, decoders: dict):
-        self.owner, self.tile = owner, (i, j)
+    def __init__(self, owner: RowStreamer, i: int, j: int, decoders: dict, stats=None):
+        self.owner, self.tile, self.stats = owner, (i, j), stats
+        self.retries = int(_config.get("storage.read-retries"))
         self.fd = None
         self.reader = None
         self.done = False
         self.decoded = 0
         try:
-            self.fd = os.open(owner.path(i, j), os.O_RDONLY)
+            self.fd = self._retrying(lambda: os.open(owner.path(i, j), os.O_RDONLY), "open")
         except FileNotFoundError:  # not stored: the fill value, as Zarr reads it
             if owner.missing_is_error:
                 self._corrupt("its chunk file is missing, but the array is a complete "
@@ -261,13 +279,33 @@ class _ChunkStream:
             self.close()
             raise
 
+    def _retrying(self, op, what: str):
+        """``op()``, retried on a transient ``OSError`` (not a missing file)."""
+        retries = self.retries
+        for attempt in range(retries + 1):
+            try:
+                return op()
+            except (FileNotFoundError, StorageError):
+                raise
+            except OSError as e:
+                if attempt == retries:
+                    raise StorageError(
+                        f"{what} of chunk {self.tile} of {self.owner.name!r} failed after "
+                        f"{retries + 1} attempts: {e}") from e
+                if self.stats is not None:
+                    self.stats.read_retries += 1
+                log.warning("retrying %s of chunk %s of %s (%s)", what, self.tile,
+                            self.owner.name, e)
+                time.sleep(0.1 * 2**attempt)
+
     # -- the compressed side: a file object for zstandard, checksummed as read --
     def read(self, n: int = -1) -> bytes:
         left = self.body - self.consumed
         n = left if n is None or n < 0 else min(n, left)
         if n <= 0:
             return b""
-        data = os.read(self.fd, n)
+        at = self.consumed  # positioned reads: a retry resumes where it failed
+        data = self._retrying(lambda: os.pread(self.fd, n, at), "read")
         self.consumed += len(data)
         if self.owner.crc32c:
             from crc32c import crc32c  # incremental: crc32c(data, value=previous)
@@ -290,7 +328,8 @@ class _ChunkStream:
                 if self.reader is not None:
                     k = self.reader.readinto(flat[got:])
                 else:
-                    k = os.readv(self.fd, [flat[got:]])
+                    view, at = flat[got:], self.consumed
+                    k = self._retrying(lambda: os.preadv(self.fd, [view], at), "read")
                     if k and self.owner.crc32c:
                         from crc32c import crc32c
 
@@ -299,7 +338,7 @@ class _ChunkStream:
                 if k == 0:
                     break
                 got += k
-        except CorruptChunkError:
+        except StorageError:  # corrupt, or a read that failed for good
             raise
         except Exception as e:
             if "too much memory" in str(e):
@@ -339,7 +378,8 @@ class _ChunkStream:
             if self.consumed != self.body:
                 self._corrupt(f"{self.body - self.consumed} stored bytes past its zstd frame")
         if self.owner.crc32c:
-            want = os.read(self.fd, 4)
+            at = self.body
+            want = self._retrying(lambda: os.pread(self.fd, 4, at), "read")
             if len(want) != 4 or int.from_bytes(want, "little") != self.crc:
                 self._corrupt("crc32c checksum mismatch")
 
@@ -377,6 +417,8 @@ def row_streamer(arr: zarr.Array, name: str, store, path: str) -> RowStreamer | 
 
 def _layout(arr: zarr.Array, store=None) -> tuple[int | None, bool] | None:
     """``(zstd window or None for raw, crc32c)`` of a supported array, else None."""
+    if not _config.get("storage.direct-reads"):
+        return None
     store = arr.store if store is None else store
     if type(store) is not LocalStore or arr.ndim != 2 or arr.shards is not None:
         return None
