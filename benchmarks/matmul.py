@@ -1,7 +1,7 @@
 """Side-by-side out-of-core matmul: tilearray vs dask.array vs NumPy vs cubed.
 
     python benchmarks/matmul.py --n 8192 --dtype float64 --memory-per-worker 1GiB \
-        --workers 2 [--data-dir DIR] [--engines tilearray,dask,numpy,cubed]
+        --workers 2 [--repeats 3] [--data-dir DIR] [--engines tilearray,dask,numpy,cubed]
 
 Generates two n x n inputs once with plain Zarr (chunks 2048x2048, Zarr's
 default codecs: bytes + zstd level 0) under ``--data-dir`` (reused when present with the same shape, dtype
@@ -34,6 +34,7 @@ import argparse
 import math
 import os
 import shutil
+import statistics
 import sys
 import time
 import traceback
@@ -99,6 +100,7 @@ def run_tilearray(args, a_path, b_path, out_path) -> dict:
         return dict(
             wall=wall, peak_rss=rss.peak, ru_maxrss=max_rss_of_workers(eng.client),
             bytes_read=st.bytes_read, bytes_src="measured, RunStats", rchar=rc,
+            task_memory=plan.budget.task_memory,
             notes=(f"plan: {fmt_bytes(plan.bytes_read)} read, peak/task "
                    f"{fmt_bytes(plan.peak_task_memory)}; io_wait {st.io_wait_seconds:.0f} s, "
                    f"BLAS {st.blas_seconds:.0f} s (task sums)"),
@@ -250,17 +252,17 @@ RUNNERS = {"tilearray": run_tilearray, "dask": run_dask, "numpy": run_numpy,
 
 def verify(args, a_path, b_path, outs: dict, n_blocks: int = 4, bs: int = 256) -> dict:
     """Compare each engine's stored C with NumPy ``A[r,:] @ B[:,c]`` on sampled
-    blocks; tilearray is also compared with NumPy's stored result."""
+    blocks; tilearray is also compared with NumPy's stored result. Tolerance: the
+    project's one comparison helper, relative to the result's scale."""
     import zarr
+
+    from tilearray.testing import assert_close
 
     n = args.n
     bs = min(bs, n)
     rng = np.random.default_rng(12345)
     A = zarr.open_array(a_path, mode="r")
     B = zarr.open_array(b_path, mode="r")
-    eps = np.finfo(np.dtype(args.dtype)).eps
-    atol = eps * n * math.sqrt(n) * 4
-    rtol = 1e3 * eps
     blocks = [(int(rng.integers(0, n - bs + 1)), int(rng.integers(0, n - bs + 1)))
               for _ in range(n_blocks)]
     blocks[0] = (n - bs, n - bs)  # include the last (possibly ragged) corner
@@ -273,18 +275,55 @@ def verify(args, a_path, b_path, outs: dict, n_blocks: int = 4, bs: int = 256) -
             stored[eng] = [z[r:r + bs, c:c + bs] for r, c in blocks]
         except Exception as e:
             res[eng] = f"cannot open result: {type(e).__name__}"
+    def close(got, want) -> bool:
+        try:
+            for g, w in zip(got, want, strict=True):
+                assert_close(g, w)
+            return True
+        except AssertionError:
+            return False
+
     for eng, got in stored.items():
         err = max(float(np.max(np.abs(g - ref))) for g, ref in zip(got, refs, strict=True))
-        ok = all(np.allclose(g, ref, rtol=rtol, atol=atol) for g, ref in
-                 zip(got, refs, strict=True))
-        txt = f"{'ok' if ok else 'MISMATCH'} (max err {err:.1e})"
+        txt = f"{'ok' if close(got, refs) else 'MISMATCH'} (max err {err:.1e})"
         if eng == "tilearray" and "numpy" in stored:
-            ok2 = all(np.allclose(g, h, rtol=rtol, atol=atol) for g, h in
-                      zip(got, stored["numpy"], strict=True))
-            txt += f"; vs NumPy {'ok' if ok2 else 'MISMATCH'}"
+            txt += f"; vs NumPy {'ok' if close(got, stored['numpy']) else 'MISMATCH'}"
         res[eng] = txt
-    log(f"verified {n_blocks} blocks of {bs}x{bs} (atol {atol:.1e}, rtol {rtol:.1e}): {res}")
+    log(f"verified {n_blocks} blocks of {bs}x{bs} (tilearray.testing.assert_close): {res}")
     return res
+
+
+# -- summary ----------------------------------------------------------------------------
+
+
+def _summary(rs: list[dict]) -> dict:
+    """One engine's rounds as one row: median wall (and multiply), the worst peak
+    memory, the first round's figures otherwise; an error if any round failed."""
+    bad = [r for r in rs if "error" in r]
+    if bad:
+        return bad[0]
+    out = dict(rs[-1])
+    out["walls"] = [r["wall"] for r in rs]
+    out["wall"] = statistics.median(out["walls"])
+    if all("mul" in r for r in rs):
+        out["muls"] = [r["mul"] for r in rs]
+        out["mul"] = statistics.median(out["muls"])
+    for k in ("peak_rss", "ru_maxrss"):
+        out[k] = max(r[k] for r in rs)
+    return out
+
+
+def _ratio(runs: dict, num: str, den: str, key: str) -> str | None:
+    """Median over rounds of runs[num].wall / runs[den][key], with the per-round ratios."""
+    if num not in runs or den not in runs:
+        return None
+    pairs = [(a["wall"], b.get(key)) for a, b in zip(runs[num], runs[den], strict=True)
+             if "error" not in a and "error" not in b and b.get(key)]
+    if not pairs:
+        return None
+    ratios = [a / b for a, b in pairs]
+    each = ", ".join(f"{r:.2f}" for r in ratios)
+    return f"{statistics.median(ratios):.2f}" + (f" ({each})" if len(ratios) > 1 else "")
 
 
 # -- main -------------------------------------------------------------------------------
@@ -304,6 +343,8 @@ def main(argv=None) -> int:
     p.add_argument("--numpy-repeats", type=int, default=2,
                    help="time NumPy's multiply this many times, report the fastest "
                         "as multiply-only (default 2; the machine is noisy)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="interleaved rounds of every engine; the table shows medians (1)")
     p.add_argument("--keep-outputs", action="store_true", help="keep the result arrays")
     args = p.parse_args(argv)
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
@@ -315,7 +356,11 @@ def main(argv=None) -> int:
     s = np.dtype(args.dtype).itemsize
     M = parse_bytes(args.memory_per_worker)
     flops = 2 * n**3
-    lower_bound = 2 * n**3 / math.sqrt(M / s) * s
+
+    def bound(mem: int) -> float:
+        return 2 * n**3 / math.sqrt(mem / s) * s
+
+    lower_bound = bound(M)
     log(f"matmul {n}x{n} {args.dtype}, {args.workers} workers x {args.memory_per_worker}, "
         f"engines {engines}; data dir {args.data_dir}")
 
@@ -327,20 +372,25 @@ def main(argv=None) -> int:
     out_dir = os.path.join(args.data_dir, "out")
     os.makedirs(out_dir, exist_ok=True)
 
-    results, outs = {}, {}
-    for eng in engines:
-        out_path = os.path.join(out_dir, f"c_{eng}_n{n}_{args.dtype}.zarr")
-        shutil.rmtree(out_path, ignore_errors=True)
-        log(f"--- {eng} ---")
-        try:
-            results[eng] = RUNNERS[eng](args, a_path, b_path, out_path)
-            outs[eng] = out_path
-            log(f"{eng}: {results[eng]['wall']:.1f} s")
-        except Exception as e:
-            traceback.print_exc(file=sys.stderr)
-            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            results[eng] = {"error": f"{type(e).__name__}: {first}"[:160]}
-            log(f"{eng} FAILED: {results[eng]['error']}")
+    runs: dict[str, list[dict]] = {e: [] for e in engines}
+    outs = {}
+    for rnd in range(args.repeats):
+        for eng in engines:  # interleaved: round 1 of every engine, then round 2, ...
+            out_path = os.path.join(out_dir, f"c_{eng}_n{n}_{args.dtype}.zarr")
+            shutil.rmtree(out_path, ignore_errors=True)
+            log(f"--- {eng} (round {rnd + 1} of {args.repeats}) ---")
+            try:
+                r = RUNNERS[eng](args, a_path, b_path, out_path)
+                outs[eng] = out_path
+                log(f"{eng}: {r['wall']:.1f} s")
+            except Exception as e:
+                traceback.print_exc(file=sys.stderr)
+                first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                r = {"error": f"{type(e).__name__}: {first}"[:160]}
+                outs.pop(eng, None)
+                log(f"{eng} FAILED: {r['error']}")
+            runs[eng].append(r)
+    results = {e: _summary(rs) for e, rs in runs.items()}
 
     checks = verify(args, a_path, b_path, outs) if outs else {}
     cal_after = dgemm_gflops()
@@ -351,30 +401,35 @@ def main(argv=None) -> int:
     for eng in engines:
         r = results[eng]
         if "error" in r:
-            rows.append([eng, "FAILED", None, None, None, None, None, None, None, None,
-                         r["error"]])
+            rows.append([eng, "FAILED", None, None, None, None, None, None, None, None, None,
+                         None, r["error"]])
             continue
         rows.append([
             eng,
-            fmt_num(r["wall"], ".1f"),
+            f"{r['wall']:.1f} ({', '.join(f'{w:.1f}' for w in r['walls'])})",
             fmt_num(flops / r["wall"] / 1e9, ".2f"),
-            fmt_num(r["wall"] / numpy_mul, ".1f") if numpy_mul else None,
+            _ratio(runs, eng, "numpy", "wall"),
+            _ratio(runs, eng, "numpy", "mul"),
+            _ratio(runs, "dask", eng, "wall") if eng != "dask" else None,
             fmt_bytes(r["peak_rss"]),
             fmt_bytes(r["ru_maxrss"]),
             f"{fmt_bytes(r['bytes_read'])} ({r['bytes_src']})",
             fmt_num(r["bytes_read"] / lower_bound, ".2f"),
-            fmt_bytes(r["rchar"]) if r.get("rchar", -1) >= 0 else None,
+            (fmt_num(r["bytes_read"] / bound(r["task_memory"]), ".2f")
+             if r.get("task_memory") else None),
             checks.get(eng),
             r.get("notes", ""),
         ])
     if numpy_mul:
-        rows.append(["numpy (multiply only)", fmt_num(numpy_mul, ".1f"),
-                     fmt_num(flops / numpy_mul / 1e9, ".2f"), "1.0", None, None, None, None,
-                     None, None, f"operands already in RAM; fastest of "
-                     f"{args.numpy_repeats} multiplies, all cores"])
+        rows.append(["numpy (multiply only)",
+                     f"{numpy_mul:.1f} ({', '.join(f'{w:.1f}' for w in results['numpy']['muls'])})",
+                     fmt_num(flops / numpy_mul / 1e9, ".2f"), None, "1.00", None, None, None,
+                     None, None, None, None, f"operands already in RAM; fastest of "
+                     f"{args.numpy_repeats} multiplies per round, all cores"])
 
     print(f"### matmul {n}x{n} @ {n}x{n} {args.dtype}: {args.workers} workers x 1 thread, "
-          f"{args.memory_per_worker} per worker, tiles {args.tile}x{args.tile}\n")
+          f"{args.memory_per_worker} per worker, tiles {args.tile}x{args.tile}; median of "
+          f"{args.repeats} interleaved round(s)\n")
     print(f"- FLOPs 2n³ = {flops / 1e9:,.1f} G; inputs {fmt_bytes(logical)} logical, "
           f"{fmt_bytes(on_disk)} on disk (zstd); I/O lower bound 2n³/√(M/s)·s with M = "
           f"{args.memory_per_worker}: {fmt_bytes(lower_bound)}")
@@ -383,10 +438,14 @@ def main(argv=None) -> int:
     print("- peak RSS: max over worker processes sampled every 0.2 s (NumPy: its own "
           "process); ru_maxrss: exact lifetime peak of the same processes")
     print("- bytes read are decoded bytes; rchar = bytes through read syscalls (compressed "
-          "files, page cache included)\n")
+          "files, page cache included); read / LB uses M = memory per worker, read / LB(task) "
+          "M = the memory a task may fill (the plan's per-task budget)")
+    print("- ratios are medians of the per-round ratios (engines of one round ran back to "
+          "back); × dask = dask's wall / this engine's\n")
     print(markdown_table(
-        ["engine", "wall (s)", "GFLOP/s", "× NumPy mul", "peak RSS/worker", "ru_maxrss",
-         "bytes read", "read / LB", "rchar", "check", "notes"], rows))
+        ["engine", "wall (s), median (runs)", "GFLOP/s", "× NumPy end-to-end", "× NumPy mul",
+         "× dask", "peak RSS/worker", "ru_maxrss", "bytes read", "read / LB",
+         "read / LB(task)", "check", "notes"], rows))
     sys.stdout.flush()
 
     if not args.keep_outputs:
