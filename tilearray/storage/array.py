@@ -32,6 +32,7 @@ from .groups import (  # noqa: F401  (re-exported: callers use storage.array's n
     refresh_consolidated,
     sibling_dims,
 )
+from .groups import _node_at
 from .locks import (  # noqa: F401  (the output lock, re-exported)
     abandoned_by,
     acquire_lock,
@@ -107,17 +108,38 @@ def open_array(
                 f"{loc!r} is an unfinished output: the job creating it "
                 f"({describe_holder(dead)}) was killed before its array metadata was "
                 "written; rerun that job with resume=True or overwrite=True") from None
+        if _is_group(ref):  # a format 2 group: zarr says only "no array found"
+            raise StorageError(_group_message(ref)) from None
         raise StorageError(f"no Zarr array at {loc!r}: {e}") from None
     except (ContainsGroupError, NodeTypeValidationError) as e:
-        raise StorageError(
-            f"{loc!r} is a Zarr group, not an array; pass the array's path inside it"
-        ) from e
+        raise StorageError(_group_message(ref)) from e
     if arr.ndim != 2:
         raise StorageError(not_a_matrix_message(ref, arr))
     check_dtype(arr.dtype, loc)
     if check_complete:
         check_output_complete(ref, arr)
     return arr
+
+
+def _is_group(ref: ArrayRef) -> bool:
+    """True when a Zarr group (format 2 or 3) is stored at ``ref``."""
+    try:
+        return _node_at(ref.store, ref.path)[0] == "group"
+    except Exception:  # an unreadable store: report what zarr said
+        return False
+
+
+def _group_message(ref: ArrayRef) -> str:
+    """Why a group does not open as a matrix, with the members that would."""
+    try:
+        group = zarr.open_group(ref.store, path=ref.path or None, mode="r")
+        members = sorted(name for name, _ in group.arrays())
+    except Exception:
+        members = []
+    listed = (f" (its arrays: {', '.join(repr(m) for m in members[:10])}"
+              f"{', ...' if len(members) > 10 else ''})") if members else ""
+    return (f"{str(ref)!r} is a Zarr group, not an array; pass the array's path inside "
+            f"it{listed}, e.g. ta.open(path, name)")
 
 
 def not_a_matrix_message(ref: ArrayRef, arr: zarr.Array) -> str:
