@@ -26,13 +26,13 @@ from .. import _config
 from ..errors import IncompleteOutputError, StorageError
 from .geometry import Grid
 from .groups import (  # noqa: F401  (re-exported: callers use storage.array's names)
+    _node_at,
     check_parents,
     choose_dims,
     dims_of,
     refresh_consolidated,
     sibling_dims,
 )
-from .groups import _node_at
 from .locks import (  # noqa: F401  (the output lock, re-exported)
     abandoned_by,
     acquire_lock,
