@@ -53,6 +53,7 @@ from .ref import (  # noqa: F401  (re-exported: callers use storage.array's name
     check_name,
     describe,
     info_attrs,
+    unit_done_key,
 )
 from .stream import streams_rows
 
@@ -286,10 +287,6 @@ def _clip_block(shape, block, name: str, loc: str) -> tuple[int, int]:
 # -- completion bookkeeping -----------------------------------------------------------
 
 
-def unit_done_key(i: int, j: int) -> str:
-    return f"{DONE_DIR}/{i}.{j}"
-
-
 def mark_unit_done(ref: ArrayRef, i: int, j: int) -> None:
     """Record that unit ``(i, j)`` was written whole (after its data)."""
     ref.set_key(unit_done_key(i, j), b"1")
@@ -327,10 +324,12 @@ def mark_complete(ref: ArrayRef, extra: dict | None = None) -> None:
 
 def every_unit_stored(arr: zarr.Array) -> bool:
     """True for a complete tilearray output of format 2 or later: each of its
-    I/O units was written (empty ones too), so a missing chunk file is lost
-    data. Other arrays -- written by others, or by tilearray before format 2
-    -- may leave all-fill-value chunks unstored: a missing chunk reads as the
-    fill value, as in Zarr."""
+    I/O units was written (empty ones too), so a missing chunk file of a unit
+    with its done marker is lost data. Other arrays -- written by others, or
+    by tilearray before format 2 -- may leave all-fill-value chunks unstored:
+    a missing chunk reads as the fill value, as in Zarr. So do copies of an
+    output made with zarr or xarray: they carry its attributes but neither its
+    done markers nor (zarr skips them by default) its all-fill chunks."""
     meta = info_attrs(arr)
     fmt = meta.get("format")
     return meta.get("complete") is True and isinstance(fmt, int) and fmt >= 2
