@@ -162,6 +162,27 @@ def test_missing_chunk_of_foreign_array_is_the_fill_value(engine, tmp_path, rng)
     assert_close(ta.open(tmp_path / "f.zarr").sum(axis=0).compute(), want.sum(axis=0))
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("shard", [None, (16, 16)])
+def test_zarr_copy_of_an_output_reads_unstored_chunks_as_fill(engine, tmp_path, rng, shard):
+    """Copied with plain zarr, an output keeps its attributes (``complete``,
+    format 2) but not its done markers, and zarr does not store its all-zero
+    chunks: they read as the fill value, as zarr and xarray read them (it
+    was a CorruptChunkError, 'data deleted or lost')."""
+    x = rng.standard_normal((32, 48))
+    x[:16, :16] = 0.0
+    ta.from_numpy(x, tmp_path / "out.zarr", tile=(8, 8), shard=shard)
+    src = zarr.open_array(str(tmp_path / "out.zarr"), mode="r")
+    dst = zarr.create_array(str(tmp_path / "copy.zarr"), shape=src.shape, chunks=src.chunks,
+                            shards=src.shards, dtype=src.dtype, fill_value=0,
+                            attributes=dict(src.attrs))
+    dst[...] = src[...]
+    assert not os.path.exists(tmp_path / "copy.zarr" / "c" / "0" / "0")
+    c = ta.open(tmp_path / "copy.zarr")
+    assert_close(c.sum(axis=0).compute(), x.sum(axis=0))
+    assert_close((c.T @ c).compute(), x.T @ x)
+
+
 # -- targets ----------------------------------------------------------------------------
 
 

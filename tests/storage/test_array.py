@@ -274,3 +274,17 @@ def test_done_units_ignore_a_killed_writers_temporary_file(tmp_path):
     d = tmp_path / "o.zarr" / DONE_DIR
     (d / "3.4.abf307e889a84fc780e08f6979db6b9f.partial").write_bytes(b"")
     assert done_units(ref) == {(1, 2)}
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_open_group_without_member_says_group(tmp_path, zarr_format):
+    """A path to a group (format 2 too: zarr only says "no array found") is
+    reported as a group, with the member names that would open."""
+    g = zarr.open_group(tmp_path / "g.zarr", mode="w", zarr_format=zarr_format)
+    g.create_array("X", shape=(4, 3), chunks=(2, 2), dtype="f8")
+    g.create_group("sub").create_array("Y", shape=(4, 3), chunks=(2, 2), dtype="f8")
+    for where, name in ((tmp_path / "g.zarr", ""), (g, ""), (tmp_path / "g.zarr", "sub")):
+        with pytest.raises(ta.StorageError, match=r"is a Zarr group, not an array.*'(X|Y)'"):
+            ta.open(where, name)
+    with pytest.raises(ta.StorageError, match=r"no Zarr array at .*g\.zarr/nope"):
+        ta.open(tmp_path / "g.zarr", "nope")

@@ -85,6 +85,53 @@ def test_truncated_raw_chunk_is_corrupt(tmp_path):
         direct_reader(z, "a", z.store, "").read((0, 300), (512, 700))
 
 
+COMPRESSED = {
+    "v2-blosc": {"zarr_format": 2, "compressors": numcodecs.Blosc("lz4")},
+    "v2-zstd": {"zarr_format": 2, "compressors": numcodecs.Zstd(1)},
+    "v2-gzip": {"zarr_format": 2, "compressors": numcodecs.GZip()},
+    "v2-lz4": {"zarr_format": 2, "compressors": numcodecs.LZ4()},
+    "v2-zlib": {"zarr_format": 2, "compressors": numcodecs.Zlib()},
+    "v3-blosc": {"compressors": BloscCodec()},
+    "v3-gzip": {"compressors": GzipCodec()},
+    "v3-zstd": {"compressors": ZstdCodec(level=1)},
+}
+
+
+def _zarr_error(z):
+    try:
+        z[...]
+    except Exception as e:
+        return e
+    return None
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "short frame", "long frame"])
+@pytest.mark.parametrize("layout", sorted(COMPRESSED))
+def test_damaged_compressed_chunk_is_corrupt_not_stale_bytes(tmp_path, layout, damage):
+    """A chunk file cut short, emptied, or holding a valid frame of fewer
+    bytes than a chunk: Zarr fails to read it, and so must the direct reader
+    (blosc read past the end of the bytes read into the reused buffer --
+    stale bytes of an earlier chunk -- and gzip / blosc / zstd / lz4 decoded
+    into part of the chunk, leaving the rest as it was: wrong numbers); a
+    frame of more bytes than a chunk fails in both."""
+    z, _ = _make(tmp_path / "a.zarr", chunks=(150, 128), shape=(400, 300), **COMPRESSED[layout])
+    f = tmp_path / "a.zarr" / z.metadata.encode_chunk_key((1, 1))
+    data = f.read_bytes()
+    codec = numcodecs.get_codec(dict(z.metadata.compressor.get_config())) \
+        if z.metadata.zarr_format == 2 else {
+            BloscCodec: numcodecs.Blosc, GzipCodec: numcodecs.GZip, ZstdCodec: numcodecs.Zstd,
+        }[type(z.compressors[0])]()
+    f.write_bytes({"truncated": data[: len(data) // 2], "empty": b"",
+                   "short frame": bytes(codec.encode(np.ones(150 * 64))),
+                   "long frame": bytes(codec.encode(np.ones(300 * 128)))}[damage])
+    assert _zarr_error(zarr.open_array(str(tmp_path / "a.zarr"), mode="r")) is not None
+    r = direct_reader(z, "a.zarr", z.store, "")
+    assert r is not None
+    with pytest.raises(CorruptChunkError) as e:
+        r.read((0, 400), (0, 300))  # chunk (1, 1) after (0, 0) .. (1, 0): stale bytes
+    assert e.value.tile == (1, 1) and "a.zarr" in str(e.value)
+
+
 @pytest.mark.parametrize("kw", [
     {"shards": (600, 512)},
     {"zarr_format": 2, "order": "F"},

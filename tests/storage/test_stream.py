@@ -290,3 +290,43 @@ def test_direct_reads_off_turns_streaming_off(tmp_path):
     assert row_streamer(z, "a", z.store, "") is not None and grid_of(z).row_slabs > 0
     with dask.config.set({"tilearray.storage.direct-reads": False}):
         assert row_streamer(z, "a", z.store, "") is None and grid_of(z).row_slabs == 0
+
+
+def _copy_with_zarr(src_path, dst_path):
+    """Copy an array as zarr users do: data and attributes (tilearray's
+    ``complete`` bookkeeping included), all-fill chunks not stored (zarr's
+    default), no done markers."""
+    src = zarr.open_array(str(src_path), mode="r")
+    dst = zarr.create_array(str(dst_path), shape=src.shape, chunks=src.chunks, dtype=src.dtype,
+                            compressors=src.compressors, fill_value=0,
+                            attributes=dict(src.attrs))
+    dst[...] = src[...]
+    return dst
+
+
+def test_zarr_copy_of_an_output_streams_its_unstored_chunks_as_fill(tmp_path):
+    """A zarr copy of a complete tilearray output keeps its attributes but not
+    its done markers, and zarr skips its all-zero chunks: those read as the
+    fill value, not as lost data. A chunk deleted from the output itself
+    (its done marker present) still is."""
+    import tilearray as ta
+    from tilearray.storage import ArrayRef
+    from tilearray.storage.io import open_row_streamer
+
+    x = np.random.default_rng(1).standard_normal((300, 40))
+    x[100:200] = 0.0  # chunk row 1 all zeros
+    import dask
+
+    with dask.config.set({"tilearray.storage.compressor": "zstd"}):  # streamable
+        ta.from_numpy(x, tmp_path / "out.zarr", tile=(100, 40))
+    copy = _copy_with_zarr(tmp_path / "out.zarr", tmp_path / "copy.zarr")
+    assert not os.path.exists(tmp_path / "copy.zarr" / "c" / "1" / "0")
+    assert copy.attrs["tilearray"]["complete"] is True
+    r = open_row_streamer(ArrayRef.from_location(tmp_path / "copy.zarr"))
+    assert r is not None and r.missing_is_error
+    np.testing.assert_array_equal(_streamed(r, (0, 300), (0, 40), 64), x)
+
+    os.remove(tmp_path / "out.zarr" / "c" / "1" / "0")
+    r = open_row_streamer(ArrayRef.from_location(tmp_path / "out.zarr"))
+    with pytest.raises(CorruptChunkError, match=r"\(1, 0\).*missing"):
+        _streamed(r, (0, 300), (0, 40), 64)

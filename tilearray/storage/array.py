@@ -26,6 +26,7 @@ from .. import _config
 from ..errors import IncompleteOutputError, StorageError
 from .geometry import Grid
 from .groups import (  # noqa: F401  (re-exported: callers use storage.array's names)
+    _node_at,
     check_parents,
     choose_dims,
     dims_of,
@@ -52,6 +53,7 @@ from .ref import (  # noqa: F401  (re-exported: callers use storage.array's name
     check_name,
     describe,
     info_attrs,
+    unit_done_key,
 )
 from .stream import streams_rows
 
@@ -107,17 +109,38 @@ def open_array(
                 f"{loc!r} is an unfinished output: the job creating it "
                 f"({describe_holder(dead)}) was killed before its array metadata was "
                 "written; rerun that job with resume=True or overwrite=True") from None
+        if _is_group(ref):  # a format 2 group: zarr says only "no array found"
+            raise StorageError(_group_message(ref)) from None
         raise StorageError(f"no Zarr array at {loc!r}: {e}") from None
     except (ContainsGroupError, NodeTypeValidationError) as e:
-        raise StorageError(
-            f"{loc!r} is a Zarr group, not an array; pass the array's path inside it"
-        ) from e
+        raise StorageError(_group_message(ref)) from e
     if arr.ndim != 2:
         raise StorageError(not_a_matrix_message(ref, arr))
     check_dtype(arr.dtype, loc)
     if check_complete:
         check_output_complete(ref, arr)
     return arr
+
+
+def _is_group(ref: ArrayRef) -> bool:
+    """True when a Zarr group (format 2 or 3) is stored at ``ref``."""
+    try:
+        return _node_at(ref.store, ref.path)[0] == "group"
+    except Exception:  # an unreadable store: report what zarr said
+        return False
+
+
+def _group_message(ref: ArrayRef) -> str:
+    """Why a group does not open as a matrix, with the members that would."""
+    try:
+        group = zarr.open_group(ref.store, path=ref.path or None, mode="r")
+        members = sorted(name for name, _ in group.arrays())
+    except Exception:
+        members = []
+    listed = (f" (its arrays: {', '.join(repr(m) for m in members[:10])}"
+              f"{', ...' if len(members) > 10 else ''})") if members else ""
+    return (f"{str(ref)!r} is a Zarr group, not an array; pass the array's path inside "
+            f"it{listed}, e.g. ta.open(path, name)")
 
 
 def not_a_matrix_message(ref: ArrayRef, arr: zarr.Array) -> str:
@@ -264,10 +287,6 @@ def _clip_block(shape, block, name: str, loc: str) -> tuple[int, int]:
 # -- completion bookkeeping -----------------------------------------------------------
 
 
-def unit_done_key(i: int, j: int) -> str:
-    return f"{DONE_DIR}/{i}.{j}"
-
-
 def mark_unit_done(ref: ArrayRef, i: int, j: int) -> None:
     """Record that unit ``(i, j)`` was written whole (after its data)."""
     ref.set_key(unit_done_key(i, j), b"1")
@@ -305,10 +324,12 @@ def mark_complete(ref: ArrayRef, extra: dict | None = None) -> None:
 
 def every_unit_stored(arr: zarr.Array) -> bool:
     """True for a complete tilearray output of format 2 or later: each of its
-    I/O units was written (empty ones too), so a missing chunk file is lost
-    data. Other arrays -- written by others, or by tilearray before format 2
-    -- may leave all-fill-value chunks unstored: a missing chunk reads as the
-    fill value, as in Zarr."""
+    I/O units was written (empty ones too), so a missing chunk file of a unit
+    with its done marker is lost data. Other arrays -- written by others, or
+    by tilearray before format 2 -- may leave all-fill-value chunks unstored:
+    a missing chunk reads as the fill value, as in Zarr. So do copies of an
+    output made with zarr or xarray: they carry its attributes but neither its
+    done markers nor (zarr skips them by default) its all-fill chunks."""
     meta = info_attrs(arr)
     fmt = meta.get("format")
     return meta.get("complete") is True and isinstance(fmt, int) and fmt >= 2

@@ -16,8 +16,10 @@ Zarr's concurrent fetching), wrapper stores (tests count and fail their
 calls), filters, F order, other byte orders -- gets no reader
 (:func:`direct_reader` returns None) and is read through Zarr. Semantics are
 Zarr's: a missing chunk reads as the fill value (the caller checks complete
-tilearray outputs), a chunk that fails to decode or its checksum raises
-:class:`~tilearray.errors.CorruptChunkError` naming the tile.
+tilearray outputs), a chunk that fails to decode or its checksum, or does
+not decode to exactly one chunk's bytes (a truncated or emptied file, a
+frame of another size), raises :class:`~tilearray.errors.CorruptChunkError`
+naming the tile.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 import numcodecs
 import numpy as np
 import zarr
+from numcodecs.compat import ensure_bytes
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, ZstdCodec
 from zarr.storage import LocalStore
 
@@ -151,10 +154,7 @@ class DirectReader:
                     raise ValueError(f"{len(data)} bytes stored, a chunk has {chunk_bytes}")
                 flat[:] = np.frombuffer(data, dtype=np.uint8)
             else:
-                res = self.codec.decode(data, out=flat)
-                if np.asarray(res).nbytes != chunk_bytes:
-                    raise ValueError(f"decoded to {np.asarray(res).nbytes} bytes, a chunk "
-                                     f"has {chunk_bytes}")
+                _decode(self.codec, data, flat)
         except Exception as e:
             raise CorruptChunkError(self.name, (i, j), f"{type(e).__name__}: {e}") from e
         return True
@@ -168,6 +168,54 @@ class DirectReader:
         if crc32c(data[:-4]) != want:
             raise CorruptChunkError(self.name, (i, j), "crc32c checksum mismatch")
         return data[:-4]
+
+
+def _declared_size(codec, data: memoryview) -> int | None:
+    """The decoded size the frame header of ``data`` declares, for codecs that
+    decode into ``out`` trusting their header (None: not known from a header).
+
+    Blosc takes its compressed length from its header, not from the buffer
+    (the reused scratch buffer holds stale bytes past ``data``), and blosc,
+    zstd and lz4 decode a frame of fewer bytes into the start of ``out``
+    without complaint: both are checked here, before decoding."""
+    cid = getattr(codec, "codec_id", None)
+    if cid == "blosc":  # header: 4 bytes, then nbytes, blocksize, cbytes (uint32 LE)
+        if len(data) < 16:
+            raise ValueError(f"{len(data)} bytes stored, shorter than a blosc header")
+        cbytes = int.from_bytes(data[12:16], "little")
+        if cbytes > len(data):
+            raise ValueError(f"blosc frame of {cbytes} bytes, {len(data)} stored (truncated)")
+        return int.from_bytes(data[4:8], "little")
+    if cid == "lz4":  # numcodecs' LZ4 prefixes the decoded size (uint32 LE)
+        if len(data) < 4:
+            raise ValueError(f"{len(data)} bytes stored, shorter than an lz4 header")
+        return int.from_bytes(data[:4], "little")
+    if cid == "zstd":
+        import zstandard
+
+        try:
+            size = zstandard.frame_content_size(data)
+        except zstandard.ZstdError as e:
+            raise ValueError(f"not a zstd frame: {e}") from None
+        return size if size >= 0 else None  # -1: not in the header
+    return None
+
+
+def _decode(codec, data: memoryview, flat: np.ndarray) -> None:
+    """Decode one chunk's ``data`` into ``flat`` (its bytes), which it must
+    fill exactly; ValueError (or the codec's error) otherwise."""
+    size = _declared_size(codec, data)
+    if size is not None:
+        if size != flat.nbytes:
+            raise ValueError(f"decodes to {size} bytes, a chunk has {flat.nbytes}")
+        codec.decode(data, out=flat)
+        return
+    # no header to trust (gzip reads into ``out`` what there is, zlib, ...): decode
+    # into a new buffer and check its size, as Zarr does
+    dec = np.frombuffer(ensure_bytes(codec.decode(data)), dtype=np.uint8)
+    if dec.nbytes != flat.nbytes:
+        raise ValueError(f"decoded to {dec.nbytes} bytes, a chunk has {flat.nbytes}")
+    flat[:] = dec
 
 
 def direct_reader(arr: zarr.Array, name: str, store, path: str) -> DirectReader | None:

@@ -23,6 +23,11 @@ ATTR_KEY = "tilearray"
 DONE_DIR = "tilearray.done"
 
 
+def unit_done_key(i: int, j: int) -> str:
+    """Key of I/O unit ``(i, j)``'s done marker, relative to its array."""
+    return f"{DONE_DIR}/{i}.{j}"
+
+
 FORMAT_VERSION = 2
 """Version 2: every I/O unit of a complete output is stored (empty chunks are
 written too), so a missing chunk file is data loss, not the fill value."""

@@ -63,6 +63,7 @@ from zarr.storage import LocalStore
 from .. import _config
 from ..errors import CorruptChunkError, StorageError
 from .geometry import Range
+from .ref import unit_done_key
 
 log = logging.getLogger(__name__)
 
@@ -158,8 +159,8 @@ class RowStreamer:
     """Chunks end with a little-endian crc32c of the bytes before it."""
     fill_value: object
     missing_is_error: bool = False
-    """A missing chunk file is lost data (a complete tilearray output), not
-    the fill value."""
+    """A missing chunk file whose done marker is present is lost data (a
+    complete tilearray output), not the fill value."""
 
     @property
     def chunk_bytes(self) -> int:
@@ -251,7 +252,8 @@ class _ChunkStream:
         try:
             self.fd = self._retrying(lambda: os.open(owner.path(i, j), os.O_RDONLY), "open")
         except FileNotFoundError:  # not stored: the fill value, as Zarr reads it
-            if owner.missing_is_error:
+            if owner.missing_is_error and os.path.exists(
+                    os.path.join(owner.root, *unit_done_key(i, j).split("/"))):
                 self._corrupt("its chunk file is missing, but the array is a complete "
                               "tilearray output (every unit was written): the data was lost")
             return
