@@ -57,6 +57,7 @@ BENCH_REPEATS ?= 3
 bench: $(VENV)/.installed-bench
 	$(PY) benchmarks/matmul.py --n $(BENCH_N) --repeats $(BENCH_REPEATS)
 	$(PY) benchmarks/reductions.py --repeats $(BENCH_REPEATS)
+	$(PY) benchmarks/codecs.py
 
 # Fault injection at scale: every fault kind at many random kill points (seed printed)
 stress: $(VENV)/.installed-test
