@@ -16,13 +16,14 @@ from ..storage import ArrayRef
 from . import output, runtime
 from .expr.lazy import LazyArray
 from .expr.nodes import Node, Source
+from .interop import Interop
 from .plan.lower import Lowered, lower
 from .plan.sizing import output_grid
 
 log = logging.getLogger("tilearray")
 
 
-class TiledArray(LazyArray):
+class TiledArray(Interop, LazyArray):
     """A lazy 2-D array over Zarr storage (or an expression of such arrays).
 
     Build expressions with NumPy syntax (``a @ b``, ``a - a.mean(axis=0)``,
@@ -142,38 +143,6 @@ class TiledArray(LazyArray):
             out[rows[0] : rows[1], cols[0] : cols[1]] = v
         return out
 
-    def __array__(self, dtype=None, copy=None):
-        x = np.asarray(self.compute())
-        return x.astype(dtype, copy=False) if dtype is not None else x
-
-    def _scalar(self, kind):
-        if self.size != 1:
-            raise TypeError(f"only size-1 arrays can be converted to Python scalars; this "
-                            f"TiledArray has shape {self.shape}")
-        return kind(np.asarray(self.compute()).reshape(()))
-
-    def __float__(self):
-        return self._scalar(float)
-
-    def __int__(self):
-        return self._scalar(int)
-
-    def __complex__(self):
-        return self._scalar(complex)
-
-    def __index__(self):
-        if self.dtype.kind not in "biu":
-            raise TypeError(f"only integer arrays can be used as an index, not {self.dtype}")
-        return self._scalar(int)
-
-    def __bool__(self):
-        if self.size != 1:
-            raise ValueError(
-                f"the truth value of a TiledArray of shape {self.shape} is ambiguous; use "
-                ".any() or .all() (and float()/bool() on their result)"
-            )
-        return self._scalar(bool)
-
     def to_zarr(self, path, name="", *, dims=None, tile=None, shard=None, overwrite=False,
                 resume=False, engine=None) -> TiledArray:
         """Run and write the result as a Zarr v3 array.
@@ -251,37 +220,6 @@ class TiledArray(LazyArray):
             out.stats = stats
             self.stats = stats
         return out
-
-    def to_dask(self):
-        """A dask array over the stored data (stored arrays only).
-
-        Raises
-        ------
-        PlanningError
-            For an expression: call :meth:`to_zarr` first.
-        """
-        import dask.array as da
-
-        if not isinstance(self._node, Source):
-            raise PlanningError("to_dask() needs a stored array; call to_zarr() first")
-        return da.from_zarr(self._node.ref.open())
-
-    def to_xarray(self):
-        """An :class:`xarray.DataArray` over the stored data (lazy, dask-backed),
-        with the stored dimension names and the array's name: the member name
-        in a group (``"C"``), else the file name without ``.zarr``
-        (``"c.zarr"`` -> ``"c"``).
-
-        Raises
-        ------
-        PlanningError
-            For an expression: call :meth:`to_zarr` first.
-        """
-        import xarray as xr
-
-        x = self.to_dask()
-        dims = self.dims or tuple(f"dim_{i}" for i in range(self.ndim))
-        return xr.DataArray(x, dims=dims, name=self._node.ref.short_name)
 
     # -- display -------------------------------------------------------------------------
     def __repr__(self) -> str:
