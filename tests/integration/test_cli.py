@@ -310,6 +310,17 @@ def test_reduce_to_zarr_matches_numpy(work):
     assert read(work / "m.zarr") == pytest.approx(a.max())
 
 
+def test_reduce_summary_plan_is_the_plan_of_the_write(work):
+    """With -o the summary's plan is the plan of what runs (the write included):
+    its task count is the run's, as the README promises for every expression."""
+    p = ok(cli("reduce", "a.zarr", "--op", "mean", "--axis", 0, "-o", "m.zarr", *JOB,
+               cwd=work))
+    planned = int(p.stdout.split("| plan ")[1].split(" task(s)")[0])
+    ran = int(p.stdout.split("| ran ")[1].split(" tasks")[0])
+    assert planned == ran, p.stdout
+    assert "write" in p.stdout.split("| plan ")[1].split("|")[0], p.stdout
+
+
 def test_reduce_prints_values(work):
     a = read(work / "a.zarr")
     p = ok(cli("reduce", "a.zarr", "--op", "sum", *JOB, cwd=work))
