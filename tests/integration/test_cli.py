@@ -189,6 +189,18 @@ def test_plan_bad_expression_is_usage_error(data, expr, capsys, monkeypatch):
     assert "bad expression" in err or "no Zarr array" in err
 
 
+@pytest.mark.parametrize("expr, method", [
+    ("a.zarr.summ()", "summ"), ("a.zarr.argmax(axis=1)", "argmax"),
+    ("(a.zarr @ b.zarr).mean(axis=0).sqrt()", "sqrt"), ("'a.zarr'.avg(axis=0)", "avg"),
+])
+def test_plan_unknown_method_is_named(data, expr, method, capsys, monkeypatch):
+    """A typo in a reduction's name is a usage error naming the method and the
+    ones the language has, not 'unexpected (' or a missing path."""
+    err = one_line_error(cli_here("plan", expr, cwd=data, capsys=capsys,
+                                  monkeypatch=monkeypatch), code=2)
+    assert f"unknown method .{method}()" in err and ".sum()" in err, err
+
+
 def test_plan_expression_is_not_evaluated_as_python(data):
     # Everything that is not an operator is a path: no code runs.
     err = one_line_error(cli("plan", "open('a.zarr') @ b.zarr", cwd=data), code=2)
