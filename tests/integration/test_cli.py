@@ -126,11 +126,26 @@ def test_info(data):
 def test_info_reports_incomplete_output(tmp_path):
     from tilearray.storage import create
 
-    create(tmp_path / "half.zarr", (100, 100), "float64", (50, 50))  # never completed
+    # what an interrupted to_zarr leaves: never completed, with its expression's fingerprint
+    create(tmp_path / "half.zarr", (100, 100), "float64", (50, 50),
+           attributes={"tilearray": {"fingerprint": "f" * 32}})
     p = ok(cli("info", "half.zarr", cwd=tmp_path))
     assert "complete:    NO: 0 of 4 I/O units written" in p.stdout and "--resume" in p.stdout
     info = json.loads(ok(cli("info", "--json", "half.zarr", cwd=tmp_path)).stdout)
     assert info["complete"] is False and info["units_done"] == 0
+
+
+def test_incomplete_random_output_is_not_said_resumable(tmp_path):
+    """What an interrupted `tilearray random` leaves cannot be resumed (random has
+    no --resume and to_zarr(resume=True) refuses it): say --overwrite instead."""
+    from tilearray.storage import create
+
+    create(tmp_path / "r.zarr", (100, 100), "float64", (50, 50))  # no fingerprint
+    p = ok(cli("info", "r.zarr", cwd=tmp_path))
+    status = next(ln for ln in p.stdout.splitlines() if "complete:" in ln)
+    assert "NO: 0 of 4" in status and "--overwrite" in status and "--resume" not in status
+    err = one_line_error(cli("reduce", "r.zarr", "--op", "sum", *JOB, cwd=tmp_path))
+    assert "--overwrite" in err and "--resume" not in err, err
 
 
 def test_info_missing_path_fails(tmp_path):

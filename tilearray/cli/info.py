@@ -72,7 +72,7 @@ def cmd_info(args) -> int:
 
     import tilearray as ta
     from tilearray.storage import ArrayRef, done_units, info_attrs
-    from tilearray.storage.array import local_files_state
+    from tilearray.storage.array import local_files_state, resumable
 
     if not args.paths and not args.scheduler_address:
         raise UsageError("give array PATHs, or --scheduler-address for a cluster's health")
@@ -128,8 +128,10 @@ def cmd_info(args) -> int:
         if complete:
             status = "yes" if meta else "yes (not written by tilearray)"
         else:
-            status = (f"NO: {done} of {g.n_units} I/O units written; rerun the job that writes "
-                      "it with --resume to finish it")
+            how = ("rerun the job that writes it with --resume to finish it" if resumable(meta)
+                   else "it cannot be resumed (not written from an expression): rerun the "
+                        "command that wrote it with --overwrite")
+            status = f"NO: {done} of {g.n_units} I/O units written; {how}"
         print(repr(x))
         print(f"  path:        {path}")
         print(f"  shape:       {x.shape[0]} x {x.shape[1]}")

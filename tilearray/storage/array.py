@@ -143,10 +143,24 @@ def check_output_complete(ref: ArrayRef, arr: zarr.Array) -> None:
     missing = grid.n_units - done
     raise IncompleteOutputError(
         f"{str(ref)!r} is an incomplete tilearray output: {missing} of {grid.n_units} "
-        "I/O units were never written (the job that wrote it stopped early). Rerun the "
-        "same expression with to_zarr(..., resume=True) to finish it, or open it with "
-        "allow_incomplete=True to inspect it."
+        f"I/O units were never written (the job that wrote it stopped early). {redo_hint(meta)}"
+        ", or open it with allow_incomplete=True to inspect it."
     )
+
+
+def resumable(meta: dict) -> bool:
+    """Whether an output can be finished with ``resume=True``: only ``to_zarr``
+    records the fingerprint of the expression it writes; arrays written by
+    ``random``, ``from_numpy`` or ``from_dask`` have none."""
+    return bool(meta and meta.get("fingerprint"))
+
+
+def redo_hint(meta: dict) -> str:
+    """How to finish an incomplete output (``meta``: its tilearray attributes)."""
+    if resumable(meta):
+        return "Rerun the same expression with to_zarr(..., resume=True) to finish it"
+    return ("It was not written from an expression (random, from_numpy or from_dask), so it "
+            "cannot be resumed: rerun what wrote it with overwrite=True")
 
 
 def _compressor(name: str | None, dtype: np.dtype, loc: str) -> list:
