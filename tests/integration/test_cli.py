@@ -216,6 +216,17 @@ def test_plan_unknown_method_is_named(data, expr, method, capsys, monkeypatch):
     assert f"unknown method .{method}()" in err and ".sum()" in err, err
 
 
+def test_stdout_closed_by_its_reader_is_not_an_error(data):
+    """`tilearray plan ... | head -1`: the reader goes away; no error line, no
+    traceback, the status of a command ended by SIGPIPE."""
+    p = subprocess.Popen([sys.executable, "-m", "tilearray", "plan", "a.zarr @ b.zarr"],
+                         cwd=data, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p.stdout.close()  # before anything is printed
+    err = p.stderr.read()
+    assert p.wait(timeout=100) == 141, err
+    assert err == "", err
+
+
 def test_plan_expression_is_not_evaluated_as_python(data):
     # Everything that is not an operator is a path: no code runs.
     err = one_line_error(cli("plan", "open('a.zarr') @ b.zarr", cwd=data), code=2)
