@@ -245,7 +245,11 @@ def from_dask(x, path, *, name="", dims=None, overwrite=False, shard=None) -> Ti
     from ..storage.array import mark_unit_done
 
     with _new_array(path, name, x.shape, x.dtype, tile, shard, overwrite, dims) as (ref, z):
-        x.rechunk(shard or tile).to_zarr(z)
+        # one dask block per tile (or shard): each write is one whole I/O unit, and
+        # no rechunk to dask's "auto" chunks (array.chunk-size, 128 MiB) that
+        # dask.array.to_zarr would do, with a PerformanceWarning when they do not
+        # divide the tile
+        da.store(x.rechunk(shard or tile), z, lock=False)
         grid = grid_of(z)
         for i in range(grid.unit_grid[0]):
             for j in range(grid.unit_grid[1]):
