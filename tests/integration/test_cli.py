@@ -390,6 +390,8 @@ def test_reduce_prints_values(work):
     ["matmul", "a.zarr", "b.zarr", "-o", "x.zarr", "--mpi", "--workers", "2"],
     ["random", "r.zarr", "--shape", "10", "-1"],
     ["random", "r.zarr", "--shape", "10", "10", "--dtype", "nope"],
+    ["random", "r.zarr", "--shape", "10", "10", "--dtype", "complex128"],  # unsupported
+    ["random", "r.zarr", "--shape", "10", "10", "--dtype", "str"],
     ["random", "r.zarr"],                                             # no --shape
     ["info"],
 ])
