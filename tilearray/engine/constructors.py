@@ -12,7 +12,7 @@ from dask.base import tokenize
 
 from ..errors import StorageError
 from ..graphs import elemwise as gel
-from ..storage import ArrayRef, create, grid_of, locks, mark_complete
+from ..storage import ArrayRef, create, grid_of, int_pair, locks, mark_complete
 from ..storage import array as sarray
 from ..storage.commit import abandoned, existing_array, has_data
 from . import runtime
@@ -65,6 +65,9 @@ def _new_array(path, name, shape, dtype, tile, shard, overwrite, dims):
     ``to_zarr`` does: a second writer gets OutputLockedError) from before it
     is created until the block ends (after ``mark_complete``)."""
     ref = ArrayRef.from_location(path, name)
+    given, shape = shape, int_pair(shape)
+    if shape is None or min(shape) < 0:  # before anything is created
+        raise StorageError(f"{str(ref)!r}: shape must be 2 non-negative integers, got {given!r}")
     sarray.check_parents(ref)  # inside an array or a v2 group: refused before the lock's file
     if existing_array(ref) is None and has_data(ref) and not abandoned(ref, overwrite):
         raise StorageError(

@@ -24,7 +24,7 @@ from zarr.storage import LocalStore
 
 from .. import _config
 from ..errors import IncompleteOutputError, StorageError
-from .geometry import Grid
+from .geometry import Grid, int_pair
 from .groups import (  # noqa: F401  (re-exported: callers use storage.array's names)
     check_parents,
     choose_dims,
@@ -205,14 +205,16 @@ def create(
     ref = ArrayRef.from_location(where, path)
     loc = str(ref)
     check_parents(ref)
-    shape = tuple(int(s) for s in shape)
-    if len(shape) != 2 or any(s < 0 for s in shape):
-        raise StorageError(f"{loc!r}: shape must be 2 non-negative integers, got {shape}")
+    given, shape = shape, int_pair(shape)
+    if shape is None or any(s < 0 for s in shape):
+        raise StorageError(f"{loc!r}: shape must be 2 non-negative integers, got {given!r}")
     dt = check_dtype(dtype, loc)
     tile = _clip_block(shape, tile, "tile", loc)
     if shard is not None:
-        shard = tuple(int(s) for s in shard)
-        if len(shard) != 2 or any(s <= 0 or s % t for s, t in zip(shard, tile, strict=True)):
+        given, shard = shard, int_pair(shard)
+        if shard is None:
+            raise StorageError(f"{loc!r}: shard must be 2 positive integers, got {given!r}")
+        if any(s <= 0 or s % t for s, t in zip(shard, tile, strict=True)):
             raise StorageError(
                 f"{loc!r}: shard {shard} must be a positive multiple of the tile {tile}"
             )
@@ -269,10 +271,10 @@ def clear_for_overwrite(ref: ArrayRef) -> bool:
 
 
 def _clip_block(shape, block, name: str, loc: str) -> tuple[int, int]:
-    block = tuple(int(b) for b in block)
-    if len(block) != 2 or any(b <= 0 for b in block):
-        raise StorageError(f"{loc!r}: {name} must be 2 positive integers, got {block}")
-    return block
+    pair = int_pair(block)
+    if pair is None or any(b <= 0 for b in pair):
+        raise StorageError(f"{loc!r}: {name} must be 2 positive integers, got {block!r}")
+    return pair
 
 
 # -- completion bookkeeping -----------------------------------------------------------
