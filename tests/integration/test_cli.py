@@ -153,6 +153,23 @@ def test_info_missing_path_fails(tmp_path):
     assert "nope.zarr" in err
 
 
+def test_info_reports_every_path_when_one_is_missing(data):
+    """`tilearray info a.zarr nope.zarr b.zarr` shows a and b, then fails on nope (as ls)."""
+    p = cli("info", "a.zarr", "nope.zarr", "b.zarr", cwd=data)
+    err = one_line_error(p)
+    assert "nope.zarr" in err
+    assert "path:        a.zarr" in p.stdout and "path:        b.zarr" in p.stdout
+
+
+def test_info_on_a_group_names_its_arrays(tmp_path):
+    import tilearray as ta
+
+    ta.from_numpy(np.ones((4, 4)), tmp_path / "g.zarr", name="X", tile=(2, 2))
+    ta.from_numpy(np.ones((4, 4)), tmp_path / "g.zarr", name="Y", tile=(2, 2))
+    err = one_line_error(cli("info", "g.zarr", cwd=tmp_path))
+    assert "is a Zarr group" in err and "its arrays: X, Y" in err, err
+
+
 # -- plan ----------------------------------------------------------------------------
 
 

@@ -72,6 +72,7 @@ def cmd_info(args) -> int:
 
     import tilearray as ta
     from tilearray.storage import ArrayRef, done_units, info_attrs
+    from tilearray.errors import StorageError, TilearrayError
     from tilearray.storage.array import local_files_state, resumable
 
     if not args.paths and not args.scheduler_address:
@@ -79,6 +80,7 @@ def cmd_info(args) -> int:
     if args.scheduler_address:
         _check_address(args.scheduler_address)
     exit_code = 0
+    failed: list[Exception] = []
     if args.scheduler_address:
         exit_code = _cluster_info(args)
         if args.paths and not args.json:
@@ -89,7 +91,11 @@ def cmd_info(args) -> int:
         if other is not None:  # a reduction's vector or scalar: no TiledArray, just facts
             _info_other(path, full, other, args.json, first=not k)
             continue
-        x = ta.open(full, allow_incomplete=True)
+        try:
+            x = ta.open(full, allow_incomplete=True)
+        except TilearrayError as e:  # report the other paths too, then fail (as ls does)
+            failed.append(e)
+            continue
         g = x.grid
         ref = ArrayRef.from_location(full)
         z = ref.open()
@@ -145,6 +151,11 @@ def cmd_info(args) -> int:
         print(f"  complete:    {status}")
         if meta.get("expression"):
             print(f"  expression:  {meta['expression']}")
+    if len(failed) == 1:
+        raise failed[0]
+    if failed:
+        raise StorageError(f"{len(failed)} paths could not be read: "
+                           + "; ".join(str(e) for e in failed))
     return exit_code
 
 

@@ -111,6 +111,7 @@ def open_array(
     except (ContainsGroupError, NodeTypeValidationError) as e:
         raise StorageError(
             f"{loc!r} is a Zarr group, not an array; pass the array's path inside it"
+            f"{_members_hint(ref)}"
         ) from e
     if arr.ndim != 2:
         raise StorageError(not_a_matrix_message(ref, arr))
@@ -118,6 +119,18 @@ def open_array(
     if check_complete:
         check_output_complete(ref, arr)
     return arr
+
+
+def _members_hint(ref: ArrayRef) -> str:
+    """``" (its arrays: gram, X)"`` for the group at ``ref``, or "" if it has none."""
+    try:
+        names = sorted(zarr.open_group(ref.store, path=ref.path or None, mode="r").array_keys())
+    except Exception:  # unreadable: the message stands without the list
+        return ""
+    if not names:
+        return " (it holds no arrays)"
+    shown = ", ".join(names[:10]) + (f", ... ({len(names)} in all)" if len(names) > 10 else "")
+    return f" (its arrays: {shown})"
 
 
 def not_a_matrix_message(ref: ArrayRef, arr: zarr.Array) -> str:
