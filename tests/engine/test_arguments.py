@@ -227,6 +227,24 @@ def test_to_zarr_overwrite_with_resume_is_refused_before_anything(tmp_path):
     assert not out.exists()
 
 
+def test_outputs_in_a_memory_store_are_refused_before_running(thread_engine, tmp_path):
+    """Tasks write in dask workers, which get a copy of a MemoryStore: a 1-D
+    result came back as zeros (the fill value) and a matrix failed after the
+    whole run with 'no done marker'. Refused up front; reading one still works."""
+    import zarr
+
+    x = np.arange(12.0).reshape(3, 4)
+    a = ta.from_numpy(x, zarr.storage.MemoryStore(), tile=(2, 2))  # written here: fine
+    assert_close(a.sum(axis=0).compute(), x.sum(axis=0))
+    for write in (lambda s: a.sum(axis=0).to_zarr(s), lambda s: a.sum().to_zarr(s),
+                  lambda s: (a * 2).to_zarr(s), lambda s: (a * 2).to_zarr(s, name="m"),
+                  lambda s: ta.random((3, 4), s, tile=(2, 2), engine=thread_engine)):
+        store = zarr.storage.MemoryStore()
+        with pytest.raises(ta.StorageError, match="MemoryStore lives in this process only"):
+            write(store)
+        assert not store._store_dict  # nothing was created
+
+
 # -- inputs users hold -------------------------------------------------------------------
 
 

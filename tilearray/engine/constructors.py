@@ -15,6 +15,7 @@ from ..graphs import elemwise as gel
 from ..storage import ArrayRef, create, grid_of, int_pair, locks, mark_complete
 from ..storage import array as sarray
 from ..storage.commit import abandoned, existing_array, has_data
+from ..storage.ref import check_task_writable
 from . import runtime
 from .array import TiledArray
 from .output import source
@@ -147,6 +148,9 @@ def _check_seed(seed) -> int:
 def random(shape, path, *, name="", dims=None, tile=(1024, 1024), shard=None,
            dtype="float64", seed=0, overwrite=False, engine=None) -> TiledArray:
     seed = _check_seed(seed)  # before anything is created
+    engine = engine or runtime.current_engine(start=False)
+    if engine is not None:  # its workers write the units: not into this process's memory
+        check_task_writable(ArrayRef.from_location(path, name))
     with _new_array(path, name, shape, dtype, tile, shard, overwrite, dims) as (ref, z):
         grid = grid_of(z)
         graph, keys = {}, []
@@ -157,7 +161,6 @@ def random(shape, path, *, name="", dims=None, tile=(1024, 1024), shard=None,
                 graph[key] = (gel.random_block, ref, grid.unit_range(0, i), grid.unit_range(1, j),
                               np.dtype(dtype), seed, grid.tile)
                 keys.append(key)
-        engine = engine or runtime.current_engine(start=False)
         if engine is not None:
             engine.run(graph, keys, description=f"random -> {os.path.basename(str(ref))}",
                        quiet=True, units_total=grid.n_units)

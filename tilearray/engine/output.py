@@ -27,6 +27,7 @@ from ..storage.commit import (
     verify_inputs,
 )
 from ..storage.io import store_small
+from ..storage.ref import check_task_writable
 from . import runtime
 from .expr.nodes import Source, derive_dims, sources, structure
 from .plan.lower import Lowered, lower
@@ -161,6 +162,7 @@ def write(x, path, tile, shard, overwrite, resume, engine, name="", dims=None):
     node = x._node
     ref = ArrayRef.from_location(path, name)
     sarray.check_parents(ref)  # inside an array or a Zarr v2 group: refused before any work
+    check_task_writable(ref)  # workers could not write into a MemoryStore of this process
     check_target(ref, node)
     labels = derive_dims(node, lambda src: ("row", "col"))
     if node.small or node.ndim != 2:
