@@ -245,6 +245,24 @@ def test_outputs_in_a_memory_store_are_refused_before_running(thread_engine, tmp
         assert not store._store_dict  # nothing was created
 
 
+def test_small_result_whose_write_never_arrives_is_not_marked_complete(thread_engine,
+                                                                        monkeypatch):
+    """The general case behind the MemoryStore one (e.g. a local path that
+    remote workers do not share): a worker's write of a 1-D result that this
+    process cannot see is an error, never a complete array of zeros."""
+    import zarr
+
+    from tilearray.engine import output
+
+    monkeypatch.setattr(output, "check_task_writable", lambda ref: None)
+    x = np.arange(12.0).reshape(3, 4) + 1
+    a = ta.from_numpy(x, zarr.storage.MemoryStore(), tile=(2, 2))
+    store = zarr.storage.MemoryStore()
+    with pytest.raises(ta.IncompleteOutputError, match="filesystem they all share"):
+        a.sum(axis=0).to_zarr(store, engine=thread_engine)
+    assert not zarr.open_array(store).attrs["tilearray"]["complete"]
+
+
 # -- inputs users hold -------------------------------------------------------------------
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 from dask.base import tokenize
 
-from ..errors import StorageError
+from ..errors import IncompleteOutputError, StorageError
 from ..storage import ArrayRef, Grid, create, done_units, grid_of, mark_complete, open_array
 from ..storage import array as sarray
 from ..storage.commit import (
@@ -262,6 +262,10 @@ def _write_small_result(x, ref, overwrite, resume, engine, dims, labels):
             cleanup(low)
         verify_inputs(states, ref)
         sarray.check_lock_held(ref)
+        if (0, 0) not in done_units(ref):  # the worker's write never reached this store
+            raise IncompleteOutputError(
+                f"{str(ref)!r}: the task that wrote the result succeeded but its write is not "
+                f"in the store{sarray.UNSEEN_WRITES}")
         arr.attrs[sarray.ATTR_KEY] = {**meta, "complete": True}
         sarray.refresh_consolidated(ref)
     finally:

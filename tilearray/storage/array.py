@@ -314,6 +314,10 @@ def done_units(ref: ArrayRef) -> set[tuple[int, int]]:
     return out
 
 
+UNSEEN_WRITES = (" (if the tasks that wrote them succeeded, the workers do not see this "
+                 "store as this process does: use a path on a filesystem they all share)")
+
+
 def mark_complete(ref: ArrayRef, extra: dict | None = None) -> None:
     """Mark an output complete. Refuses unless every unit has its done marker."""
     arr = zarr.open_array(ref.store, path=ref.path or None, mode="r+")
@@ -323,7 +327,7 @@ def mark_complete(ref: ArrayRef, extra: dict | None = None) -> None:
     if missing:
         raise IncompleteOutputError(
             f"{str(ref)!r}: cannot mark complete, {missing} of {grid.n_units} units "
-            "have no done marker"
+            f"have no done marker{UNSEEN_WRITES}"
         )
     meta = info_attrs(arr)
     meta.update(extra or {})
