@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         # the client rank's status (a dead worker rank does not end the job)
         from tilearray.engine.mpi import main as mpirun_main
 
-        return mpirun_main(argv[1:])
+        return mpirun_main(argv[1:], prog=f"{PROG} mpirun")
     parser = build_parser()
     try:
         args = parser.parse_args(_join_option_values(argv))
