@@ -178,12 +178,89 @@ def test_random_bad_seed_leaves_an_existing_array_alone(tmp_path):
     np.testing.assert_array_equal(ta.open(p).to_dask().compute(), before)  # still complete
 
 
+@pytest.mark.parametrize("kw, named", [
+    (dict(tile=(2.5, 4)), "tile must be 2 positive integers, got (2.5, 4)"),   # not int(2.5)
+    (dict(tile=4), "tile must be 2 positive integers, got 4"),               # not 'not iterable'
+    (dict(tile=("a", 4)), "tile must be 2 positive integers"),
+    (dict(tile=(4, 4), shard=8), "shard must be 2 positive integers, got 8"),
+    (dict(shape=(8.5, 8)), "shape must be 2 non-negative integers, got (8.5, 8)"),
+    (dict(shape=8), "shape must be 2 non-negative integers, got 8"),
+])
+def test_constructor_layout_arguments_are_checked_not_truncated(tmp_path, kw, named):
+    kw = {"shape": (8, 8), "tile": (4, 4), "shard": None, **kw}
+    makers = [lambda p: ta.random(kw["shape"], p, tile=kw["tile"], shard=kw["shard"])]
+    if "shape" not in named:
+        makers.append(lambda p: ta.from_numpy(np.ones((8, 8)), p, tile=kw["tile"],
+                                              shard=kw["shard"]))
+    for make in makers:
+        with pytest.raises(ta.StorageError) as e:
+            make(tmp_path / "r.zarr")
+        assert named in str(e.value)
+        assert not (tmp_path / "r.zarr").exists()
+
+
+def test_layout_arguments_take_numpy_and_integral_values(tmp_path):
+    a = ta.random((np.int64(8), 8), tmp_path / "r.zarr", tile=(np.int32(4), 4.0))
+    assert a.shape == (8, 8) and a.grid.tile == (4, 4)
+
+
+@pytest.mark.parametrize("kw, named", [
+    (dict(tile=(2.5, 4)), "tile must be 2 positive integers, got (2.5, 4)"),
+    (dict(tile=4), "tile must be 2 positive integers, got 4"),
+    (dict(tile=(4, 4), shard=8), "shard must be 2 positive integers, got 8"),
+])
+def test_to_zarr_layout_arguments_are_checked_not_truncated(tmp_path, kw, named):
+    a = ta.from_numpy(np.ones((8, 8)), tmp_path / "a.zarr", tile=(4, 4))
+    with pytest.raises(ta.PlanningError) as e:
+        (a * 2).plan(tmp_path / "o.zarr", **kw)
+    assert named in str(e.value)
+    with pytest.raises(ta.PlanningError):
+        (a * 2).to_zarr(tmp_path / "o.zarr", **kw)
+    assert not (tmp_path / "o.zarr").exists()
+
+
 def test_to_zarr_overwrite_with_resume_is_refused_before_anything(tmp_path):
     a = ta.from_numpy(np.ones((4, 4)), tmp_path / "a.zarr", tile=(2, 2))
     out = tmp_path / "o.zarr"
     with pytest.raises(ValueError, match="overwrite=True and resume=True"):
         (a * 2).to_zarr(out, overwrite=True, resume=True)
     assert not out.exists()
+
+
+def test_outputs_in_a_memory_store_are_refused_before_running(thread_engine, tmp_path):
+    """Tasks write in dask workers, which get a copy of a MemoryStore: a 1-D
+    result came back as zeros (the fill value) and a matrix failed after the
+    whole run with 'no done marker'. Refused up front; reading one still works."""
+    import zarr
+
+    x = np.arange(12.0).reshape(3, 4)
+    a = ta.from_numpy(x, zarr.storage.MemoryStore(), tile=(2, 2))  # written here: fine
+    assert_close(a.sum(axis=0).compute(), x.sum(axis=0))
+    for write in (lambda s: a.sum(axis=0).to_zarr(s), lambda s: a.sum().to_zarr(s),
+                  lambda s: (a * 2).to_zarr(s), lambda s: (a * 2).to_zarr(s, name="m"),
+                  lambda s: ta.random((3, 4), s, tile=(2, 2), engine=thread_engine)):
+        store = zarr.storage.MemoryStore()
+        with pytest.raises(ta.StorageError, match="MemoryStore lives in this process only"):
+            write(store)
+        assert not store._store_dict  # nothing was created
+
+
+def test_small_result_whose_write_never_arrives_is_not_marked_complete(thread_engine,
+                                                                        monkeypatch):
+    """The general case behind the MemoryStore one (e.g. a local path that
+    remote workers do not share): a worker's write of a 1-D result that this
+    process cannot see is an error, never a complete array of zeros."""
+    import zarr
+
+    from tilearray.engine import output
+
+    monkeypatch.setattr(output, "check_task_writable", lambda ref: None)
+    x = np.arange(12.0).reshape(3, 4) + 1
+    a = ta.from_numpy(x, zarr.storage.MemoryStore(), tile=(2, 2))
+    store = zarr.storage.MemoryStore()
+    with pytest.raises(ta.IncompleteOutputError, match="filesystem they all share"):
+        a.sum(axis=0).to_zarr(store, engine=thread_engine)
+    assert not zarr.open_array(store).attrs["tilearray"]["complete"]
 
 
 # -- inputs users hold -------------------------------------------------------------------

@@ -17,6 +17,24 @@ def test_dask_round_trip_and_asarray(engine, tmp_path, rng):
         (a * 2).to_dask()
 
 
+def test_from_dask_writes_tile_aligned_blocks_without_dask_warnings(tmp_path, rng):
+    """The README's ta.from_dask(x, path) on a dask array whose chunks do not
+    divide its shape: written in the array's own tiles (no rechunk to dask's
+    128 MiB "auto" chunks), and no PerformanceWarning about 'risk of data loss'."""
+    import warnings
+
+    x = rng.standard_normal((1000, 64))
+    d = da.from_array(x, chunks=(256, 64)) * 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        a = ta.from_dask(d, tmp_path / "d.zarr")
+    assert a.grid.tile == (256, 64)
+    assert_close(np.asarray(a), 2 * x)
+    s = ta.from_dask(d, tmp_path / "s.zarr", shard=(512, 64))
+    assert s.grid.unit == (512, 64)
+    assert_close(np.asarray(s), 2 * x)
+
+
 def test_compute_refuses_large_results(tmp_path, rng):
     import dask
 

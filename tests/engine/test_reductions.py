@@ -141,6 +141,18 @@ def test_tuple_axes_like_numpy(engine, tmp_path, rng):
         a.sum(axis=(0, 2))
 
 
+@pytest.mark.parametrize("axis", ["0", 1.0, True, np.float64(0)])
+def test_axis_that_is_not_an_integer_is_named_as_such(tmp_path, axis):
+    """NumPy refuses these with a TypeError; not 'out of bounds' for axis="0",
+    and not a sum over axis 1 for axis=True."""
+    a = ta.from_numpy(np.ones((4, 3)), tmp_path / "t.zarr", tile=(2, 2))
+    with pytest.raises(ta.PlanningError, match="axis must be an integer") as e:
+        a.sum(axis=axis)
+    assert repr(axis) in str(e.value)
+    with pytest.raises(ta.PlanningError):
+        a.mean(axis=(0, True))
+
+
 def test_sibling_reductions_share_one_pass(tmp_path):
     """Reductions over the same stored arrays are lowered into one pass: each
     array is read once, and the results equal NumPy's; a pass that needs an

@@ -126,16 +126,48 @@ def test_info(data):
 def test_info_reports_incomplete_output(tmp_path):
     from tilearray.storage import create
 
-    create(tmp_path / "half.zarr", (100, 100), "float64", (50, 50))  # never completed
+    # what an interrupted to_zarr leaves: never completed, with its expression's fingerprint
+    create(tmp_path / "half.zarr", (100, 100), "float64", (50, 50),
+           attributes={"tilearray": {"fingerprint": "f" * 32}})
     p = ok(cli("info", "half.zarr", cwd=tmp_path))
     assert "complete:    NO: 0 of 4 I/O units written" in p.stdout and "--resume" in p.stdout
     info = json.loads(ok(cli("info", "--json", "half.zarr", cwd=tmp_path)).stdout)
     assert info["complete"] is False and info["units_done"] == 0
 
 
+def test_incomplete_random_output_is_not_said_resumable(tmp_path):
+    """What an interrupted `tilearray random` leaves cannot be resumed (random has
+    no --resume and to_zarr(resume=True) refuses it): say --overwrite instead."""
+    from tilearray.storage import create
+
+    create(tmp_path / "r.zarr", (100, 100), "float64", (50, 50))  # no fingerprint
+    p = ok(cli("info", "r.zarr", cwd=tmp_path))
+    status = next(ln for ln in p.stdout.splitlines() if "complete:" in ln)
+    assert "NO: 0 of 4" in status and "--overwrite" in status and "--resume" not in status
+    err = one_line_error(cli("reduce", "r.zarr", "--op", "sum", *JOB, cwd=tmp_path))
+    assert "--overwrite" in err and "--resume" not in err, err
+
+
 def test_info_missing_path_fails(tmp_path):
     err = one_line_error(cli("info", "nope.zarr", cwd=tmp_path))
     assert "nope.zarr" in err
+
+
+def test_info_reports_every_path_when_one_is_missing(data):
+    """`tilearray info a.zarr nope.zarr b.zarr` shows a and b, then fails on nope (as ls)."""
+    p = cli("info", "a.zarr", "nope.zarr", "b.zarr", cwd=data)
+    err = one_line_error(p)
+    assert "nope.zarr" in err
+    assert "path:        a.zarr" in p.stdout and "path:        b.zarr" in p.stdout
+
+
+def test_info_on_a_group_names_its_arrays(tmp_path):
+    import tilearray as ta
+
+    ta.from_numpy(np.ones((4, 4)), tmp_path / "g.zarr", name="X", tile=(2, 2))
+    ta.from_numpy(np.ones((4, 4)), tmp_path / "g.zarr", name="Y", tile=(2, 2))
+    err = one_line_error(cli("info", "g.zarr", cwd=tmp_path))
+    assert "is a Zarr group" in err and "its arrays: X, Y" in err, err
 
 
 # -- plan ----------------------------------------------------------------------------
@@ -187,6 +219,29 @@ def test_plan_bad_expression_is_usage_error(data, expr, capsys, monkeypatch):
     err = one_line_error(cli_here("plan", expr, cwd=data, capsys=capsys,
                                   monkeypatch=monkeypatch), code=2)
     assert "bad expression" in err or "no Zarr array" in err
+
+
+@pytest.mark.parametrize("expr, method", [
+    ("a.zarr.summ()", "summ"), ("a.zarr.argmax(axis=1)", "argmax"),
+    ("(a.zarr @ b.zarr).mean(axis=0).sqrt()", "sqrt"), ("'a.zarr'.avg(axis=0)", "avg"),
+])
+def test_plan_unknown_method_is_named(data, expr, method, capsys, monkeypatch):
+    """A typo in a reduction's name is a usage error naming the method and the
+    ones the language has, not 'unexpected (' or a missing path."""
+    err = one_line_error(cli_here("plan", expr, cwd=data, capsys=capsys,
+                                  monkeypatch=monkeypatch), code=2)
+    assert f"unknown method .{method}()" in err and ".sum()" in err, err
+
+
+def test_stdout_closed_by_its_reader_is_not_an_error(data):
+    """`tilearray plan ... | head -1`: the reader goes away; no error line, no
+    traceback, the status of a command ended by SIGPIPE."""
+    p = subprocess.Popen([sys.executable, "-m", "tilearray", "plan", "a.zarr @ b.zarr"],
+                         cwd=data, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p.stdout.close()  # before anything is printed
+    err = p.stderr.read()
+    assert p.wait(timeout=100) == 141, err
+    assert err == "", err
 
 
 def test_plan_expression_is_not_evaluated_as_python(data):
@@ -310,6 +365,17 @@ def test_reduce_to_zarr_matches_numpy(work):
     assert read(work / "m.zarr") == pytest.approx(a.max())
 
 
+def test_reduce_summary_plan_is_the_plan_of_the_write(work):
+    """With -o the summary's plan is the plan of what runs (the write included):
+    its task count is the run's, as the README promises for every expression."""
+    p = ok(cli("reduce", "a.zarr", "--op", "mean", "--axis", 0, "-o", "m.zarr", *JOB,
+               cwd=work))
+    planned = int(p.stdout.split("| plan ")[1].split(" task(s)")[0])
+    ran = int(p.stdout.split("| ran ")[1].split(" tasks")[0])
+    assert planned == ran, p.stdout
+    assert "write" in p.stdout.split("| plan ")[1].split("|")[0], p.stdout
+
+
 def test_reduce_prints_values(work):
     a = read(work / "a.zarr")
     p = ok(cli("reduce", "a.zarr", "--op", "sum", *JOB, cwd=work))
@@ -341,6 +407,8 @@ def test_reduce_prints_values(work):
     ["matmul", "a.zarr", "b.zarr", "-o", "x.zarr", "--mpi", "--workers", "2"],
     ["random", "r.zarr", "--shape", "10", "-1"],
     ["random", "r.zarr", "--shape", "10", "10", "--dtype", "nope"],
+    ["random", "r.zarr", "--shape", "10", "10", "--dtype", "complex128"],  # unsupported
+    ["random", "r.zarr", "--shape", "10", "10", "--dtype", "str"],
     ["random", "r.zarr"],                                             # no --shape
     ["info"],
 ])

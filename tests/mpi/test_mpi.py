@@ -316,6 +316,20 @@ def test_launcher_refuses_bad_n_before_creating_anything(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == []
 
 
+def test_tilearray_mpirun_missing_script_is_one_usage_error(tmp_path, capsys, monkeypatch):
+    """`tilearray mpirun -n 4 -- nope.py`: one usage line naming the script and the
+    command the user typed, not every rank's python complaining."""
+    from tilearray.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(["mpirun", "-n", "4", "--", "nope.py"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "tilearray mpirun: error: no such script: 'nope.py'" in err, err
+    assert os.listdir(tmp_path) == []
+
+
 def test_openmpi_without_recovery_is_said_plainly(tmp_path):
     """An Open MPI whose mpiexec lacks --enable-recovery: the launcher says the
     job cannot survive a lost rank, and still reports rank 1's status."""

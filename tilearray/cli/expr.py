@@ -23,6 +23,7 @@ _OPS = ("+", "-", "*", "/")
 REDUCTIONS = ("sum", "mean", "var", "std", "min", "max", "prod")
 _METHOD = re.compile(r"^(.*)\.(" + "|".join(REDUCTIONS) + r")$")
 _AXIS = re.compile(r"^(?:axis=)?(-?[0-9]+|None)$")
+_CALL = re.compile(r"^(.*)\.([A-Za-z_][A-Za-z_0-9]*)$")
 
 
 def tokenize(text: str) -> list[tuple[str, str, int]]:
@@ -57,6 +58,12 @@ def tokenize(text: str) -> list[tuple[str, str, int]]:
                 j += 1
             word = text[i:j]
             method = _METHOD.match(word) if j < n and text[j] == "(" else None
+            call = _CALL.match(word) if j < n and text[j] == "(" and not method else None
+            if call:  # a typo or a method the language does not have: name it
+                known = " ".join(f".{r}()" for r in REDUCTIONS)
+                raise ExpressionError(
+                    f"unknown method .{call.group(2)}() at column {i + len(call.group(1)) + 1}; "
+                    f"plan expressions know {known} (and the .T suffix)")
             if word in _OPS:
                 out.append(("op", word, i))
             elif method:

@@ -71,14 +71,16 @@ def cmd_info(args) -> int:
     from dask.utils import format_bytes
 
     import tilearray as ta
+    from tilearray.errors import StorageError, TilearrayError
     from tilearray.storage import ArrayRef, done_units, info_attrs
-    from tilearray.storage.array import local_files_state
+    from tilearray.storage.array import local_files_state, resumable
 
     if not args.paths and not args.scheduler_address:
         raise UsageError("give array PATHs, or --scheduler-address for a cluster's health")
     if args.scheduler_address:
         _check_address(args.scheduler_address)
     exit_code = 0
+    failed: list[Exception] = []
     if args.scheduler_address:
         exit_code = _cluster_info(args)
         if args.paths and not args.json:
@@ -89,7 +91,11 @@ def cmd_info(args) -> int:
         if other is not None:  # a reduction's vector or scalar: no TiledArray, just facts
             _info_other(path, full, other, args.json, first=not k)
             continue
-        x = ta.open(full, allow_incomplete=True)
+        try:
+            x = ta.open(full, allow_incomplete=True)
+        except TilearrayError as e:  # report the other paths too, then fail (as ls does)
+            failed.append(e)
+            continue
         g = x.grid
         ref = ArrayRef.from_location(full)
         z = ref.open()
@@ -128,8 +134,10 @@ def cmd_info(args) -> int:
         if complete:
             status = "yes" if meta else "yes (not written by tilearray)"
         else:
-            status = (f"NO: {done} of {g.n_units} I/O units written; rerun the job that writes "
-                      "it with --resume to finish it")
+            how = ("rerun the job that writes it with --resume to finish it" if resumable(meta)
+                   else "it cannot be resumed (not written from an expression): rerun the "
+                        "command that wrote it with --overwrite")
+            status = f"NO: {done} of {g.n_units} I/O units written; {how}"
         print(repr(x))
         print(f"  path:        {path}")
         print(f"  shape:       {x.shape[0]} x {x.shape[1]}")
@@ -143,6 +151,11 @@ def cmd_info(args) -> int:
         print(f"  complete:    {status}")
         if meta.get("expression"):
             print(f"  expression:  {meta['expression']}")
+    if len(failed) == 1:
+        raise failed[0]
+    if failed:
+        raise StorageError(f"{len(failed)} paths could not be read: "
+                           + "; ".join(str(e) for e in failed))
     return exit_code
 
 

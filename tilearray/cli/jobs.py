@@ -108,7 +108,7 @@ def cmd_matmul(args) -> int:
     with _engine(args) as engine:
         if engine is None:
             return 0
-        plan = expr.plan(out, engine=engine, **kw)
+        plan = expr.plan(out, name=args.name or "", engine=engine, **kw)
         _log(args, str(plan))
         result = expr.to_zarr(out, args.name or "", overwrite=args.overwrite,
                               resume=args.resume, engine=engine, **kw)
@@ -151,13 +151,15 @@ def cmd_reduce(args) -> int:
     expr = _reduction(x, args)
     axis = "none" if args.axis is None else args.axis
     what = f"{args.op}(axis={axis}) of {args.a}"
+    out = _abs(args.output) if args.output else None
     with _engine(args) as engine:
         if engine is None:
             return 0
-        plan = expr.plan(engine=engine)
+        # the plan of what runs: with -o, the write (a worker task) is part of it
+        plan = expr.plan(out, name=args.name or "", engine=engine)
         _log(args, str(plan))
         if args.output:
-            value = expr.to_zarr(_abs(args.output), args.name or "", overwrite=args.overwrite,
+            value = expr.to_zarr(out, args.name or "", overwrite=args.overwrite,
                                  resume=args.resume, engine=engine)
         else:
             value = expr.compute(engine=engine)

@@ -18,7 +18,8 @@ quote a path that contains spaces, ``@`` or parentheses.
 
 Exit status: 0 success, 1 the job failed (any error raised while opening,
 planning or running), 2 bad usage (unknown options, malformed values or
-expressions, conflicting options), 130 interrupted. Errors print one line,
+expressions, conflicting options), 130 interrupted, 141 stdout closed by its
+reader (``| head``). Errors print one line,
 ``tilearray: error: <message>``, on stderr; ``--debug`` adds the traceback.
 Progress goes to stderr; results and the one-line summary to stdout (the
 summary goes to stderr when ``reduce`` prints values on stdout).
@@ -30,6 +31,7 @@ import argparse
 import contextlib
 import logging
 import os
+import signal
 import sys
 import traceback
 
@@ -120,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         # the client rank's status (a dead worker rank does not end the job)
         from tilearray.engine.mpi import main as mpirun_main
 
-        return mpirun_main(argv[1:])
+        return mpirun_main(argv[1:], prog=f"{PROG} mpirun")
     parser = build_parser()
     try:
         args = parser.parse_args(_join_option_values(argv))
@@ -132,6 +134,13 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"{PROG}: error: {e} (see '{PROG} {args.command} --help')", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # whoever read stdout stopped (`tilearray reduce ... | head`): not a job error;
+        # end quietly, as a command killed by SIGPIPE would, and keep Python's exit-time
+        # flush of stdout from failing again
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except KeyboardInterrupt:
         if args.debug:
             traceback.print_exc()

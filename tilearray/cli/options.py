@@ -45,10 +45,17 @@ def _bytes(text: str) -> int:
 def _dtype(text: str):
     import numpy as np
 
+    from tilearray.storage.array import SUPPORTED_KINDS
+
     try:
-        return np.dtype(text)
+        dt = np.dtype(text)
     except TypeError:
         raise argparse.ArgumentTypeError(f"not a NumPy dtype: {text!r}") from None
+    if dt.kind not in SUPPORTED_KINDS:
+        raise argparse.ArgumentTypeError(
+            f"unsupported dtype {text!r} ({dt}): tilearray handles bool, integer and "
+            "floating-point matrices")
+    return dt
 
 
 def _axis(text: str):

@@ -12,9 +12,10 @@ from dask.base import tokenize
 
 from ..errors import StorageError
 from ..graphs import elemwise as gel
-from ..storage import ArrayRef, create, grid_of, locks, mark_complete
+from ..storage import ArrayRef, create, grid_of, int_pair, locks, mark_complete
 from ..storage import array as sarray
 from ..storage.commit import abandoned, existing_array, has_data
+from ..storage.ref import check_task_writable
 from . import runtime
 from .array import TiledArray
 from .output import source
@@ -65,6 +66,9 @@ def _new_array(path, name, shape, dtype, tile, shard, overwrite, dims):
     ``to_zarr`` does: a second writer gets OutputLockedError) from before it
     is created until the block ends (after ``mark_complete``)."""
     ref = ArrayRef.from_location(path, name)
+    given, shape = shape, int_pair(shape)
+    if shape is None or min(shape) < 0:  # before anything is created
+        raise StorageError(f"{str(ref)!r}: shape must be 2 non-negative integers, got {given!r}")
     sarray.check_parents(ref)  # inside an array or a v2 group: refused before the lock's file
     if existing_array(ref) is None and has_data(ref) and not abandoned(ref, overwrite):
         raise StorageError(
@@ -144,6 +148,9 @@ def _check_seed(seed) -> int:
 def random(shape, path, *, name="", dims=None, tile=(1024, 1024), shard=None,
            dtype="float64", seed=0, overwrite=False, engine=None) -> TiledArray:
     seed = _check_seed(seed)  # before anything is created
+    engine = engine or runtime.current_engine(start=False)
+    if engine is not None:  # its workers write the units: not into this process's memory
+        check_task_writable(ArrayRef.from_location(path, name))
     with _new_array(path, name, shape, dtype, tile, shard, overwrite, dims) as (ref, z):
         grid = grid_of(z)
         graph, keys = {}, []
@@ -154,7 +161,6 @@ def random(shape, path, *, name="", dims=None, tile=(1024, 1024), shard=None,
                 graph[key] = (gel.random_block, ref, grid.unit_range(0, i), grid.unit_range(1, j),
                               np.dtype(dtype), seed, grid.tile)
                 keys.append(key)
-        engine = engine or runtime.current_engine(start=False)
         if engine is not None:
             engine.run(graph, keys, description=f"random -> {os.path.basename(str(ref))}",
                        quiet=True, units_total=grid.n_units)
@@ -245,7 +251,11 @@ def from_dask(x, path, *, name="", dims=None, overwrite=False, shard=None) -> Ti
     from ..storage.array import mark_unit_done
 
     with _new_array(path, name, x.shape, x.dtype, tile, shard, overwrite, dims) as (ref, z):
-        x.rechunk(shard or tile).to_zarr(z)
+        # one dask block per tile (or shard): each write is one whole I/O unit, and
+        # no rechunk to dask's "auto" chunks (array.chunk-size, 128 MiB) that
+        # dask.array.to_zarr would do, with a PerformanceWarning when they do not
+        # divide the tile
+        da.store(x.rechunk(shard or tile), z, lock=False)
         grid = grid_of(z)
         for i in range(grid.unit_grid[0]):
             for j in range(grid.unit_grid[1]):

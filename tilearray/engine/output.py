@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 from dask.base import tokenize
 
-from ..errors import StorageError
+from ..errors import IncompleteOutputError, StorageError
 from ..storage import ArrayRef, Grid, create, done_units, grid_of, mark_complete, open_array
 from ..storage import array as sarray
 from ..storage.commit import (
@@ -27,6 +27,7 @@ from ..storage.commit import (
     verify_inputs,
 )
 from ..storage.io import store_small
+from ..storage.ref import check_task_writable
 from . import runtime
 from .expr.nodes import Source, derive_dims, sources, structure
 from .plan.lower import Lowered, lower
@@ -161,6 +162,7 @@ def write(x, path, tile, shard, overwrite, resume, engine, name="", dims=None):
     node = x._node
     ref = ArrayRef.from_location(path, name)
     sarray.check_parents(ref)  # inside an array or a Zarr v2 group: refused before any work
+    check_task_writable(ref)  # workers could not write into a MemoryStore of this process
     check_target(ref, node)
     labels = derive_dims(node, lambda src: ("row", "col"))
     if node.small or node.ndim != 2:
@@ -260,6 +262,10 @@ def _write_small_result(x, ref, overwrite, resume, engine, dims, labels):
             cleanup(low)
         verify_inputs(states, ref)
         sarray.check_lock_held(ref)
+        if (0, 0) not in done_units(ref):  # the worker's write never reached this store
+            raise IncompleteOutputError(
+                f"{str(ref)!r}: the task that wrote the result succeeded but its write is not "
+                f"in the store{sarray.UNSEEN_WRITES}")
         arr.attrs[sarray.ATTR_KEY] = {**meta, "complete": True}
         sarray.refresh_consolidated(ref)
     finally:

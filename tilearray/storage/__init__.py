@@ -11,7 +11,7 @@ from .array import (
     mark_complete,
     open_array,
 )
-from .geometry import Grid, boundaries
+from .geometry import Grid, boundaries, int_pair
 from .io import IOStats, ReadRequest, plan_reads, read_region, write_block
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "IOStats",
     "ReadRequest",
     "boundaries",
+    "int_pair",
     "create",
     "done_units",
     "grid_of",

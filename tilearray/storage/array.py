@@ -24,7 +24,7 @@ from zarr.storage import LocalStore
 
 from .. import _config
 from ..errors import IncompleteOutputError, StorageError
-from .geometry import Grid
+from .geometry import Grid, int_pair
 from .groups import (  # noqa: F401  (re-exported: callers use storage.array's names)
     _node_at,
     check_parents,
@@ -133,12 +133,12 @@ def _is_group(ref: ArrayRef) -> bool:
 def _group_message(ref: ArrayRef) -> str:
     """Why a group does not open as a matrix, with the members that would."""
     try:
-        group = zarr.open_group(ref.store, path=ref.path or None, mode="r")
-        members = sorted(name for name, _ in group.arrays())
-    except Exception:
-        members = []
-    listed = (f" (its arrays: {', '.join(repr(m) for m in members[:10])}"
-              f"{', ...' if len(members) > 10 else ''})") if members else ""
+        names = sorted(zarr.open_group(ref.store, path=ref.path or None, mode="r").array_keys())
+        listed = (" (its arrays: " + ", ".join(names[:10])
+                  + (f", ... ({len(names)} in all)" if len(names) > 10 else "") + ")"
+                  if names else " (it holds no arrays)")
+    except Exception:  # unreadable: the message stands without the list
+        listed = ""
     return (f"{str(ref)!r} is a Zarr group, not an array; pass the array's path inside "
             f"it{listed}, e.g. ta.open(path, name)")
 
@@ -166,10 +166,24 @@ def check_output_complete(ref: ArrayRef, arr: zarr.Array) -> None:
     missing = grid.n_units - done
     raise IncompleteOutputError(
         f"{str(ref)!r} is an incomplete tilearray output: {missing} of {grid.n_units} "
-        "I/O units were never written (the job that wrote it stopped early). Rerun the "
-        "same expression with to_zarr(..., resume=True) to finish it, or open it with "
-        "allow_incomplete=True to inspect it."
+        f"I/O units were never written (the job that wrote it stopped early). {redo_hint(meta)}"
+        ", or open it with allow_incomplete=True to inspect it."
     )
+
+
+def resumable(meta: dict) -> bool:
+    """Whether an output can be finished with ``resume=True``: only ``to_zarr``
+    records the fingerprint of the expression it writes; arrays written by
+    ``random``, ``from_numpy`` or ``from_dask`` have none."""
+    return bool(meta and meta.get("fingerprint"))
+
+
+def redo_hint(meta: dict) -> str:
+    """How to finish an incomplete output (``meta``: its tilearray attributes)."""
+    if resumable(meta):
+        return "Rerun the same expression with to_zarr(..., resume=True) to finish it"
+    return ("It was not written from an expression (random, from_numpy or from_dask), so it "
+            "cannot be resumed: rerun what wrote it with overwrite=True")
 
 
 def _compressor(name: str | None, dtype: np.dtype, loc: str) -> list:
@@ -214,14 +228,16 @@ def create(
     ref = ArrayRef.from_location(where, path)
     loc = str(ref)
     check_parents(ref)
-    shape = tuple(int(s) for s in shape)
-    if len(shape) != 2 or any(s < 0 for s in shape):
-        raise StorageError(f"{loc!r}: shape must be 2 non-negative integers, got {shape}")
+    given, shape = shape, int_pair(shape)
+    if shape is None or any(s < 0 for s in shape):
+        raise StorageError(f"{loc!r}: shape must be 2 non-negative integers, got {given!r}")
     dt = check_dtype(dtype, loc)
     tile = _clip_block(shape, tile, "tile", loc)
     if shard is not None:
-        shard = tuple(int(s) for s in shard)
-        if len(shard) != 2 or any(s <= 0 or s % t for s, t in zip(shard, tile, strict=True)):
+        given, shard = shard, int_pair(shard)
+        if shard is None:
+            raise StorageError(f"{loc!r}: shard must be 2 positive integers, got {given!r}")
+        if any(s <= 0 or s % t for s, t in zip(shard, tile, strict=True)):
             raise StorageError(
                 f"{loc!r}: shard {shard} must be a positive multiple of the tile {tile}"
             )
@@ -278,10 +294,10 @@ def clear_for_overwrite(ref: ArrayRef) -> bool:
 
 
 def _clip_block(shape, block, name: str, loc: str) -> tuple[int, int]:
-    block = tuple(int(b) for b in block)
-    if len(block) != 2 or any(b <= 0 for b in block):
-        raise StorageError(f"{loc!r}: {name} must be 2 positive integers, got {block}")
-    return block
+    pair = int_pair(block)
+    if pair is None or any(b <= 0 for b in pair):
+        raise StorageError(f"{loc!r}: {name} must be 2 positive integers, got {block!r}")
+    return pair
 
 
 # -- completion bookkeeping -----------------------------------------------------------
@@ -304,6 +320,10 @@ def done_units(ref: ArrayRef) -> set[tuple[int, int]]:
     return out
 
 
+UNSEEN_WRITES = (" (if the tasks that wrote them succeeded, the workers do not see this "
+                 "store as this process does: use a path on a filesystem they all share)")
+
+
 def mark_complete(ref: ArrayRef, extra: dict | None = None) -> None:
     """Mark an output complete. Refuses unless every unit has its done marker."""
     arr = zarr.open_array(ref.store, path=ref.path or None, mode="r+")
@@ -313,7 +333,7 @@ def mark_complete(ref: ArrayRef, extra: dict | None = None) -> None:
     if missing:
         raise IncompleteOutputError(
             f"{str(ref)!r}: cannot mark complete, {missing} of {grid.n_units} units "
-            "have no done marker"
+            f"have no done marker{UNSEEN_WRITES}"
         )
     meta = info_attrs(arr)
     meta.update(extra or {})

@@ -9,10 +9,42 @@ axis may be cut short by the array's shape. Nothing here does I/O.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 
 Range = tuple[int, int]
 """A half-open index range ``(start, stop)`` along one axis."""
+
+
+def int_pair(value) -> tuple[int, int] | None:
+    """``value`` as two Python ints, or None when it is not a pair of integers.
+
+    Integers (Python or NumPy) and integral floats (``1e3``) are taken; a
+    single number, a string or ``2.5`` are not (``int(2.5)`` would silently
+    make a tile of 2). Callers raise their own error naming the argument."""
+    try:
+        items = tuple(value)
+    except TypeError:
+        return None
+    if len(items) != 2:
+        return None
+    out = []
+    for v in items:
+        if isinstance(v, bool | str | bytes):
+            return None
+        try:
+            out.append(operator.index(v))
+            continue
+        except TypeError:
+            pass
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            return None
+        if not f.is_integer():
+            return None
+        out.append(int(f))
+    return out[0], out[1]
 
 
 def boundaries(n: int, step: int) -> tuple[int, ...]:

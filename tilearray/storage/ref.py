@@ -79,6 +79,29 @@ def _url_store(url: str) -> Store:
                            "pass a zarr Store instead") from None
 
 
+def process_local(store: Store) -> bool:
+    """Whether ``store`` (or the store it wraps) keeps its data in this
+    process's memory (a zarr ``MemoryStore``): tasks that run in dask workers
+    get a copy of it, so what they write never reaches this process."""
+    seen = 0
+    while store is not None and seen < 8:
+        if isinstance(store, zarr.storage.MemoryStore):
+            return True
+        store, seen = getattr(store, "_store", None), seen + 1
+    return False
+
+
+def check_task_writable(ref: ArrayRef) -> None:
+    """Refuse, before any work, an output that tasks on a dask cluster cannot
+    write: one in a process-local ``MemoryStore``."""
+    if process_local(ref.store):
+        raise StorageError(
+            f"cannot write {str(ref)!r}: a zarr MemoryStore lives in this process only, and "
+            "the tasks that write the output run in dask workers, each on its own copy (the "
+            "result would be lost); write to a path, a file:// URL or another shared store "
+            "(keep in-memory data with ta.from_numpy, which writes from this process)")
+
+
 def describe(store: Store, path: str = "") -> str:
     """Human-readable location of an array: a file path for local stores, a URL
     for fsspec stores."""

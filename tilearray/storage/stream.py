@@ -331,7 +331,7 @@ class _ChunkStream:
                     k = self.reader.readinto(flat[got:])
                 else:
                     view, at = flat[got:], self.consumed
-                    k = self._retrying(lambda: os.preadv(self.fd, [view], at), "read")
+                    k = self._retrying(lambda v=view, o=at: os.preadv(self.fd, [v], o), "read")
                     if k and self.owner.crc32c:
                         from crc32c import crc32c
 

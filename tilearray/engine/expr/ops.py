@@ -163,7 +163,8 @@ def _reduce(op, x, axis, keepdims, ddof) -> ExprBase:
         raise PlanningError(f"unknown reduction {op!r}; choose from {', '.join(OPS)}")
     if isinstance(axis, tuple | list) and not op.startswith("arg"):  # NumPy's tuple of axes
         axes = {int(a) % max(n.ndim, 1) if isinstance(a, int | np.integer) and
-                -n.ndim <= a < max(n.ndim, 1) else None for a in axis}
+                not isinstance(a, bool) and -n.ndim <= a < max(n.ndim, 1) else None
+                for a in axis}
         if None in axes or len(axes) != len(axis):
             raise PlanningError(f"{op}: axis {tuple(axis)!r} is out of bounds or repeated for "
                                 f"shape {n.shape}")
@@ -171,7 +172,11 @@ def _reduce(op, x, axis, keepdims, ddof) -> ExprBase:
         if axis == "none":
             raise PlanningError(f"{op}: axis=() (reduce nothing) is not supported")
     if axis is not None:
-        if not isinstance(axis, int | np.integer) or not -n.ndim <= axis < max(n.ndim, 1):
+        if isinstance(axis, bool) or not isinstance(axis, int | np.integer):
+            # NumPy: TypeError; not 'out of bounds' for axis="0", nor axis 1 for True
+            raise PlanningError(f"{op}: axis must be an integer, a tuple of them or None, "
+                                f"got {axis!r} ({type(axis).__name__})")
+        if not -n.ndim <= axis < max(n.ndim, 1):
             raise PlanningError(f"{op}: axis {axis!r} is out of bounds for shape {n.shape}")
         axis = int(axis) % n.ndim
     if op in NO_IDENTITY:

@@ -11,7 +11,7 @@ from ... import _config
 from ...errors import PlanningError
 from ...graphs.blocks import group_edges
 from ...graphs.spec import leaves, n_temporaries
-from ...storage import Grid
+from ...storage import Grid, int_pair
 from ..expr.nodes import (
     Elemwise,
     MatMul,
@@ -129,14 +129,16 @@ def output_grid(node, tile, shard) -> Grid:
         how = "inherited from the inputs"
     else:
         how = "given"
-    tile = tuple(int(t) for t in tile)
-    if len(tile) != 2 or any(t <= 0 for t in tile):
-        raise PlanningError(f"tile must be 2 positive integers, got {tile}")
+    given, tile = tile, int_pair(tile)
+    if tile is None or any(t <= 0 for t in tile):
+        raise PlanningError(f"tile must be 2 positive integers, got {given!r}")
     if shard is None:  # a tile larger than the array is clipped to it
         tile = tuple(min(t, max(n, 1)) for t, n in zip(tile, node.shape, strict=True))
     if shard is not None:
-        shard = tuple(int(s) for s in shard)
-        if len(shard) != 2 or any(s <= 0 or s % t for s, t in zip(shard, tile, strict=True)):
+        given, shard = shard, int_pair(shard)
+        if shard is None:
+            raise PlanningError(f"shard must be 2 positive integers, got {given!r}")
+        if any(s <= 0 or s % t for s, t in zip(shard, tile, strict=True)):
             hint = tuple(max(d for d in range(1, min(t, s) + 1) if s % d == 0) if s > 0 else 1
                          for s, t in zip(shard, tile, strict=False))
             raise PlanningError(

@@ -385,12 +385,13 @@ def _end(proc, status: str, first=signal.SIGTERM) -> None:
             break
 
 
-def main(argv=None) -> int:
-    """``python -m tilearray.engine.mpi -n 4 [mpiexec options] -- job.py [args]``"""
+def main(argv=None, prog: str = "python -m tilearray.engine.mpi") -> int:
+    """``python -m tilearray.engine.mpi -n 4 [mpiexec options] -- job.py [args]``
+    (``prog``: how the usage line names the launcher, e.g. ``tilearray mpirun``)"""
     import argparse
 
     p = argparse.ArgumentParser(
-        prog="python -m tilearray.engine.mpi",
+        prog=prog,
         usage="%(prog)s -n N [--timeout S] [--mpiexec PATH] [mpiexec options] -- "
               "script.py [args]",
         description="Run a tilearray batch script on N MPI ranks (scheduler, client, "
@@ -412,6 +413,8 @@ def main(argv=None) -> int:
         extra, cmd = [], a.command
     if not cmd:
         p.error("nothing to run")
+    if cmd[0].endswith(".py") and not os.path.isfile(cmd[0]):  # not once per rank, later
+        p.error(f"no such script: {cmd[0]!r}")
     if a.n < 1:
         p.error(f"-n must be at least 1, got {a.n}")
     return mpirun(a.n, cmd, mpiexec=a.mpiexec, mpiexec_args=extra, timeout=a.timeout)
