@@ -20,7 +20,7 @@ every engine in turn, order rotated) because the shared host's speed drifts
 by 2x over minutes. One Markdown table on stdout: GB/s = logical bytes of the
 inputs / median wall time (GB = 1e9 B) of the runs, ratio to the raw read
 rate of the same inputs, peak RSS per worker (psutil, every 0.2 s), bytes
-read, and whether the result agrees with dask's (allclose).
+read, and whether the result agrees with dask's (``tilearray.testing.assert_close``).
 
 The inputs mostly sit in the page cache (RAM >> data), but this machine's
 kernel pages out cold page-cache pages (DAMON "pageout"), so a first read of
@@ -419,6 +419,7 @@ def main(argv=None) -> int:
     on_disk = {k: dir_size(v) for k, v in paths.items()}
 
     results = run_all(args, paths, engines, ops)
+    from tilearray.testing import assert_close
 
     ref_engine = "dask" if "dask" in results else ("tilearray" if "tilearray" in results
                                                    else None)
@@ -427,7 +428,6 @@ def main(argv=None) -> int:
     for op in ops:
         desc, inputs, _ = OPS[op]
         logical = len(inputs) * n * n * itemsize
-        count = n * n if op in ("sum", "var") else n  # elements reduced into each output value
         raw = results.get("raw", {}).get(op)
         raw_rate = logical / _median(raw) if raw and "wall" in raw else None
         ref = results.get(ref_engine, {}).get(op, {}).get("value") if ref_engine else None
@@ -445,8 +445,11 @@ def main(argv=None) -> int:
                     check = "(reference)"
                 else:
                     v = r["value"]
-                    ok = v.shape == ref.shape and np.allclose(
-                        v, ref, rtol=1e-9, atol=1e-9 * math.sqrt(count))
+                    try:
+                        assert_close(v, ref)
+                        ok = True
+                    except AssertionError:
+                        ok = False
                     err = float(np.max(np.abs(v - ref))) if v.shape == ref.shape else math.inf
                     check = f"{'ok' if ok else 'MISMATCH'} (max err {err:.1e})"
                     if not ok:
@@ -475,8 +478,8 @@ def main(argv=None) -> int:
           "its own process); rchar = bytes through read syscalls (compressed chunk files, "
           "page cache included)")
     print(f"- wall: median of {args.repeats} interleaved run(s) per engine and op (all "
-          f"runs in the `runs` column); check: np.allclose against {ref_engine}'s result "
-          "(rtol 1e-9)\n")
+          f"runs in the `runs` column); check: tilearray.testing.assert_close against "
+          f"{ref_engine}'s result (tolerance relative to the result's scale)\n")
     print(markdown_table(
         ["operation", "engine", "median wall (s)", "runs (s)", "GB/s", "× raw",
          "peak RSS/worker", "bytes read", "rchar", "check", "notes"], rows))
