@@ -10,6 +10,7 @@ steps, dtypes and budgets:
 - results equal NumPy under small budgets (the out-of-core path).
 """
 
+import math
 import pickle
 import re
 
@@ -309,3 +310,20 @@ def test_matmul_tasks_describe_their_panels_compactly(tmp_path):
         assert all(not isinstance(x, tuple) or len(x) <= 8 for x in t[1:]), t[:6]
         assert any(isinstance(x, Ranges) and len(x) == 245 for x in t[1:])
     assert len(pickle.dumps(low.graph)) < 20 * 2**20
+
+
+def test_matmul_blocks_take_the_aspect_ratio_that_reads_least(tmp_path):
+    """10^6 x 10^6 metadata-only inputs on 64 x 2 GiB workers: for every block
+    height the widest block that fits is a candidate, not only 1:1, 1:2 and
+    2:1 blocks. 8192^2 blocks (the best square) read A and B 123 times each;
+    8192 x 12288 blocks fit and read B 82 times instead."""
+    n, unit = 10**6, 4096
+    a = _meta(tmp_path, "a.zarr", (n, n), (unit, unit))
+    b = _meta(tmp_path, "b.zarr", (n, n), (unit, unit))
+    budget = ta.Budget.from_config("2GiB", 64, 1)
+    plan = (a @ b).plan(budget=budget)
+    assert plan.peak_task_memory <= budget.task_memory
+    per = math.ceil(n / 8192)
+    square = (n * n * per + n * n * per) * 8
+    assert plan.bytes_read <= 0.85 * square, (plan.bytes_read / square, str(plan))
+    assert plan.bytes_read <= 1.5 * plan.io_lower_bound, str(plan)
