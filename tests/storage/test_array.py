@@ -296,3 +296,17 @@ def test_open_group_without_member_says_group(tmp_path, zarr_format):
             ta.open(where, name)
     with pytest.raises(ta.StorageError, match=r"no Zarr array at .*g\.zarr/nope"):
         ta.open(tmp_path / "g.zarr", "nope")
+
+
+def test_tile_larger_than_the_array_is_clipped_to_it(tmp_path):
+    """A 10 x 3000 array with the default 1024^2 tile is stored in 10 x 1024
+    chunks (not 1024^2 ones, 99 % fill); sharded arrays keep the tile given."""
+    x = np.arange(30_000, dtype="f8").reshape(10, 3000)
+    a = ta.from_numpy(x, tmp_path / "a.zarr")
+    assert zarr.open_array(tmp_path / "a.zarr").chunks == (10, 1024)
+    assert a.grid.tile == (10, 1024)
+    np.testing.assert_array_equal(np.asarray(a), x)
+    z = create(tmp_path / "s.zarr", (10, 3000), "f8", (1024, 1024), shard=(2048, 2048))
+    assert z.chunks == (1024, 1024)
+    e = create(tmp_path / "e.zarr", (0, 5), "f8", (16, 16))
+    assert e.chunks == (1, 5)

@@ -215,8 +215,8 @@ def create(
 ) -> zarr.Array:
     """Create a 2-D Zarr v3 array laid out for tilearray.
 
-    ``tile`` is the Zarr chunk; ``shard``, if given, is the I/O unit and must
-    be a multiple of the tile. Chunks are compressed with ``compressor``:
+    ``tile`` is the Zarr chunk (clipped to the shape when unsharded); ``shard``,
+    if given, is the I/O unit and must be a multiple of the tile. Chunks are compressed with ``compressor``:
     ``"lz4"`` (blosc lz4 + byte shuffle), ``"zstd"`` (level
     ``tilearray.storage.zstd-level``) or None; ``"default"`` is
     ``tilearray.storage.compressor``. They always carry a crc32c checksum. With ``output=True``
@@ -233,7 +233,9 @@ def create(
         raise StorageError(f"{loc!r}: shape must be 2 non-negative integers, got {given!r}")
     dt = check_dtype(dtype, loc)
     tile = _clip_block(shape, tile, "tile", loc)
-    if shard is not None:
+    if shard is None:  # a tile larger than the array is clipped to it, as dask's chunks
+        tile = tuple(min(t, max(s, 1)) for t, s in zip(tile, shape, strict=True))
+    else:
         given, shard = shard, int_pair(shard)
         if shard is None:
             raise StorageError(f"{loc!r}: shard must be 2 positive integers, got {given!r}")
