@@ -34,6 +34,27 @@ def test_where_and_maximum(engine, pair):
     assert_close(np.where(x > y, x, y), np.maximum(a, b).compute())
 
 
+def test_np_where_is_elementwise_like_numpy(engine, pair):
+    """np.where(cond, x, y) with stored arrays of different tilings, scalars,
+    broadcast reductions and a stored (non-bool) condition: NumPy's values and
+    result dtype; the one-argument form is refused (its size is data-dependent)."""
+    x, y, a, b = pair
+    cases = [
+        (np.where(a > b, a, b), np.where(x > y, x, y)),
+        (np.where(a > 3, 1.0, 0), np.where(x > 3, 1.0, 0)),
+        (np.where(a > a.mean(axis=0), a - a.mean(axis=0), 0).sum(axis=0),
+         np.where(x > x.mean(axis=0), x - x.mean(axis=0), 0).sum(axis=0)),
+        (np.where((a * 0).astype("int16"), a, b.astype("float32")),
+         np.where((x * 0).astype("int16"), x, y.astype("float32"))),
+    ]
+    for expr, want in cases:
+        got = expr.compute()
+        assert got.dtype == want.dtype, str(expr)
+        assert_close(got, want, err_msg=str(expr))
+    with pytest.raises(TypeError, match=r"np.where\(condition, x, y\)"):
+        np.where(a > 0)
+
+
 def test_broadcast_centering_and_scaling(engine, pair):
     x, _, a, _ = pair
     assert_close((a - a.mean(axis=0)).compute(), x - x.mean(0))

@@ -13,7 +13,7 @@ import inspect
 import numpy as np
 
 from .lazy import LazyArray
-from .ops import HANDLED, matmul, reduce_as
+from .ops import HANDLED, _elemwise, matmul, reduce_as
 
 
 def implements(*funcs):
@@ -78,6 +78,17 @@ def clip(a, a_min=None, a_max=None, out=None, *, min=None, max=None):  # noqa: A
     if out is not None:
         raise TypeError("np.clip: out= is not supported on TiledArrays")
     return a.clip(a_min if a_min is not None else min, a_max if a_max is not None else max)
+
+
+@implements(np.where)
+def where(condition, x=None, y=None):
+    """``np.where(cond, x, y)``: elementwise choice, fused into the reads like any
+    ufunc. The one-argument form (indices of non-zeros) is refused: its size
+    is not known before the data is read."""
+    if x is None or y is None:
+        raise TypeError("np.where(condition) (the indices of non-zero entries) is not "
+                        "supported on TiledArrays; use np.where(condition, x, y)")
+    return _elemwise("where", condition, x, y)
 
 
 @implements(np.shape)
