@@ -65,6 +65,21 @@ def test_open_missing_path_names_it(tmp_path):
         ta.open(tmp_path / "nothere.zarr")
 
 
+@pytest.mark.parametrize("cut", [0, 0.5])
+@pytest.mark.parametrize("name", ["", "sub/x"])
+def test_damaged_metadata_names_the_array(tmp_path, rng, cut, name):
+    """A zarr.json emptied or cut short (a copy that ran out of space) is a
+    StorageError naming the array, not a bare JSONDecodeError."""
+    ta.from_numpy(rng.standard_normal((8, 8)), tmp_path / "a.zarr", name=name, tile=(4, 4))
+    meta = tmp_path / "a.zarr" / name / "zarr.json"
+    raw = meta.read_bytes()
+    meta.write_bytes(raw[: int(len(raw) * cut)])
+    where = str(tmp_path / "a.zarr")
+    with pytest.raises(ta.StorageError, match="damaged or cut short") as e:
+        ta.open(where, name)
+    assert where in str(e.value)
+
+
 def test_open_not_2d_names_shape(tmp_path):
     zarr.create_array(tmp_path / "v.zarr", shape=(10,), chunks=(5,), dtype="f8")
     with pytest.raises(ta.StorageError, match=r"\(10,\)"):

@@ -114,6 +114,10 @@ def open_array(
         raise StorageError(f"no Zarr array at {loc!r}: {e}") from None
     except (ContainsGroupError, NodeTypeValidationError) as e:
         raise StorageError(_group_message(ref)) from e
+    except (ValueError, TypeError) as e:  # e.g. json's "Expecting value": no path named
+        raise StorageError(
+            f"cannot read the metadata of {loc!r} (zarr.json / .zarray): {type(e).__name__}: "
+            f"{e} — the file is damaged or cut short (a copy that ran out of space?)") from e
     if arr.ndim != 2:
         raise StorageError(not_a_matrix_message(ref, arr))
     check_dtype(arr.dtype, loc)
