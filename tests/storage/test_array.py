@@ -242,6 +242,27 @@ def test_member_of_a_zarr_v2_group_refused_and_group_untouched(tmp_path, rng, na
     np.testing.assert_array_equal(ta.open(p, "old").compute(), x)
 
 
+@pytest.mark.parametrize("inner", ["x.zarr", "c/0/x.zarr", "sub/deeper/x.zarr"])
+@pytest.mark.parametrize("how", ["random", "from_numpy", "to_zarr"])
+def test_store_inside_an_array_directory_refused(tmp_path, thread_engine, inner, how):
+    """An output *path* inside an existing array's directory (not name=) was
+    written as a store of its own there: replacing the enclosing array
+    (overwrite) then deleted it, and the array's file state changed."""
+    outer = tmp_path / "bare.zarr"
+    a = ta.from_numpy(np.ones((4, 4)), outer, tile=(2, 2))
+    target = outer / inner
+    with pytest.raises(ta.StorageError, match=r"inside the Zarr array .*bare\.zarr"):
+        if how == "random":
+            ta.random((4, 4), target, tile=(2, 2))
+        elif how == "from_numpy":
+            ta.from_numpy(np.ones((4, 4)), target, tile=(2, 2))
+        else:
+            (a * 2).to_zarr(target, engine=thread_engine)
+    assert not target.exists() and not os.path.exists(str(target) + ".tilearray.lock")
+    zarr.open_group(tmp_path / "g.zarr", mode="w", zarr_format=3)
+    ta.from_numpy(np.ones((4, 4)), tmp_path / "g.zarr" / "m.zarr", tile=(2, 2))  # in a group: fine
+
+
 def test_member_inside_an_array_refused(tmp_path):
     p = tmp_path / "bare.zarr"
     ta.from_numpy(np.ones((4, 4)), p, tile=(2, 2))

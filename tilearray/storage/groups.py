@@ -6,6 +6,7 @@ members, refreshed under the store's group lock."""
 from __future__ import annotations
 
 import json
+import os
 
 import zarr
 from zarr.abc.store import Store
@@ -13,7 +14,7 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import collect_aiterator, sync
 
 from ..errors import StorageError
-from .locks import group_lock
+from .locks import group_lock, local_root
 from .ref import ATTR_KEY, ArrayRef, describe
 
 
@@ -147,6 +148,37 @@ def _node_at(store: Store, path: str) -> tuple[str | None, int | None]:
     return (node_type if isinstance(node_type, str) else "unknown"), 3
 
 
+def _check_enclosing_directories(ref: ArrayRef) -> None:
+    """Refuse a local store whose directory lies inside a Zarr array's
+    directory (``a.zarr/x`` or ``a.zarr/c/0/x``): the array's readers ignore
+    it, but replacing that array (``overwrite``) deletes it with the array's
+    own files, and it changes the array's recorded file state."""
+
+    root = local_root(ref.store)
+    if root is None:
+        return
+    here = os.path.dirname(os.path.abspath(root))
+    while True:
+        kind = None
+        if os.path.isfile(os.path.join(here, ".zarray")):
+            kind = "array"
+        elif os.path.isfile(os.path.join(here, "zarr.json")):
+            try:
+                with open(os.path.join(here, "zarr.json"), "rb") as f:
+                    kind = json.loads(f.read()).get("node_type")
+            except (OSError, ValueError, AttributeError):
+                kind = None
+        if kind == "array":
+            raise StorageError(
+                f"cannot write {str(ref)!r}: it lies inside the Zarr array {here!r} (replacing "
+                "that array would delete it, and its readers ignore it) — choose a path "
+                "outside it")
+        parent = os.path.dirname(here)
+        if parent == here:
+            return
+        here = parent
+
+
 def check_parents(ref: ArrayRef) -> None:
     """Refuse, before anything is written, to put a member (``name=``) where it
     would damage what holds it: inside an array, or inside a Zarr format 2
@@ -158,6 +190,7 @@ def check_parents(ref: ArrayRef) -> None:
     StorageError
         Naming the parent's path and what it is.
     """
+    _check_enclosing_directories(ref)
     if not ref.path:
         return
     for parent in reversed(_parents(ref.path)):  # outermost first
