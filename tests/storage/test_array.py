@@ -1,9 +1,11 @@
 import os
+import shutil
 
 import numpy as np
 import pytest
 import zarr
 from helpers import rand
+from zarr.storage import LocalStore, WrapperStore
 
 import tilearray as ta
 from tilearray.storage import ArrayRef, create, grid_of, open_array, read_region, write_block
@@ -293,6 +295,59 @@ def test_incomplete_member_is_not_in_the_consolidated_listing(tmp_path, rng):
     ds = xr.open_zarr(g)
     assert set(ds.data_vars) == {"A", "P"}
     np.testing.assert_array_equal(ds.P.values, np.ones((6, 6)))
+
+
+def _copy_if_there(src, dst):
+    try:
+        shutil.copy2(src, dst)
+    except FileNotFoundError:  # Zarr's temporary, renamed meanwhile
+        pass
+
+
+class _SnapshotStore(WrapperStore):
+    """Copies the whole store directory (plain files) right after ``key`` is
+    written: what a reader opening the group at that moment would see."""
+
+    def __init__(self, store, key, snap):
+        super().__init__(store)
+        self.key, self.snap = key, snap
+
+    def _with_store(self, store):
+        return type(self)(store, self.key, self.snap)
+
+    async def set(self, key, value):
+        await self._store.set(key, value)
+        if key == self.key and not os.path.exists(self.snap):
+            shutil.copytree(str(self._store.root), self.snap, copy_function=_copy_if_there,
+                            ignore=shutil.ignore_patterns("*.partial"))
+
+
+@pytest.mark.parametrize("case", ["new group", "member replaced"])
+def test_member_never_listed_while_created_or_replaced(tmp_path, rng, case):
+    """Right after Zarr writes a member's zarr.json -- before tilearray's
+    refresh -- xarray must not list it: a new group had no consolidated
+    listing yet (xarray fell back to listing the incomplete member; found
+    with `tilearray matmul --name` while xr.open_zarr polled the group), and
+    a member being replaced stayed listed while its chunks were deleted."""
+    import warnings
+
+    import xarray as xr
+
+    x = rng.standard_normal((4, 4))
+    g = tmp_path / "g.zarr"
+    if case == "member replaced":
+        ta.from_numpy(x, g, name="A", tile=(2, 2))
+        ta.from_numpy(x, g, name="C", tile=(2, 2))
+    snap = str(tmp_path / "snap.zarr")
+    store = _SnapshotStore(LocalStore(str(g)), "C/zarr.json", snap)
+    ta.from_numpy(2 * x, store, name="C", tile=(2, 2), overwrite=True)
+    assert os.path.exists(snap)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "failed to open consolidated metadata"
+        ds = xr.open_zarr(snap)
+    assert "C" not in ds.data_vars
+    assert set(xr.open_zarr(g).data_vars) == ({"C"} if case == "new group" else {"A", "C"})
+    np.testing.assert_array_equal(xr.open_zarr(g).C.values, 2 * x)
 
 
 def test_open_1d_and_0d_say_how_to_read_them(tmp_path):

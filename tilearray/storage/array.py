@@ -30,6 +30,7 @@ from .groups import (  # noqa: F401  (re-exported: callers use storage.array's n
     check_parents,
     choose_dims,
     dims_of,
+    prepare_member,
     refresh_consolidated,
     sibling_dims,
 )
@@ -251,6 +252,8 @@ def create(
     attrs = dict(attributes or {})
     if output:
         attrs[ATTR_KEY] = {"format": FORMAT_VERSION, "complete": False, **attrs.get(ATTR_KEY, {})}
+    if output:  # out of its group's listing before its files are created or replaced
+        prepare_member(ref)
     if overwrite:
         overwrite = clear_for_overwrite(ref)
     try:

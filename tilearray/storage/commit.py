@@ -150,6 +150,7 @@ def create_small(ref: ArrayRef, shape: tuple, dtype, dims, meta: dict):
     for ``resume=True``; the caller marks it complete."""
     import zarr
 
+    sarray.prepare_member(ref)  # out of its group's listing before it is (re)created
     arr = zarr.create_array(ref.store, name=ref.path or None, shape=tuple(shape),
                             dtype=np.dtype(dtype), overwrite=sarray.clear_for_overwrite(ref),
                             zarr_format=3, dimension_names=tuple(dims),

@@ -257,7 +257,32 @@ def refresh_consolidated(ref: ArrayRef) -> None:
             _refresh(ref, parents)
 
 
-def _refresh(ref: ArrayRef, parents: list[str]) -> None:
+def prepare_member(ref: ArrayRef) -> None:
+    """Before a group member is created or replaced: its parent groups exist
+    and carry a consolidated listing that leaves it out.
+
+    Else, between Zarr's create (which writes a new parent group's
+    ``zarr.json`` without a listing) and the refresh after it, xarray falls
+    back to listing every member -- the one just created, incomplete,
+    included -- and an old complete member being replaced stays listed while
+    its files are deleted and rewritten (readers got zeros and new tiles as
+    its data)."""
+    parents = _parents(ref.path) if ref.path.strip("/") else []
+    if not parents:
+        return
+    with group_lock(ref.store) as held:
+        if not held:  # a read-only store: the create itself will say so
+            return
+        for parent in reversed(parents):  # outermost first
+            try:
+                if _node_at(ref.store, parent)[0] is None:
+                    zarr.open_group(ref.store, path=parent or None, mode="a", zarr_format=3)
+            except Exception:  # not creatable here: the create itself reports it
+                return
+        _refresh(ref, parents, leave_out=ref.path.strip("/"))
+
+
+def _refresh(ref: ArrayRef, parents: list[str], leave_out: str | None = None) -> None:
     """Rewrite each parent group's listing in one write of its ``zarr.json``.
 
     The listing is built from a copy of the metadata documents of the
@@ -272,7 +297,7 @@ def _refresh(ref: ArrayRef, parents: list[str]) -> None:
             warnings.simplefilter("ignore")  # "not part of the Zarr v3 specification"
             try:
                 mirror = zarr.storage.MemoryStore()
-                _copy_complete_metadata(ref.store, parent, mirror)
+                _copy_complete_metadata(ref.store, parent, mirror, leave_out)
                 zarr.consolidate_metadata(mirror)
                 buf = sync(mirror.get("zarr.json", default_buffer_prototype()))
                 doc = json.loads(buf.to_bytes())
@@ -284,16 +309,18 @@ def _refresh(ref: ArrayRef, parents: list[str]) -> None:
                 pass
 
 
-def _copy_complete_metadata(store, parent: str, mirror) -> None:
+def _copy_complete_metadata(store, parent: str, mirror, leave_out: str | None = None) -> None:
     """Copy ``zarr.json`` of the group at ``parent`` and of every member below
-    it that is not an incomplete tilearray output into ``mirror`` (paths
-    relative to the group). Arrays are not descended into (chunks are not
-    listed)."""
+    it that is not an incomplete tilearray output (nor ``leave_out``, a member
+    about to be replaced) into ``mirror`` (paths relative to the group).
+    Arrays are not descended into (chunks are not listed)."""
 
     proto = default_buffer_prototype()
     base = f"{parent}/" if parent else ""
 
     def copy(rel: str) -> None:
+        if rel and f"{base}{rel}".rstrip("/") == leave_out:
+            return
         buf = sync(store.get(f"{base}{rel}zarr.json", proto))
         if buf is None:
             return
