@@ -128,6 +128,30 @@ def test_half_written_output_is_not_complete(tmp_path, rng):
     assert grid_of(z).n_units == 4
 
 
+def test_incomplete_output_being_written_names_its_writer(tmp_path):
+    """ta.open of an output another live job is writing says so and names the
+    job, not "the job that wrote it stopped early" (found: readers polling
+    an output during `tilearray random --overwrite`)."""
+    import json
+    import socket
+
+    import psutil
+
+    ref = ArrayRef.from_location(tmp_path / "o.zarr")
+    create(ref.store, (8, 8), "f8", (4, 4))
+    me = psutil.Process(os.getpid())  # live, and not this process's own lock
+    lock = {"host": socket.gethostname(), "pid": me.pid, "started": me.create_time(),
+            "taken": "2026-01-01T00:00:00.000+00:00", "token": "other-job", "what": "output"}
+    (tmp_path / "o.zarr.tilearray.lock").write_text(json.dumps(lock))
+    with pytest.raises(ta.IncompleteOutputError, match="being written right now") as e:
+        ta.open(tmp_path / "o.zarr")
+    assert f"pid {me.pid}" in str(e.value) and "stopped early" not in str(e.value)
+    lock["pid"], lock["started"] = 2**22 + 12345, 1.0  # a dead holder: stopped early
+    (tmp_path / "o.zarr.tilearray.lock").write_text(json.dumps(lock))
+    with pytest.raises(ta.IncompleteOutputError, match="stopped early"):
+        ta.open(tmp_path / "o.zarr")
+
+
 def test_incomplete_output_of_an_expression_says_resume(tmp_path):
     create(tmp_path / "o.zarr", (40, 40), "f8", (16, 16),
            attributes={"tilearray": {"fingerprint": "f" * 32}})

@@ -41,6 +41,7 @@ from .locks import (  # noqa: F401  (the output lock, re-exported)
     check_unlocked,
     describe_holder,
     group_lock,
+    live_writer,
     local_root,
     lock_path,
     output_lock_key,
@@ -169,6 +170,12 @@ def check_output_complete(ref: ArrayRef, arr: zarr.Array) -> None:
     grid = grid_of(arr)
     done = len(done_units(ref))
     missing = grid.n_units - done
+    writer = live_writer(ref)
+    if writer is not None:  # not "stopped early": being written right now
+        raise IncompleteOutputError(
+            f"{str(ref)!r} is an incomplete tilearray output being written right now by "
+            f"{describe_holder(writer)}: {missing} of {grid.n_units} I/O units still to "
+            "write; open it once that job has finished")
     raise IncompleteOutputError(
         f"{str(ref)!r} is an incomplete tilearray output: {missing} of {grid.n_units} "
         f"I/O units were never written (the job that wrote it stopped early). {redo_hint(meta)}"
