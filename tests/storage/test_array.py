@@ -372,6 +372,9 @@ def test_member_never_listed_while_created_or_replaced(tmp_path, rng, case):
     assert "C" not in ds.data_vars
     assert set(xr.open_zarr(g).data_vars) == ({"C"} if case == "new group" else {"A", "C"})
     np.testing.assert_array_equal(xr.open_zarr(g).C.values, 2 * x)
+    with pytest.raises(ta.StorageError, match="already exists"):  # refused: stays listed
+        create(str(g), (4, 4), "f8", (2, 2), path="C")
+    np.testing.assert_array_equal(xr.open_zarr(g).C.values, 2 * x)
 
 
 def test_open_1d_and_0d_say_how_to_read_them(tmp_path):

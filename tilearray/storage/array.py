@@ -260,7 +260,7 @@ def create(
     if output:
         attrs[ATTR_KEY] = {"format": FORMAT_VERSION, "complete": False, **attrs.get(ATTR_KEY, {})}
     if output:  # out of its group's listing before its files are created or replaced
-        prepare_member(ref)
+        prepare_member(ref, replacing=bool(overwrite))
     if overwrite:
         overwrite = clear_for_overwrite(ref)
     try:

@@ -257,9 +257,10 @@ def refresh_consolidated(ref: ArrayRef) -> None:
             _refresh(ref, parents)
 
 
-def prepare_member(ref: ArrayRef) -> None:
+def prepare_member(ref: ArrayRef, replacing: bool = True) -> None:
     """Before a group member is created or replaced: its parent groups exist
-    and carry a consolidated listing that leaves it out.
+    and carry a consolidated listing that leaves it out (with ``replacing``
+    False, an existing member is kept listed: its create will be refused).
 
     Else, between Zarr's create (which writes a new parent group's
     ``zarr.json`` without a listing) and the refresh after it, xarray falls
@@ -279,7 +280,7 @@ def prepare_member(ref: ArrayRef) -> None:
                     zarr.open_group(ref.store, path=parent or None, mode="a", zarr_format=3)
             except Exception:  # not creatable here: the create itself reports it
                 return
-        _refresh(ref, parents, leave_out=ref.path.strip("/"))
+        _refresh(ref, parents, leave_out=ref.path.strip("/") if replacing else None)
 
 
 def _refresh(ref: ArrayRef, parents: list[str], leave_out: str | None = None) -> None:
