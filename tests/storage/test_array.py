@@ -289,6 +289,23 @@ def test_store_inside_an_array_directory_refused(tmp_path, thread_engine, inner,
     ta.from_numpy(np.ones((4, 4)), tmp_path / "g.zarr" / "m.zarr", tile=(2, 2))  # in a group: fine
 
 
+@pytest.mark.parametrize("name", ["", "X"])
+@pytest.mark.parametrize("how", ["random", "from_numpy"])
+def test_regular_file_target_refused_also_with_overwrite(tmp_path, how, name):
+    """random/from_numpy onto a regular file said "already exists; pass
+    overwrite=True" even with overwrite=True (and, with name=, "cannot create
+    the lock ...: File exists"); now as to_zarr: a regular file, kept."""
+    f = tmp_path / "notes.zarr"
+    f.write_text("keep me")
+    with pytest.raises(ta.StorageError, match="is a regular file, not a Zarr") as e:
+        if how == "random":
+            ta.random((4, 4), f, name=name, tile=(2, 2), overwrite=True)
+        else:
+            ta.from_numpy(np.ones((4, 4)), f, name=name, tile=(2, 2), overwrite=True)
+    assert "already exists" not in str(e.value) and "lock" not in str(e.value)
+    assert f.read_text() == "keep me"
+
+
 def test_member_inside_an_array_refused(tmp_path):
     p = tmp_path / "bare.zarr"
     ta.from_numpy(np.ones((4, 4)), p, tile=(2, 2))

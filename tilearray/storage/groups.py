@@ -157,6 +157,12 @@ def _check_enclosing_directories(ref: ArrayRef) -> None:
     root = local_root(ref.store)
     if root is None:
         return
+    if os.path.lexists(root) and not os.path.isdir(root):
+        what = "a Zarr array" if not ref.path else "a Zarr group (to hold member " \
+            f"{ref.path!r})"
+        raise StorageError(
+            f"{str(root)!r} is a regular file, not {what}; refusing to replace it (also with "
+            "overwrite=True) — choose another path or remove it first")
     here = os.path.dirname(os.path.abspath(root))
     while True:
         kind = None
