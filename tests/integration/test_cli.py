@@ -573,3 +573,37 @@ def test_reduce_resume_keeps_a_complete_output(work):
     err = one_line_error(cli("reduce", "a.zarr", "--op", "sum", "--axis", 0, "-o", "m.zarr",
                              "--resume", *JOB, cwd=work))
     assert "cannot resume" in err
+
+
+@pytest.mark.parametrize("cmd", ["matmul", "random", "reduce"])
+def test_existing_output_being_written_names_the_writer(tmp_path, capsys, monkeypatch, cmd):
+    """A plain rerun while another live job writes the output says so and names
+    it (OutputLockedError), not "already exists; pass --overwrite" (found: a
+    second `tilearray matmul` started while the first was writing); an
+    unfinished output left by a stopped job says it is unfinished."""
+    import socket
+
+    import psutil
+
+    import tilearray as ta
+    from tilearray.storage import create
+
+    ta.from_numpy(np.ones((8, 8)), tmp_path / "a.zarr", tile=(4, 4))
+    out, name = tmp_path / "g.zarr", "C"
+    create(str(out), (8, 8), "f8", (4, 4), path=name)  # incomplete (output=True)
+    args = {"matmul": ["matmul", "a.zarr", "a.zarr", "-o", "g.zarr"],
+            "random": ["random", "g.zarr", "--shape", 8, 8],
+            "reduce": ["reduce", "a.zarr", "--op", "sum", "--axis", 0, "-o", "g.zarr"]}[cmd]
+    args += ["--name", name]
+    p = cli_here(*args, cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+    err = one_line_error(p)
+    assert "already exists (an unfinished output" in err and "--overwrite" in err, err
+
+    me = psutil.Process(os.getpid())  # a live holder that is not this job's own lock
+    lock = {"host": socket.gethostname(), "pid": me.pid, "started": me.create_time(),
+            "taken": "2026-01-01T00:00:00.000+00:00", "token": "other-job", "what": "output"}
+    (out / f"{name}.tilearray.lock").write_text(json.dumps(lock))
+    p = cli_here(*args, cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+    err = one_line_error(p)
+    assert "is being written by another job" in err and f"pid {me.pid}" in err, err
+    assert "C.tilearray.lock" in err

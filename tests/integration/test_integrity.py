@@ -117,6 +117,65 @@ def test_input_changed_mid_run_fails_naming_it(thread_engine, tmp_path, rng, cha
     assert not os.path.exists(out + ".tilearray.lock")  # the job let go of its lock
 
 
+_reads: dict = {}
+
+
+class OverwrittenWhileReadStore(WrapperStore):
+    """An input another job overwrites while it is read: at its ``after``-th
+    chunk read, the chunk files of ``source`` replace its own (plain file
+    copies, as a writer's would land). A process-global counter: use an
+    in-process engine."""
+
+    def __init__(self, store, source, after, name="reads"):
+        super().__init__(store)
+        self.source, self.after, self.name = source, after, name
+
+    @property
+    def root(self):  # a local directory: its files' state is what is checked
+        return self._store.root
+
+    def __reduce__(self):
+        return (type(self), (self._store, self.source, self.after, self.name))
+
+    def _with_store(self, store):
+        return type(self)(store, self.source, self.after, self.name)
+
+    def __eq__(self, other):
+        return type(self) is type(other) and self.name == other.name \
+            and self._store == other._store
+
+    async def get(self, key, prototype, byte_range=None):
+        if key.startswith("c/"):
+            with _reads[self.name]["lock"]:
+                _reads[self.name]["count"] += 1
+                if _reads[self.name]["count"] == self.after:
+                    shutil.copytree(os.path.join(self.source, "c"),
+                                    os.path.join(str(self._store.root), "c"),
+                                    dirs_exist_ok=True, copy_function=shutil.copyfile)
+        return await self._store.get(key, prototype, byte_range)
+
+
+@pytest.mark.timeout(120)
+def test_compute_of_input_overwritten_while_read_is_refused(thread_engine, tmp_path, rng):
+    """compute() (np.asarray, reduce without -o) reading an input that another
+    job overwrites meanwhile fails naming it -- it returned a silent mix of old
+    and new tiles (found with a reader looping over np.asarray while
+    `tilearray random --overwrite` replaced its input)."""
+    from tilearray.engine.expr.nodes import Source
+
+    x = rng.standard_normal((N, N))
+    b = ta.from_numpy(x, tmp_path / "b.zarr", tile=(TILE, TILE))
+    ta.from_numpy(np.ones((N, N)), tmp_path / "new.zarr", tile=(TILE, TILE))
+    _reads["mid"] = {"lock": threading.Lock(), "count": 0}
+    store = OverwrittenWhileReadStore(LocalStore(str(tmp_path / "b.zarr")),
+                                      str(tmp_path / "new.zarr"), after=5, name="mid")
+    wrapped = ta.TiledArray(Source(b.shape, b.dtype, ArrayRef(store), b.grid))
+    with pytest.raises(ta.StorageError, match="modified while compute"):
+        (wrapped * 1.0).compute(engine=thread_engine)
+    assert _reads["mid"]["count"] >= 5  # the overwrite happened mid-read
+    assert_close((b * 1.0).compute(engine=thread_engine), np.ones((N, N)))  # now stable
+
+
 @pytest.mark.timeout(120)
 def test_missing_chunk_of_complete_output_is_an_error(engine, tmp_path, rng):
     x, y, a, b = _inputs(tmp_path, rng)

@@ -82,6 +82,28 @@ def test_resume_with_changed_input_or_expression_refused(tmp_path, engine):
         (a @ ta.open(tmp_path / "b.zarr")).to_zarr(out, resume=True)
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("axis", [0, 1])
+def test_resume_of_small_result_with_other_dims_refused(tmp_path, thread_engine, axis):
+    """A reduction's complete 1-D / 0-d output resumed with dims= other than
+    its stored dimension names is refused, as a 2-D output is (it was
+    returned as stored, with the old names)."""
+    import numpy as np
+    import zarr
+
+    x = np.arange(48.0).reshape(6, 8)
+    a = ta.from_numpy(x, tmp_path / "g.zarr", name="A", tile=(4, 4))
+    a.mean(axis=axis).to_zarr(tmp_path / "g.zarr", name="m", engine=thread_engine)
+    stored = zarr.open_array(tmp_path / "g.zarr", path="m").metadata.dimension_names
+    with pytest.raises(ta.StorageError, match="dims"):
+        a.mean(axis=axis).to_zarr(tmp_path / "g.zarr", name="m", resume=True, dims=("zz",),
+                                  engine=thread_engine)
+    assert zarr.open_array(tmp_path / "g.zarr", path="m").metadata.dimension_names == stored
+    same = a.mean(axis=axis).to_zarr(tmp_path / "g.zarr", name="m", resume=True,
+                                     dims=stored, engine=thread_engine)
+    assert_close(np.asarray(same), x.mean(axis=axis))
+
+
 @pytest.mark.timeout(300)
 def test_worker_killed_mid_matmul(tmp_path):
     a, b = _inputs(tmp_path)

@@ -1,9 +1,11 @@
 import os
+import shutil
 
 import numpy as np
 import pytest
 import zarr
 from helpers import rand
+from zarr.storage import LocalStore, WrapperStore
 
 import tilearray as ta
 from tilearray.storage import ArrayRef, create, grid_of, open_array, read_region, write_block
@@ -65,6 +67,21 @@ def test_open_missing_path_names_it(tmp_path):
         ta.open(tmp_path / "nothere.zarr")
 
 
+@pytest.mark.parametrize("cut", [0, 0.5])
+@pytest.mark.parametrize("name", ["", "sub/x"])
+def test_damaged_metadata_names_the_array(tmp_path, rng, cut, name):
+    """A zarr.json emptied or cut short (a copy that ran out of space) is a
+    StorageError naming the array, not a bare JSONDecodeError."""
+    ta.from_numpy(rng.standard_normal((8, 8)), tmp_path / "a.zarr", name=name, tile=(4, 4))
+    meta = tmp_path / "a.zarr" / name / "zarr.json"
+    raw = meta.read_bytes()
+    meta.write_bytes(raw[: int(len(raw) * cut)])
+    where = str(tmp_path / "a.zarr")
+    with pytest.raises(ta.StorageError, match="damaged or cut short") as e:
+        ta.open(where, name)
+    assert where in str(e.value)
+
+
 def test_open_not_2d_names_shape(tmp_path):
     zarr.create_array(tmp_path / "v.zarr", shape=(10,), chunks=(5,), dtype="f8")
     with pytest.raises(ta.StorageError, match=r"\(10,\)"):
@@ -109,6 +126,30 @@ def test_half_written_output_is_not_complete(tmp_path, rng):
     part = ta.open(tmp_path / "o.zarr", allow_incomplete=True)
     assert part.shape == (40, 40)
     assert grid_of(z).n_units == 4
+
+
+def test_incomplete_output_being_written_names_its_writer(tmp_path):
+    """ta.open of an output another live job is writing says so and names the
+    job, not "the job that wrote it stopped early" (found: readers polling
+    an output during `tilearray random --overwrite`)."""
+    import json
+    import socket
+
+    import psutil
+
+    ref = ArrayRef.from_location(tmp_path / "o.zarr")
+    create(ref.store, (8, 8), "f8", (4, 4))
+    me = psutil.Process(os.getpid())  # live, and not this process's own lock
+    lock = {"host": socket.gethostname(), "pid": me.pid, "started": me.create_time(),
+            "taken": "2026-01-01T00:00:00.000+00:00", "token": "other-job", "what": "output"}
+    (tmp_path / "o.zarr.tilearray.lock").write_text(json.dumps(lock))
+    with pytest.raises(ta.IncompleteOutputError, match="being written right now") as e:
+        ta.open(tmp_path / "o.zarr")
+    assert f"pid {me.pid}" in str(e.value) and "stopped early" not in str(e.value)
+    lock["pid"], lock["started"] = 2**22 + 12345, 1.0  # a dead holder: stopped early
+    (tmp_path / "o.zarr.tilearray.lock").write_text(json.dumps(lock))
+    with pytest.raises(ta.IncompleteOutputError, match="stopped early"):
+        ta.open(tmp_path / "o.zarr")
 
 
 def test_incomplete_output_of_an_expression_says_resume(tmp_path):
@@ -227,6 +268,44 @@ def test_member_of_a_zarr_v2_group_refused_and_group_untouched(tmp_path, rng, na
     np.testing.assert_array_equal(ta.open(p, "old").compute(), x)
 
 
+@pytest.mark.parametrize("inner", ["x.zarr", "c/0/x.zarr", "sub/deeper/x.zarr"])
+@pytest.mark.parametrize("how", ["random", "from_numpy", "to_zarr"])
+def test_store_inside_an_array_directory_refused(tmp_path, thread_engine, inner, how):
+    """An output *path* inside an existing array's directory (not name=) was
+    written as a store of its own there: replacing the enclosing array
+    (overwrite) then deleted it, and the array's file state changed."""
+    outer = tmp_path / "bare.zarr"
+    a = ta.from_numpy(np.ones((4, 4)), outer, tile=(2, 2))
+    target = outer / inner
+    with pytest.raises(ta.StorageError, match=r"inside the Zarr array .*bare\.zarr"):
+        if how == "random":
+            ta.random((4, 4), target, tile=(2, 2))
+        elif how == "from_numpy":
+            ta.from_numpy(np.ones((4, 4)), target, tile=(2, 2))
+        else:
+            (a * 2).to_zarr(target, engine=thread_engine)
+    assert not target.exists() and not os.path.exists(str(target) + ".tilearray.lock")
+    zarr.open_group(tmp_path / "g.zarr", mode="w", zarr_format=3)
+    ta.from_numpy(np.ones((4, 4)), tmp_path / "g.zarr" / "m.zarr", tile=(2, 2))  # in a group: fine
+
+
+@pytest.mark.parametrize("name", ["", "X"])
+@pytest.mark.parametrize("how", ["random", "from_numpy"])
+def test_regular_file_target_refused_also_with_overwrite(tmp_path, how, name):
+    """random/from_numpy onto a regular file said "already exists; pass
+    overwrite=True" even with overwrite=True (and, with name=, "cannot create
+    the lock ...: File exists"); now as to_zarr: a regular file, kept."""
+    f = tmp_path / "notes.zarr"
+    f.write_text("keep me")
+    with pytest.raises(ta.StorageError, match="is a regular file, not a Zarr") as e:
+        if how == "random":
+            ta.random((4, 4), f, name=name, tile=(2, 2), overwrite=True)
+        else:
+            ta.from_numpy(np.ones((4, 4)), f, name=name, tile=(2, 2), overwrite=True)
+    assert "already exists" not in str(e.value) and "lock" not in str(e.value)
+    assert f.read_text() == "keep me"
+
+
 def test_member_inside_an_array_refused(tmp_path):
     p = tmp_path / "bare.zarr"
     ta.from_numpy(np.ones((4, 4)), p, tile=(2, 2))
@@ -257,6 +336,62 @@ def test_incomplete_member_is_not_in_the_consolidated_listing(tmp_path, rng):
     ds = xr.open_zarr(g)
     assert set(ds.data_vars) == {"A", "P"}
     np.testing.assert_array_equal(ds.P.values, np.ones((6, 6)))
+
+
+def _copy_if_there(src, dst):
+    try:
+        shutil.copy2(src, dst)
+    except FileNotFoundError:  # Zarr's temporary, renamed meanwhile
+        pass
+
+
+class _SnapshotStore(WrapperStore):
+    """Copies the whole store directory (plain files) right after ``key`` is
+    written: what a reader opening the group at that moment would see."""
+
+    def __init__(self, store, key, snap):
+        super().__init__(store)
+        self.key, self.snap = key, snap
+
+    def _with_store(self, store):
+        return type(self)(store, self.key, self.snap)
+
+    async def set(self, key, value):
+        await self._store.set(key, value)
+        if key == self.key and not os.path.exists(self.snap):
+            shutil.copytree(str(self._store.root), self.snap, copy_function=_copy_if_there,
+                            ignore=shutil.ignore_patterns("*.partial"))
+
+
+@pytest.mark.parametrize("case", ["new group", "member replaced"])
+def test_member_never_listed_while_created_or_replaced(tmp_path, rng, case):
+    """Right after Zarr writes a member's zarr.json -- before tilearray's
+    refresh -- xarray must not list it: a new group had no consolidated
+    listing yet (xarray fell back to listing the incomplete member; found
+    with `tilearray matmul --name` while xr.open_zarr polled the group), and
+    a member being replaced stayed listed while its chunks were deleted."""
+    import warnings
+
+    import xarray as xr
+
+    x = rng.standard_normal((4, 4))
+    g = tmp_path / "g.zarr"
+    if case == "member replaced":
+        ta.from_numpy(x, g, name="A", tile=(2, 2))
+        ta.from_numpy(x, g, name="C", tile=(2, 2))
+    snap = str(tmp_path / "snap.zarr")
+    store = _SnapshotStore(LocalStore(str(g)), "C/zarr.json", snap)
+    ta.from_numpy(2 * x, store, name="C", tile=(2, 2), overwrite=True)
+    assert os.path.exists(snap)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "failed to open consolidated metadata"
+        ds = xr.open_zarr(snap)
+    assert "C" not in ds.data_vars
+    assert set(xr.open_zarr(g).data_vars) == ({"C"} if case == "new group" else {"A", "C"})
+    np.testing.assert_array_equal(xr.open_zarr(g).C.values, 2 * x)
+    with pytest.raises(ta.StorageError, match="already exists"):  # refused: stays listed
+        create(str(g), (4, 4), "f8", (2, 2), path="C")
+    np.testing.assert_array_equal(xr.open_zarr(g).C.values, 2 * x)
 
 
 def test_open_1d_and_0d_say_how_to_read_them(tmp_path):

@@ -96,8 +96,29 @@ def _check_output(args, output: str, inputs) -> None:
     ):
         from tilearray.errors import StorageError
 
+        note = _existing_output_note(output, args)  # a live writer: OutputLockedError
         hint = " (or --resume to finish an interrupted run)" if hasattr(args, "resume") else ""
-        raise StorageError(f"{target!r} already exists; pass --overwrite to replace it{hint}")
+        raise StorageError(
+            f"{target!r} already exists{note}; pass --overwrite to replace it{hint}")
+
+
+def _existing_output_note(output: str, args) -> str:
+    """Before refusing an existing target: raise :class:`OutputLockedError`
+    naming the holder when another live job is writing it right now (not
+    "already exists"), else say when it is an unfinished tilearray output."""
+    from tilearray.storage import ArrayRef, info_attrs
+    from tilearray.storage.array import check_unlocked
+    from tilearray.storage.commit import existing_array
+
+    try:
+        ref = ArrayRef.from_location(_abs(output), getattr(args, "name", None) or "")
+    except Exception:  # a bad --name: reported by the job itself
+        return ""
+    check_unlocked(ref)
+    arr = existing_array(ref)
+    if arr is not None and info_attrs(arr).get("complete") is False:
+        return " (an unfinished output: the job writing it stopped early)"
+    return ""
 
 
 def _log(args, *lines) -> None:

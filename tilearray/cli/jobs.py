@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
@@ -40,10 +39,7 @@ def cmd_random(args) -> int:
     import tilearray as ta
 
     target = _member(args.path, args)
-    if os.path.lexists(_abs(target)) and not args.overwrite:
-        from tilearray.errors import StorageError
-
-        raise StorageError(f"{target!r} already exists; pass --overwrite to replace it")
+    _check_output(args, args.path, [])
     shape, tile = tuple(args.shape), tuple(args.tile)
     shard = tuple(args.shard) if args.shard else None
     t0 = time.perf_counter()

@@ -13,6 +13,7 @@ from dask.utils import format_bytes
 from .. import _config
 from ..errors import PlanningError
 from ..storage import ArrayRef
+from ..storage.commit import run_checked, verify_inputs
 from . import output, runtime
 from .expr.lazy import LazyArray
 from .expr.nodes import Node, Source
@@ -126,14 +127,17 @@ class TiledArray(Interop, LazyArray):
             )
         engine = engine or runtime.current_engine()
         low = self._lower(engine=engine)
-        output.check_sources(n)
+        states = output.input_states(n)  # as to_zarr: a result read from changing inputs
+        output.check_sources(n)          # (another job overwriting one) is never returned
         output.create_temporaries(low)
         try:
-            values, stats = engine.run(low.graph, low.keys, description="compute", plan=low.plan,
-                                       stat_keys=low.stat_keys,
-                                       units_total=output.temporary_units(low))
+            values, stats = run_checked(states, None, engine.run, low.graph, low.keys,
+                                        description="compute", plan=low.plan,
+                                        stat_keys=low.stat_keys,
+                                        units_total=output.temporary_units(low))
         finally:
             output.cleanup(low)
+        verify_inputs(states, None)
         self.stats = stats
         if low.result == "small":
             v = values[0]

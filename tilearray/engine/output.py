@@ -223,6 +223,12 @@ def _write_small_result(x, ref, overwrite, resume, engine, dims, labels):
                     f"cannot resume {str(ref)!r}: it was written by a different expression "
                     "or from inputs that have changed since; pass overwrite=True to start again"
                 )
+            stored_dims = sarray.dims_of(existing)
+            asked = None if dims is None else ((dims,) if isinstance(dims, str) else tuple(dims))
+            if asked is not None and stored_dims is not None and asked != stored_dims:
+                raise StorageError(f"cannot resume {str(ref)!r} with dims={asked}: it is "
+                                   f"stored with dims={stored_dims}; resume without dims= (or "
+                                   "with these), or pass overwrite=True")
             if meta.get("complete"):
                 return existing
             # same expression, but its write was cut short: compute and write it again

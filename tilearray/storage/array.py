@@ -30,6 +30,7 @@ from .groups import (  # noqa: F401  (re-exported: callers use storage.array's n
     check_parents,
     choose_dims,
     dims_of,
+    prepare_member,
     refresh_consolidated,
     sibling_dims,
 )
@@ -40,6 +41,7 @@ from .locks import (  # noqa: F401  (the output lock, re-exported)
     check_unlocked,
     describe_holder,
     group_lock,
+    live_writer,
     local_root,
     lock_path,
     output_lock_key,
@@ -114,6 +116,10 @@ def open_array(
         raise StorageError(f"no Zarr array at {loc!r}: {e}") from None
     except (ContainsGroupError, NodeTypeValidationError) as e:
         raise StorageError(_group_message(ref)) from e
+    except (ValueError, TypeError) as e:  # e.g. json's "Expecting value": no path named
+        raise StorageError(
+            f"cannot read the metadata of {loc!r} (zarr.json / .zarray): {type(e).__name__}: "
+            f"{e} — the file is damaged or cut short (a copy that ran out of space?)") from e
     if arr.ndim != 2:
         raise StorageError(not_a_matrix_message(ref, arr))
     check_dtype(arr.dtype, loc)
@@ -164,6 +170,12 @@ def check_output_complete(ref: ArrayRef, arr: zarr.Array) -> None:
     grid = grid_of(arr)
     done = len(done_units(ref))
     missing = grid.n_units - done
+    writer = live_writer(ref)
+    if writer is not None:  # not "stopped early": being written right now
+        raise IncompleteOutputError(
+            f"{str(ref)!r} is an incomplete tilearray output being written right now by "
+            f"{describe_holder(writer)}: {missing} of {grid.n_units} I/O units still to "
+            "write; open it once that job has finished")
     raise IncompleteOutputError(
         f"{str(ref)!r} is an incomplete tilearray output: {missing} of {grid.n_units} "
         f"I/O units were never written (the job that wrote it stopped early). {redo_hint(meta)}"
@@ -247,6 +259,8 @@ def create(
     attrs = dict(attributes or {})
     if output:
         attrs[ATTR_KEY] = {"format": FORMAT_VERSION, "complete": False, **attrs.get(ATTR_KEY, {})}
+    if output:  # out of its group's listing before its files are created or replaced
+        prepare_member(ref, replacing=bool(overwrite))
     if overwrite:
         overwrite = clear_for_overwrite(ref)
     try:

@@ -28,27 +28,34 @@ def input_state(ref: ArrayRef):
         return None
 
 
-def changed_input(states: dict, out: ArrayRef) -> StorageError | None:
-    """An error naming the first input whose state differs from ``states``, or None."""
+def changed_input(states: dict, out: ArrayRef | None) -> StorageError | None:
+    """An error naming the first input whose state differs from ``states``, or None.
+    ``out``: the output being written; None for ``compute()`` (nothing written)."""
     for loc, (ref, before) in states.items():
         now = input_state(ref)
         if now != before:
             gone = now is None or (isinstance(now, tuple) and now[2] == 0)
+            what = 'was deleted' if gone else 'was modified'
+            if out is None:
+                return StorageError(
+                    f"input {loc!r} {what} while compute() read it (e.g. another job "
+                    "overwrote it); its result is discarded, never returned from a mix of "
+                    "old and new data — compute again once the input is stable")
             return StorageError(
-                f"input {loc!r} {'was deleted' if gone else 'was modified'} while the job "
+                f"input {loc!r} {what} while the job "
                 f"writing {str(out)!r} read it; {str(out)!r} is not marked complete (never on "
                 "stale data) — rerun once the input is stable (overwrite=True)")
     return None
 
 
-def verify_inputs(states: dict, out: ArrayRef) -> None:
+def verify_inputs(states: dict, out: ArrayRef | None) -> None:
     """Raise if any input changed since the job recorded ``states``."""
     err = changed_input(states, out)
     if err is not None:
         raise err
 
 
-def run_checked(states: dict, out: ArrayRef, fn, *args, **kwargs):
+def run_checked(states: dict, out: ArrayRef | None, fn, *args, **kwargs):
     """``fn(...)``; when it fails, an input that changed meanwhile is named
     (a deleted input otherwise surfaces as a raw FileNotFoundError)."""
     try:
@@ -143,6 +150,7 @@ def create_small(ref: ArrayRef, shape: tuple, dtype, dims, meta: dict):
     for ``resume=True``; the caller marks it complete."""
     import zarr
 
+    sarray.prepare_member(ref)  # out of its group's listing before it is (re)created
     arr = zarr.create_array(ref.store, name=ref.path or None, shape=tuple(shape),
                             dtype=np.dtype(dtype), overwrite=sarray.clear_for_overwrite(ref),
                             zarr_format=3, dimension_names=tuple(dims),

@@ -6,6 +6,7 @@ members, refreshed under the store's group lock."""
 from __future__ import annotations
 
 import json
+import os
 
 import zarr
 from zarr.abc.store import Store
@@ -13,7 +14,7 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import collect_aiterator, sync
 
 from ..errors import StorageError
-from .locks import group_lock
+from .locks import group_lock, local_root
 from .ref import ATTR_KEY, ArrayRef, describe
 
 
@@ -147,6 +148,43 @@ def _node_at(store: Store, path: str) -> tuple[str | None, int | None]:
     return (node_type if isinstance(node_type, str) else "unknown"), 3
 
 
+def _check_enclosing_directories(ref: ArrayRef) -> None:
+    """Refuse a local store whose directory lies inside a Zarr array's
+    directory (``a.zarr/x`` or ``a.zarr/c/0/x``): the array's readers ignore
+    it, but replacing that array (``overwrite``) deletes it with the array's
+    own files, and it changes the array's recorded file state."""
+
+    root = local_root(ref.store)
+    if root is None:
+        return
+    if os.path.lexists(root) and not os.path.isdir(root):
+        what = "a Zarr array" if not ref.path else "a Zarr group (to hold member " \
+            f"{ref.path!r})"
+        raise StorageError(
+            f"{str(root)!r} is a regular file, not {what}; refusing to replace it (also with "
+            "overwrite=True) — choose another path or remove it first")
+    here = os.path.dirname(os.path.abspath(root))
+    while True:
+        kind = None
+        if os.path.isfile(os.path.join(here, ".zarray")):
+            kind = "array"
+        elif os.path.isfile(os.path.join(here, "zarr.json")):
+            try:
+                with open(os.path.join(here, "zarr.json"), "rb") as f:
+                    kind = json.loads(f.read()).get("node_type")
+            except (OSError, ValueError, AttributeError):
+                kind = None
+        if kind == "array":
+            raise StorageError(
+                f"cannot write {str(ref)!r}: it lies inside the Zarr array {here!r} (replacing "
+                "that array would delete it, and its readers ignore it) — choose a path "
+                "outside it")
+        parent = os.path.dirname(here)
+        if parent == here:
+            return
+        here = parent
+
+
 def check_parents(ref: ArrayRef) -> None:
     """Refuse, before anything is written, to put a member (``name=``) where it
     would damage what holds it: inside an array, or inside a Zarr format 2
@@ -158,6 +196,7 @@ def check_parents(ref: ArrayRef) -> None:
     StorageError
         Naming the parent's path and what it is.
     """
+    _check_enclosing_directories(ref)
     if not ref.path:
         return
     for parent in reversed(_parents(ref.path)):  # outermost first
@@ -224,7 +263,33 @@ def refresh_consolidated(ref: ArrayRef) -> None:
             _refresh(ref, parents)
 
 
-def _refresh(ref: ArrayRef, parents: list[str]) -> None:
+def prepare_member(ref: ArrayRef, replacing: bool = True) -> None:
+    """Before a group member is created or replaced: its parent groups exist
+    and carry a consolidated listing that leaves it out (with ``replacing``
+    False, an existing member is kept listed: its create will be refused).
+
+    Else, between Zarr's create (which writes a new parent group's
+    ``zarr.json`` without a listing) and the refresh after it, xarray falls
+    back to listing every member -- the one just created, incomplete,
+    included -- and an old complete member being replaced stays listed while
+    its files are deleted and rewritten (readers got zeros and new tiles as
+    its data)."""
+    parents = _parents(ref.path) if ref.path.strip("/") else []
+    if not parents:
+        return
+    with group_lock(ref.store) as held:
+        if not held:  # a read-only store: the create itself will say so
+            return
+        for parent in reversed(parents):  # outermost first
+            try:
+                if _node_at(ref.store, parent)[0] is None:
+                    zarr.open_group(ref.store, path=parent or None, mode="a", zarr_format=3)
+            except Exception:  # not creatable here: the create itself reports it
+                return
+        _refresh(ref, parents, leave_out=ref.path.strip("/") if replacing else None)
+
+
+def _refresh(ref: ArrayRef, parents: list[str], leave_out: str | None = None) -> None:
     """Rewrite each parent group's listing in one write of its ``zarr.json``.
 
     The listing is built from a copy of the metadata documents of the
@@ -239,7 +304,7 @@ def _refresh(ref: ArrayRef, parents: list[str]) -> None:
             warnings.simplefilter("ignore")  # "not part of the Zarr v3 specification"
             try:
                 mirror = zarr.storage.MemoryStore()
-                _copy_complete_metadata(ref.store, parent, mirror)
+                _copy_complete_metadata(ref.store, parent, mirror, leave_out)
                 zarr.consolidate_metadata(mirror)
                 buf = sync(mirror.get("zarr.json", default_buffer_prototype()))
                 doc = json.loads(buf.to_bytes())
@@ -251,16 +316,18 @@ def _refresh(ref: ArrayRef, parents: list[str]) -> None:
                 pass
 
 
-def _copy_complete_metadata(store, parent: str, mirror) -> None:
+def _copy_complete_metadata(store, parent: str, mirror, leave_out: str | None = None) -> None:
     """Copy ``zarr.json`` of the group at ``parent`` and of every member below
-    it that is not an incomplete tilearray output into ``mirror`` (paths
-    relative to the group). Arrays are not descended into (chunks are not
-    listed)."""
+    it that is not an incomplete tilearray output (nor ``leave_out``, a member
+    about to be replaced) into ``mirror`` (paths relative to the group).
+    Arrays are not descended into (chunks are not listed)."""
 
     proto = default_buffer_prototype()
     base = f"{parent}/" if parent else ""
 
     def copy(rel: str) -> None:
+        if rel and f"{base}{rel}".rstrip("/") == leave_out:
+            return
         buf = sync(store.get(f"{base}{rel}zarr.json", proto))
         if buf is None:
             return

@@ -325,6 +325,15 @@ def check_unlocked(ref) -> None:
         _refuse_output(ref, slot)(owner)
 
 
+def live_writer(ref) -> dict | None:
+    """The holder of the output's lock when another live job holds it now
+    (not this process, not a stale lock), else None."""
+    owner = _parse(_output_slot(ref).read())
+    if not owner or owner.get("token") == _held.get(str(ref)) or is_stale(owner):
+        return None
+    return owner
+
+
 def abandoned_by(ref) -> dict | None:
     """The holder of the output's lock if it is stale (the job that held it was
     killed: same host, process gone) -- or, once this process has reclaimed
