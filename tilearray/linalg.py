@@ -19,11 +19,13 @@ def norm(x: TiledArray, ord=None, axis=None, keepdims=False) -> TiledArray:
     ----------
     x : TiledArray
     ord : {None, "fro", 1, -1, inf, -inf, 0, 2, float}
-        ``axis=None``: Frobenius (``None``/``"fro"``), 1, -1, inf, -inf
-        matrix norms (the spectral norm ``2`` needs an SVD and is refused).
-        ``axis=0|1``: vector norms of each column / row: ``None``/2, 1, inf,
-        -inf, 0 (count of non-zeros) and any other p.
-    axis : {None, 0, 1}
+        ``axis=None`` or two axes: Frobenius (``None``/``"fro"``), 1, -1,
+        inf, -inf matrix norms (2, -2 and ``"nuc"`` need an SVD and are
+        refused). ``axis=0|1``: vector norms of each column / row:
+        ``None``/2, 1, inf, -inf, 0 (count of non-zeros) and any other p.
+    axis : {None, 0, 1, (0, 1), (1, 0)}
+        As NumPy: one axis (negative allowed) for vector norms, two for a
+        matrix norm with that (row, column) order.
     keepdims : bool
 
     Returns
@@ -44,22 +46,27 @@ def norm(x: TiledArray, ord=None, axis=None, keepdims=False) -> TiledArray:
     """
     if x.dtype.kind != "f":  # as NumPy: integers and booleans are measured in float64
         x = x.astype("float64")
-    a = abs(x)
     # real data (complex is refused): |x|^2 = x*x, without an abs temporary,
     # so a norm fits wherever (x * x).sum() does
-    if axis is None:
+    if axis is None and ord is None:  # any ndim: the 2-norm of the flattened array
+        return _elemwise("sqrt", _reduce("sum", x * x, None, keepdims, 0))
+    axes = _norm_axes(axis, x.ndim)
+    a = abs(x)
+    if len(axes) == 2:  # a matrix norm over (row axis, column axis), as NumPy
+        row, col = axes
         if ord in (None, "fro"):
-            r = _elemwise("sqrt", _reduce("sum", x * x, None, keepdims, 0))
-        elif ord in (1, -1, np.inf, -np.inf):
-            along = 0 if ord in (1, -1) else 1
-            sums = _reduce("sum", a, along, True, 0)
-            r = _reduce("max" if ord > 0 else "min", sums, None, keepdims, 0)
-        else:
+            return _elemwise("sqrt", _reduce("sum", x * x, None, keepdims, 0))
+        if ord in (1, -1, np.inf, -np.inf):
+            # 1: the largest column sum (summed along the row axis); inf: row sums
+            sums = _reduce("sum", a, row if ord in (1, -1) else col, True, 0)
+            return _reduce("max" if ord > 0 else "min", sums, None, keepdims, 0)
+        if ord in (2, -2, "nuc"):
             raise PlanningError(
-                f"norm: ord={ord!r} with axis=None is not supported out of core "
-                "(use None/'fro', 1, -1, inf or -inf)"
+                f"norm: ord={ord!r} with axis={axis!r} (a matrix norm) is not supported out "
+                "of core (use None/'fro', 1, -1, inf or -inf)"
             )
-        return r
+        raise PlanningError(f"norm: invalid norm order {ord!r} for matrices")
+    axis = axes[0]
     if ord in (None, 2):
         return _elemwise("sqrt", _reduce("sum", x * x, axis, keepdims, 0))
     if ord == 1:
@@ -72,7 +79,29 @@ def norm(x: TiledArray, ord=None, axis=None, keepdims=False) -> TiledArray:
         return _reduce("sum", (x != 0).astype(x.dtype), axis, keepdims, 0)
     if isinstance(ord, int | float):
         return _elemwise("power", _reduce("sum", a**ord, axis, keepdims, 0), 1.0 / ord)
-    raise PlanningError(f"norm: invalid ord {ord!r}")
+    raise PlanningError(f"norm: invalid norm order {ord!r} for vectors")
+
+
+def _norm_axes(axis, ndim: int) -> tuple:
+    """NumPy's ``axis`` of a norm as a tuple of axes: one (a vector norm along
+    it) or two (a matrix norm, row axis first); None is every axis."""
+    if axis is None:
+        axis = tuple(range(ndim))
+        if ndim not in (1, 2):
+            raise PlanningError(f"norm: improper number of dimensions ({ndim}) for ord= "
+                                "with axis=None")
+    if not isinstance(axis, tuple | list):
+        axis = (axis,)
+    if not all(isinstance(i, int | np.integer) and not isinstance(i, bool) for i in axis):
+        raise PlanningError(f"norm: axis must be None, an integer or a tuple of integers, "
+                            f"got {axis!r}")
+    if not all(-ndim <= i < ndim for i in axis):
+        raise PlanningError(f"norm: axis {axis!r} is out of bounds for a {ndim}-D array")
+    axes = tuple(int(i) % ndim for i in axis)
+    if len(axes) not in (1, 2) or len(set(axes)) != len(axes):
+        raise PlanningError(f"norm: axis {axis!r} must be one axis (vector norms) or two "
+                            "distinct axes (a matrix norm)")
+    return axes
 
 
 HANDLED[np.linalg.norm] = norm  # np.linalg.norm(a) on a TiledArray

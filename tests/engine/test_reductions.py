@@ -110,6 +110,36 @@ def test_norms_of_integer_matrices_are_float_like_numpy(engine, tmp_path, dtype)
             assert_close(ta.linalg.norm(a, ord_, axis=axis).compute(), np.linalg.norm(x, ord_, axis=axis))
 
 
+@pytest.mark.parametrize("axis", [(0, 1), (1, 0), (-2, -1), (1,), (-1,)])
+@pytest.mark.parametrize("ord_", [None, "fro", 1, -1, np.inf, -np.inf])
+def test_norm_axis_tuples_like_numpy(engine, tmp_path, axis, ord_):
+    """A 2-tuple axis is a matrix norm over (row axis, column axis) -- (1, 0)
+    with ord=1 is the largest row sum -- and a 1-tuple a vector norm; they
+    were all the vector norm of the flattened matrix (ord=1: the sum of |x|)."""
+    x = np.arange(-6, 6, dtype=np.float64).reshape(3, 4) ** 2 * np.array([1, -1, 2, 5])
+    a = ta.from_numpy(x, tmp_path / "n.zarr", tile=(2, 3))
+    if ord_ == "fro" and len(axis) == 1:
+        with pytest.raises(ta.PlanningError, match="invalid norm order"):
+            ta.linalg.norm(a, ord_, axis=axis)
+        return
+    for keepdims in (False, True):
+        assert_close(ta.linalg.norm(a, ord_, axis=axis, keepdims=keepdims).compute(),
+                     np.linalg.norm(x, ord_, axis=axis, keepdims=keepdims))
+    assert_close(np.linalg.norm(a, ord_, axis).compute(), np.linalg.norm(x, ord_, axis))
+
+
+def test_norm_matrix_orders_numpy_refuses_are_refused(tmp_path):
+    a = ta.from_numpy(np.ones((3, 4)), tmp_path / "n.zarr", tile=(2, 3))
+    for ord_ in (0, 3, 0.5):
+        with pytest.raises(ta.PlanningError, match="for matrices"):
+            ta.linalg.norm(a, ord_, axis=(0, 1))
+    for ord_ in (2, -2, "nuc"):
+        with pytest.raises(ta.PlanningError, match="not supported out of core"):
+            ta.linalg.norm(a, ord_, axis=(1, 0))
+    with pytest.raises(ta.PlanningError, match="distinct"):
+        ta.linalg.norm(a, axis=(0, 0))
+
+
 def test_reduction_errors(tmp_path, rng):
     a = ta.from_numpy(rng.standard_normal((5, 4)), tmp_path / "a.zarr", tile=(2, 2))
     with pytest.raises(ta.PlanningError, match="axis 2"):
