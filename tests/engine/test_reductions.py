@@ -309,3 +309,24 @@ def test_var_of_mean_centred_input_reads_it_once(tmp_path):
             assert "computed unshifted" not in str(plan), str(plan)
             assert plan.bytes_read == 2 * x.nbytes or plan.bytes_read == x.nbytes + z.nbytes
             assert_close(expr.compute(), want)
+
+
+@pytest.mark.parametrize("axis", [0, -1, 1, (0,), ()])
+@pytest.mark.parametrize("op", ["sum", "max", "argmin", "count_nonzero", "nanmean", "mean", "std"])
+def test_reductions_of_a_0d_result_take_numpys_axes(engine, tmp_path, op, axis):
+    """A reduction of a 0-d result (``a.sum()``) with axis 0 or -1: NumPy's
+    ufunc reductions reduce the scalar, mean/var/std and tuples refuse; it
+    was a ZeroDivisionError (axis 0) or an out-of-bounds error (axis -1)."""
+    x = np.arange(12.0).reshape(3, 4) - 5
+    a = ta.from_numpy(x, tmp_path / "z.zarr", tile=(2, 3))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            want = getattr(np, op)(x.sum(), axis=axis)
+    except (ValueError, TypeError):
+        with pytest.raises(ta.PlanningError, match="axis"):
+            getattr(np, op)(a.sum(), axis=axis)
+        return
+    got = getattr(np, op)(a.sum(), axis=axis).compute()
+    assert np.asarray(got).dtype == np.asarray(want).dtype
+    assert_close(got, want)

@@ -161,9 +161,12 @@ def _reduce(op, x, axis, keepdims, ddof) -> ExprBase:
     n = _node(x)
     if op not in OPS:
         raise PlanningError(f"unknown reduction {op!r}; choose from {', '.join(OPS)}")
+    if n.ndim == 0 and isinstance(axis, int | np.integer) and not isinstance(axis, bool) \
+            and axis in (0, -1) and op not in ("mean", "var", "std"):
+        axis = None  # NumPy's ufunc reductions accept axis 0 / -1 of a 0-d array
     if isinstance(axis, tuple | list) and not op.startswith("arg"):  # NumPy's tuple of axes
-        axes = {int(a) % max(n.ndim, 1) if isinstance(a, int | np.integer) and
-                not isinstance(a, bool) and -n.ndim <= a < max(n.ndim, 1) else None
+        axes = {int(a) % n.ndim if isinstance(a, int | np.integer) and
+                not isinstance(a, bool) and -n.ndim <= a < n.ndim else None
                 for a in axis}
         if None in axes or len(axes) != len(axis):
             raise PlanningError(f"{op}: axis {tuple(axis)!r} is out of bounds or repeated for "
@@ -176,7 +179,7 @@ def _reduce(op, x, axis, keepdims, ddof) -> ExprBase:
             # NumPy: TypeError; not 'out of bounds' for axis="0", nor axis 1 for True
             raise PlanningError(f"{op}: axis must be an integer, a tuple of them or None, "
                                 f"got {axis!r} ({type(axis).__name__})")
-        if not -n.ndim <= axis < max(n.ndim, 1):
+        if not -n.ndim <= axis < n.ndim:
             raise PlanningError(f"{op}: axis {axis!r} is out of bounds for shape {n.shape}")
         axis = int(axis) % n.ndim
     if op in NO_IDENTITY:
