@@ -137,3 +137,15 @@ def test_clip_with_one_bound_and_transposed_small_results(engine, pair):
     assert_close(m.T.compute(), x.mean(axis=0, keepdims=True).T)
     assert_close((a.T - m.T).compute(), (x - x.mean(axis=0)).T)
     assert_close(m[:, 1::2].compute(), x.mean(axis=0, keepdims=True)[:, 1::2])
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int8", "float32"])
+@pytest.mark.parametrize("p", [2, 2.0, np.int64(2), 3])
+def test_power_dtype_like_ndarray_operator(engine, tmp_path, dtype, p):
+    """``x ** 2`` (a Python int 2) is ``np.square`` for an ndarray: bool gives
+    int8 there, not np.power's int64."""
+    x = (np.arange(12).reshape(3, 4) % 3).astype(dtype)
+    a = ta.from_numpy(x, tmp_path / "p.zarr", tile=(2, 3))
+    want = x**p
+    assert (a**p).dtype == want.dtype
+    assert_close((a**p).compute(), want)

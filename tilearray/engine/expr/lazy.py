@@ -133,7 +133,14 @@ class LazyArray(ExprBase):
     __mul__, __rmul__ = _binary("multiply")
     __truediv__, __rtruediv__ = _binary("true_divide")
     __floordiv__, __rfloordiv__ = _binary("floor_divide")
-    __pow__, __rpow__ = _binary("power")
+    _, __rpow__ = _binary("power")
+
+    def __pow__(self, other):
+        if type(other) is int and other == 2:
+            # ndarray ** 2 is np.square: bool ** 2 is int8 there, np.power's int64
+            return _elemwise("square", self)
+        return _elemwise("power", self, other)
+
     __mod__, __rmod__ = _binary("mod")
     __lt__, _ = _binary("less")
     __le__, _ = _binary("less_equal")
