@@ -213,3 +213,27 @@ def test_corpus_and_fixture_agree():
     if RECORD:
         pytest.skip("recording")
     assert sorted(json.loads(FIXTURE.read_text())) == sorted(CORPUS)
+
+
+@pytest.mark.parametrize("case_id", list(CORPUS))
+def test_plan_is_data_its_graph_runs_only_worker_code(case_id, arrays):
+    """Every case's plan is a value: its stages hold every task of the graph
+    (the task count is the graph's size, each key once), its named result's
+    keys are tasks of the graph, and every task calls a function of
+    ``tilearray.graphs`` or ``tilearray.storage`` -- a worker never needs the
+    planner (``tilearray.engine``)."""
+    root, A = arrays
+    budget, build, kw = CORPUS[case_id]
+    kw = dict(kw)
+    if "path" in kw:
+        kw["path"] = root / "out" / case_id.replace("/", "-") / kw["path"]
+    plan = build(A).plan(budget=BUDGETS[budget], **kw)
+    graph = plan.graph()
+    keys = [t.key for s in plan.stages for t in s.work]
+    assert len(keys) == len(set(keys)) == len(graph) == plan.tasks
+    assert all(s.tasks == len(s.work) for s in plan.stages)
+    assert set(plan.result.keys) <= set(graph)
+    assert set(plan.stat_keys) <= set(graph)
+    for key, task in graph.items():
+        module = task[0].__module__
+        assert module.startswith(("tilearray.graphs.", "tilearray.storage.")), (key, module)

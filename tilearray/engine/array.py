@@ -13,13 +13,13 @@ from dask.utils import format_bytes
 from .. import _config
 from ..errors import PlanningError
 from ..storage import ArrayRef
-from ..storage.commit import run_checked, verify_inputs
 from . import output, runtime
 from .expr.lazy import LazyArray
 from .expr.nodes import Node, Source
 from .interop import Interop
-from .plan.lower import Lowered, lower
+from .plan.lower import lower
 from .plan.sizing import output_grid
+from .plan.types import Plan
 
 log = logging.getLogger("tilearray")
 
@@ -51,7 +51,7 @@ class TiledArray(Interop, LazyArray):
         self.stats: runtime.RunStats | None = None
 
     # -- running ----------------------------------------------------------------------
-    def _lower(self, out=None, out_grid=None, skip=(), budget=None, engine=None) -> Lowered:
+    def _lower(self, out=None, out_grid=None, skip=(), budget=None, engine=None) -> Plan:
         if budget is None:
             engine = engine or runtime.current_engine(start=False)
             # no engine yet: plan for the one compute() would start, without starting it
@@ -85,16 +85,12 @@ class TiledArray(Interop, LazyArray):
             budget that would), or ``shard`` is not a multiple of the tile.
         """
         out_grid = None
-        out = None
+        out = ArrayRef.from_location(path, name) if path else None
         small = self.ndim != 2 or self._node.small
         if not small and (path or tile or shard):
             out_grid = output_grid(self._node, tile, shard)
-            out = ArrayRef.from_location(path, name) if path else None
-        plan = self._lower(out, out_grid, budget=budget, engine=engine).plan
-        if small:  # where the value goes: a worker writes it, or compute() brings it back
-            target = str(ArrayRef.from_location(path, name)) if path else None
-            plan = plan.with_result(self.shape, self.dtype, target)
-        return plan
+        # a small result: a worker writes it into ``out``, or compute() brings it back
+        return self._lower(out, out_grid, budget=budget, engine=engine)
 
     def compute(self, *, engine=None) -> np.ndarray | Any:
         """Run and return the result in memory.
@@ -125,25 +121,13 @@ class TiledArray(Interop, LazyArray):
                 f"over the compute limit {format_bytes(limit)}; write it with "
                 ".to_zarr(path) (or raise tilearray.compute.max-result-size)"
             )
-        engine = engine or runtime.current_engine()
-        low = self._lower(engine=engine)
-        states = output.input_states(n)  # as to_zarr: a result read from changing inputs
-        output.check_sources(n)          # (another job overwriting one) is never returned
-        output.create_temporaries(low)
-        try:
-            values, stats = run_checked(states, None, engine.run, low.graph, low.keys,
-                                        description="compute", plan=low.plan,
-                                        stat_keys=low.stat_keys,
-                                        units_total=output.temporary_units(low))
-        finally:
-            output.cleanup(low)
-        verify_inputs(states, None)
-        self.stats = stats
-        if low.result == "small":
+        ran = output.commit(n, engine or runtime.current_engine())
+        self.stats, values, result = ran.stats, ran.values, ran.plan.result
+        if result.kind == "value":
             v = values[0]
             return v[()] if isinstance(v, np.ndarray) and v.ndim == 0 else v
         out = np.empty(self.shape, dtype=self.dtype)
-        for (rows, cols), v in zip(low.blocks, values, strict=True):
+        for (rows, cols), v in zip(result.blocks, values, strict=True):
             out[rows[0] : rows[1], cols[0] : cols[1]] = v
         return out
 

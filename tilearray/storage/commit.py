@@ -2,7 +2,7 @@
 whether it changed under a running job), what kind of thing stands at a
 target, and the whole write of a small in-memory result (created incomplete,
 filled, then marked complete). The order of a job's steps -- checks, lock,
-create, run, verify, commit -- is :func:`tilearray.engine.output.write`'s."""
+create, run, verify, commit -- is :func:`tilearray.engine.output.commit`'s."""
 
 from __future__ import annotations
 

@@ -1,16 +1,14 @@
-"""Block sizing for the lowering (pure): the memory a task projects, the
-refusal when even the smallest task does not fit, the output grid and the
-tile an expression inherits from its inputs. Numbers in, numbers out."""
+"""Block sizing for the lowering (pure): the refusal when even the smallest
+task does not fit, the output grid and the tile an expression inherits from
+its inputs. Numbers in, numbers out (what a task holds: :mod:`.memory`)."""
 
 from __future__ import annotations
 
 import numpy as np
 from dask.utils import format_bytes
 
-from ... import _config
 from ...errors import PlanningError
 from ...graphs.blocks import group_edges
-from ...graphs.spec import leaves, n_temporaries
 from ...storage import Grid, int_pair
 from ..expr.nodes import (
     Elemwise,
@@ -25,7 +23,7 @@ from .types import Budget
 MIN_PANEL = 512  # elements: K panels narrower than this waste BLAS efficiency
 
 
-class _DoesNotFit(PlanningError):
+class DoesNotFit(PlanningError):
     """One stage's smallest task is over the per-task budget."""
 
     def __init__(self, kind: str, peak: int, what: str, budget: Budget):
@@ -52,69 +50,20 @@ def _round_up_mib(nbytes: int) -> str:
     return f"{-(-nbytes // 2**20)}MiB"
 
 
-
-def _panels(edges) -> tuple[int, ...]:
+def panels(edges) -> tuple[int, ...]:
     return group_edges(edges, max(MIN_PANEL, 1))
 
 
-def _op_temporaries(spec) -> int:
-    """Arrays a region evaluation makes beyond the reads themselves."""
-    return max(n_temporaries(spec) - len(leaves(spec)), 0)
-
-
-def _as_rss(allocated: int) -> int:
-    """Resident memory for ``allocated`` bytes of buffers: the allocator keeps
-    some freed memory (measured here: worker RSS 10-20% above traced peaks)."""
-    return int(allocated * float(_config.get("memory.allocator-overhead")))
-
-
-def _io_overhead(a_spec, b_spec, out_grid, dtype) -> int:
-    """Zarr's own buffers: up to ``async.concurrency`` chunks in flight, each
-    held compressed and decoded, on the read side and on the write side."""
-    import zarr
-
-    tiles = [leaf.grid.tile[0] * leaf.grid.tile[1] * leaf.dtype.itemsize
-             for leaf in leaves(a_spec) + leaves(b_spec)]
-    if out_grid is not None:
-        tiles.append(out_grid.tile[0] * out_grid.tile[1] * np.dtype(dtype).itemsize)
-    return 2 * int(zarr.config.get("async.concurrency")) * max(tiles, default=0)
-
-
-def _leaf_itemsize(spec) -> int:
-    return max((leaf.dtype.itemsize for leaf in leaves(spec)), default=8)
-
-
-def _band_bytes(a_spec, b_spec, panel_width: int, task_memory: int) -> int:
-    """Read request bound when panels are read in place, band by band: one
-    unit deep across the panel's width, at most an eighth of the task's
-    memory, and never less than one whole unit (units are never split)."""
-    out = 0
-    for leaf in leaves(a_spec) + leaves(b_spec):
-        u0, u1 = leaf.grid.unit
-        unit = u0 * u1 * leaf.dtype.itemsize
-        wide = max(u0, u1) * max(panel_width, min(u0, u1)) * leaf.dtype.itemsize
-        out = max(out, unit, min(wide, task_memory // 8))
-    return out
-
-
-def _per_element(spec, dtype: np.dtype) -> int:
-    """Projected bytes per output element of evaluating a region of ``spec``:
-    each read twice (compressed + decoded), plus every temporary."""
-    reads_ = sum(2 * leaf.dtype.itemsize for leaf in leaves(spec))
-    return reads_ + (n_temporaries(spec) * max(dtype.itemsize, 8) if dtype.itemsize > 1 else 0)
-
-
-def _all_done(grid: Grid, rows, cols, done) -> bool:
+def all_done(grid: Grid, rows, cols, done) -> bool:
     if not done:
         return False
     return all((i, j) in done for i in grid.units_touching(0, rows)
                for j in grid.units_touching(1, cols))
 
 
-def _short(node) -> str:
+def short(node) -> str:
     s = str(node)
     return s if len(s) < 90 else s[:87] + "..."
-
 
 
 def output_grid(node, tile, shard) -> Grid:
