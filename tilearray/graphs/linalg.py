@@ -14,7 +14,9 @@ at its peak, inputs included, with ``b`` the itemsize.
 
 Every BLAS/LAPACK call runs with ONE thread (:func:`one_blas_thread`):
 multi-threaded OpenBLAS ``potrf`` segfaults on the reference machine, and a
-worker thread must not oversubscribe the cores its siblings use.
+worker thread must not oversubscribe the cores its siblings use. Setting the
+limit costs about 0.1 ms per outermost call (nested calls about 1 us), small
+against a tile kernel; the references hold it once for all their kernels.
 """
 
 from __future__ import annotations
@@ -106,8 +108,8 @@ def qr_leaf(block) -> tuple[np.ndarray, np.ndarray]:
     ``block`` is ``m_i x n``; returns ``Q_i`` (``m_i x r_i``, orthonormal
     columns) and ``R_i`` (``r_i x n``, upper triangular/trapezoidal) with
     ``r_i = min(m_i, n)``: a block shorter than ``n`` gives a short R, which
-    stacks like any other. Dtype as :func:`result_dtype`. Memory: the block
-    plus ``Q_i`` and ``R_i``, about ``2 m_i n b + n^2 b``.
+    stacks like any other. Dtype as :func:`result_dtype`. Memory: the block,
+    LAPACK's working copy of it and ``Q_i``: about ``3 m_i n b``.
     """
     a = _float(block)
     m, n = a.shape
@@ -203,6 +205,7 @@ def _root_normalized(leaf_qs, levels, r):
     return r
 
 
+@_single_threaded
 def tsqr(blocks: Sequence, fan_in: int = 2, *, compute_q: bool = True,
          normalize: bool = True):
     """In-memory reference TSQR over row ``blocks`` with a tree of ``fan_in``.
@@ -243,6 +246,7 @@ def svd_from_r(r: np.ndarray, compute_uv: bool = True):
                    check_finite=False, lapack_driver="gesdd")
 
 
+@_single_threaded
 def svd_tsqr(blocks: Sequence, fan_in: int = 2, compute_uv: bool = True):
     """In-memory reference thin SVD through TSQR: ``(U_blocks, s, Vt)`` or ``s``."""
     leaf_qs, levels, r = _tsqr_up(blocks, fan_in)
@@ -308,6 +312,7 @@ def _min_norm(r11: np.ndarray, r12: np.ndarray, rank: int) -> np.ndarray:
     return vt[:rank].T @ coef
 
 
+@_single_threaded
 def lstsq_tsqr(x_blocks: Sequence, y_blocks: Sequence, fan_in: int = 2,
                rcond: float | None = None):
     """In-memory reference ``numpy.linalg.lstsq`` through TSQR of ``[X | Y]``."""
@@ -534,6 +539,7 @@ def _assemble_lower(tiles: dict, edges, n: int, dtype) -> np.ndarray:
     return out
 
 
+@_single_threaded
 def cholesky_tiled(a, tile: int, *, order: str = "left") -> np.ndarray:
     """In-memory reference tiled Cholesky ``A = L L^T``; only A's lower triangle is read.
 
@@ -570,6 +576,7 @@ def cholesky_tiled(a, tile: int, *, order: str = "left") -> np.ndarray:
     return _assemble_lower(lo, edges, a.shape[0], a.dtype)
 
 
+@_single_threaded
 def solve_triangular_tiled(t, b, tile: int, *, lower: bool,
                            unit_diagonal: bool = False) -> np.ndarray:
     """In-memory reference blocked substitution ``T X = B`` for many right-hand sides.
@@ -596,6 +603,7 @@ def solve_triangular_tiled(t, b, tile: int, *, lower: bool,
     return out.reshape(np.shape(b))
 
 
+@_single_threaded
 def solve_spd_tiled(a, b, tile: int) -> np.ndarray:
     """In-memory reference ``solve(A, B, assume_a="pos")``: tiled Cholesky, then
     forward (``L Y = B``) and backward (``L^T X = Y``) blocked substitution."""
@@ -604,6 +612,7 @@ def solve_spd_tiled(a, b, tile: int) -> np.ndarray:
     return solve_triangular_tiled(lo.T, y, tile, lower=False)
 
 
+@_single_threaded
 def lu_tiled(a, tile: int):
     """In-memory reference blocked right-looking LU with partial pivoting.
 
@@ -635,6 +644,7 @@ def lu_tiled(a, tile: int):
     return perm, lower, np.triu(a)
 
 
+@_single_threaded
 def solve_lu_tiled(a, b, tile: int) -> np.ndarray:
     """In-memory reference ``numpy.linalg.solve(A, B)``: :func:`lu_tiled`, then
     ``L Y = B[perm]`` (unit diagonal) and ``U X = Y`` by blocked substitution."""
