@@ -22,6 +22,17 @@ FLOATS = [np.float32, np.float64]
 few = settings(max_examples=30, deadline=None)
 
 
+@pytest.fixture(autouse=True)
+def _one_blas_thread(request):
+    """NumPy's reference calls on one BLAS thread too: idle OpenBLAS threads
+    spinning on a loaded 2-core machine slowed this file several-fold."""
+    if request.node.name.startswith("test_one_blas_thread"):
+        yield
+        return
+    with la.one_blas_thread():
+        yield
+
+
 def _row_blocks(x, rows):
     """Row blocks of ``rows`` each, the last one short."""
     return np.split(x, range(rows, x.shape[0], rows))
@@ -337,3 +348,38 @@ def test_singular_solve_names_the_column(tile):
         la.lu_tiled(np.ones((3, 4)), tile)
     err = pickle.loads(pickle.dumps(info.value))
     assert (err.column, err.panel) == (9, 9 // tile)
+
+
+def test_slogdet_from_lu_and_cholesky():
+    rng = np.random.default_rng(14)
+    a = rng.standard_normal((25, 25))
+    perm, _, upper = la.lu_tiled(a, 6)
+    sign, logdet = la.slogdet_from_lu(perm, np.diagonal(upper))
+    want = np.linalg.slogdet(a)
+    assert sign == want[0]
+    assert_close(logdet, want[1])
+    spd = _spd(25, np.float64, 14)
+    got = la.slogdet_from_lu(np.arange(25), np.diagonal(la.cholesky_tiled(spd, 6)) ** 2)
+    assert got[0] == 1.0
+    assert_close(got[1], np.linalg.slogdet(spd)[1])
+    assert la.slogdet_from_lu(np.arange(3), np.array([1.0, 0.0, 2.0])) == (0.0, -np.inf)
+
+
+# ---------------------------------------------------------------- randomized SVD
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_svd_compressed_ref_top_singular_values(dtype):
+    rng = np.random.default_rng(15)
+    u, _ = np.linalg.qr(rng.standard_normal((400, 120)))
+    v, _ = np.linalg.qr(rng.standard_normal((300, 120)))
+    a = ((u * 0.7 ** np.arange(120)) @ v.T).astype(dtype)
+    uk, s, vt = la.svd_compressed_ref(a, 10, n_power_iter=2, seed=3, tile=70)
+    assert uk.shape == (400, 10) and s.shape == (10,) and vt.shape == (10, 300)
+    assert s.dtype == dtype
+    want = np.linalg.svd(a.astype(np.float64), compute_uv=False)[:10]
+    rel = 1e-6 if dtype == np.float64 else 1e-4
+    np.testing.assert_allclose(s, want, rtol=rel)
+    assert_close(uk.T @ uk, np.eye(10), precision=dtype)
+    again = la.svd_compressed_ref(a, 10, n_power_iter=2, seed=3, tile=70)[1]
+    np.testing.assert_array_equal(again, s)  # same seed, same answer

@@ -359,6 +359,60 @@ def omega_rows(seed: int, n: int, k: int, start: int, stop: int,
     return out
 
 
+@_single_threaded
+def svd_compressed_ref(a, k: int, *, n_power_iter: int = 0, seed: int = 0,
+                       oversample: int = 10, tile: int = 256, fan_in: int = 2):
+    """In-memory reference randomized truncated SVD (Halko, Martinsson, Tropp).
+
+    ``Y = A Omega`` with Omega's rows built per column tile by
+    :func:`omega_rows`; each power iteration ``Y = A orth(A^T Q)`` is
+    re-orthonormalised by :func:`tsqr` over row tiles; ``B = Q^T A``
+    (``l x n``, ``l = k + oversample``) and ``U = Q U_B``. Returns
+    ``(U, s, Vt)`` truncated to ``k``, dtype of ``a`` (as :func:`result_dtype`).
+    """
+    a = _float(a, order="C")
+    m, n = a.shape
+    lk = min(k + oversample, m, n)
+    rows, cols = tile_edges(m, tile), tile_edges(n, tile)
+
+    def orth(blocks):  # TSQR's Q, blocks stacked
+        return np.vstack(tsqr(blocks, fan_in)[0])
+
+    omega = [omega_rows(seed, n, lk, c0, c1, a.dtype) for c0, c1 in cols]
+    y = sum(a[:, c0:c1] @ om for (c0, c1), om in zip(cols, omega, strict=True))
+    q = orth([y[r0:r1] for r0, r1 in rows])
+    for _ in range(n_power_iter):
+        z = orth([a[:, c0:c1].T @ q for c0, c1 in cols])
+        q = orth([a[r0:r1] @ z for r0, r1 in rows])
+    b = sum(q[r0:r1].T @ a[r0:r1] for r0, r1 in rows)
+    u_b, s, vt = svd_from_r(b)
+    return q @ u_b[:, :k], s[:k], vt[:k]
+
+
+def slogdet_from_lu(perm: np.ndarray, diag_u: np.ndarray) -> tuple[float, float]:
+    """``numpy.linalg.slogdet`` from an LU with ``A[perm] = L U``: ``(sign, log|det|)``.
+
+    The sign is the parity of ``perm`` times the signs of U's diagonal
+    (a zero pivot gives ``(0, -inf)``). For an SPD matrix's Cholesky factor
+    pass ``perm = arange(n)`` and ``diag(L) ** 2``. Memory: ``O(n)``.
+    """
+    diag_u = np.asarray(diag_u)
+    seen = np.zeros(len(perm), bool)
+    swaps = 0
+    for i in range(len(perm)):  # parity: n minus the number of cycles
+        if not seen[i]:
+            j = i
+            while not seen[j]:
+                seen[j] = True
+                j = perm[j]
+            swaps += 1
+    parity = -1.0 if (len(perm) - swaps) % 2 else 1.0
+    if np.any(diag_u == 0):
+        return 0.0, -np.inf
+    sign = parity * float(np.prod(np.sign(diag_u)))
+    return sign, float(np.sum(np.log(np.abs(diag_u))))
+
+
 # --------------------------------------------------------------------------
 # tile kernels: Cholesky, triangular solves, LU panels
 # --------------------------------------------------------------------------
