@@ -70,7 +70,13 @@ def test_tsqr_any_tree_matches_numpy(m, n, rows, fan_in, dtype, seed):
     x = np.random.default_rng(seed).standard_normal((m, n)).astype(dtype)
     q_blocks, r = la.tsqr(_row_blocks(x, rows), fan_in)
     _check_qr(x, q_blocks, r, dtype)
-    assert_close(np.abs(r), np.abs(np.linalg.qr(x)[1]), precision=dtype)
+    # R's forward error grows with cond(X) (random near-square X can reach 1e3+)
+    want = np.abs(np.linalg.qr(x)[1])
+    assert_close(np.abs(r), want, precision=dtype, scale=_cond_scale(x, want))
+
+
+def _cond_scale(x, want):
+    return float(np.abs(want).max() * np.linalg.cond(x.astype(np.float64)))
 
 
 def test_tsqr_sign_normalised_r_does_not_depend_on_the_tree():
@@ -139,13 +145,13 @@ def _lstsq_blocks(x, y, rows, fan_in=2, **kw):
     return la.lstsq_tsqr(_row_blocks(x, rows), _row_blocks(y, rows), fan_in, **kw)
 
 
-def _assert_lstsq_equal(got, want, dtype):
+def _assert_lstsq_equal(got, want, dtype, res_scale=None, x_scale=None):
     x, res, rank, s = got
     assert rank == want[2]
     assert x.shape == want[0].shape and res.shape == want[1].shape
     assert x.dtype == want[0].dtype and s.dtype == want[3].dtype
-    assert_close(x, want[0], precision=dtype)
-    assert_close(res, want[1], precision=dtype)
+    assert_close(x, want[0], precision=dtype, scale=x_scale)
+    assert_close(res, want[1], precision=dtype, scale=res_scale)
     assert_close(s, want[3], precision=dtype)
 
 
@@ -181,6 +187,21 @@ def test_lstsq_rank_deficient_gives_numpys_minimum_norm_solution():
     got = _lstsq_blocks(x, y, 50, 3)
     assert got[2] == 5 and got[1].shape == (0,)
     _assert_lstsq_equal(got, np.linalg.lstsq(x, y), np.float64)
+
+
+@given(m=st.integers(1, 120), n=st.integers(1, 10), p=st.sampled_from([None, 1, 3]),
+       rows=st.integers(1, 40), fan_in=st.integers(2, 4), dtype=st.sampled_from(FLOATS),
+       seed=st.integers(0, 2**16))
+@few
+def test_lstsq_any_shape_matches_numpy(m, n, p, rows, fan_in, dtype, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((m, n)).astype(dtype)
+    y = rng.standard_normal(m if p is None else (m, p)).astype(dtype)
+    got = _lstsq_blocks(x, y, rows, fan_in)
+    want = np.linalg.lstsq(x, y)
+    # squared residual norms cancel (|y|^2 - |Q^T y|^2): held to the scale of |y|^2
+    _assert_lstsq_equal(got, want, dtype, res_scale=float(np.sum(y.astype(float) ** 2)),
+                        x_scale=_cond_scale(x, want[0]))  # forward error ~ cond(X)
 
 
 @pytest.mark.parametrize("rcond", [None, 1e-3, -1])
@@ -292,12 +313,13 @@ def test_one_blas_thread_nests_and_restores():
 # ---------------------------------------------------------------- LU
 
 
-def _check_lu(a, perm, lower, upper, dtype):
+def _check_lu(a, perm, lower, upper, dtype, same_pivots=True):
     assert sorted(perm) == list(range(a.shape[0]))
     assert_close(lower @ upper, a[perm], precision=dtype)
     np.testing.assert_array_equal(np.diagonal(lower), 1)
     assert np.all(np.abs(lower) <= 1 + 1e-6)  # partial pivoting: |multipliers| <= 1
-    assert_close(upper, sla.lu(a)[2], precision=dtype)  # the same pivots as LAPACK
+    if same_pivots:  # not asserted on random draws: near-ties may round either way
+        assert_close(upper, sla.lu(a)[2], precision=dtype)
 
 
 @given(n=st.integers(1, 50), tile=st.integers(1, 20), dtype=st.sampled_from(FLOATS),
@@ -309,7 +331,7 @@ def test_lu_tiled_matches_lapack(n, tile, dtype, seed):
     a = rng.standard_normal((n, n)).astype(dtype)
     perm, lower, upper = la.lu_tiled(a, tile)
     assert lower.dtype == upper.dtype == dtype
-    _check_lu(a, perm, lower, upper, dtype)
+    _check_lu(a, perm, lower, upper, dtype, same_pivots=False)
     b = rng.standard_normal((n, 3)).astype(dtype)
     assert_close(a @ la.solve_lu_tiled(a, b, tile), b, precision=dtype,
                  scale=float(np.abs(a).sum(1).max() * np.abs(np.linalg.solve(a, b)).max()))

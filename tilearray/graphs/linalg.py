@@ -467,7 +467,7 @@ def trsm(l_kk: np.ndarray, a_ik: np.ndarray) -> np.ndarray:
 
 
 @_single_threaded
-def trsm_left_lower(l: np.ndarray, b: np.ndarray, *, trans: bool = False,
+def trsm_left_lower(lower: np.ndarray, b: np.ndarray, *, trans: bool = False,
                     unit_diagonal: bool = False) -> np.ndarray:
     """``X`` with ``L X = B`` (``L^T X = B`` if ``trans``); ``L`` lower ``t x t``.
 
@@ -475,14 +475,14 @@ def trsm_left_lower(l: np.ndarray, b: np.ndarray, *, trans: bool = False,
     the computing dtype (use the return value). ``unit_diagonal``: L's
     diagonal is taken as ones (the L of an LU). Memory: ``(t^2 + t p) b``.
     """
-    return _trsm(l, b, side=0, lower=True, trans=trans, unit=unit_diagonal)
+    return _trsm(lower, b, side=0, lower=True, trans=trans, unit=unit_diagonal)
 
 
 @_single_threaded
-def trsm_left_upper(u: np.ndarray, b: np.ndarray, *, trans: bool = False,
+def trsm_left_upper(upper: np.ndarray, b: np.ndarray, *, trans: bool = False,
                     unit_diagonal: bool = False) -> np.ndarray:
     """``X`` with ``U X = B`` (``U^T X = B`` if ``trans``); as :func:`trsm_left_lower`."""
-    return _trsm(u, b, side=0, lower=False, trans=trans, unit=unit_diagonal)
+    return _trsm(upper, b, side=0, lower=False, trans=trans, unit=unit_diagonal)
 
 
 def _trsm(a, b, *, side, lower, trans, unit):
