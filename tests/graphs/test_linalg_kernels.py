@@ -323,49 +323,51 @@ def _check_lu(a, perm, lower, upper, dtype, same_pivots=True):
 
 
 @given(n=st.integers(1, 50), tile=st.integers(1, 20), dtype=st.sampled_from(FLOATS),
-       seed=st.integers(0, 2**16))
+       order=st.sampled_from(["left", "right"]), seed=st.integers(0, 2**16))
 @few
-def test_lu_tiled_matches_lapack(n, tile, dtype, seed):
+def test_lu_tiled_matches_lapack(n, tile, dtype, order, seed):
     tile = max(tile, -(-n // 8))  # at most 8 x 8 tiles: bounds the cost
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((n, n)).astype(dtype)
-    perm, lower, upper = la.lu_tiled(a, tile)
+    perm, lower, upper = la.lu_tiled(a, tile, order=order)
     assert lower.dtype == upper.dtype == dtype
     _check_lu(a, perm, lower, upper, dtype, same_pivots=False)
     b = rng.standard_normal((n, 3)).astype(dtype)
-    assert_close(a @ la.solve_lu_tiled(a, b, tile), b, precision=dtype,
+    assert_close(a @ la.solve_lu_tiled(a, b, tile, order=order), b, precision=dtype,
                  scale=float(np.abs(a).sum(1).max() * np.abs(np.linalg.solve(a, b)).max()))
 
 
+@pytest.mark.parametrize("order", ["left", "right"])
 @pytest.mark.parametrize("tile", [1, 3, 8])
-def test_lu_pivots_where_no_pivoting_breaks_down(tile):
+def test_lu_pivots_where_no_pivoting_breaks_down(tile, order):
     rng = np.random.default_rng(12)
     a = rng.standard_normal((20, 20))
     a[0, 0] = 0.0  # no first pivot without a row interchange
     a[5, :5] = 0.0
     a[5, 5] = 1e-18  # a tiny pivot no-pivot elimination would divide by
-    perm, lower, upper = la.lu_tiled(a, tile)
+    perm, lower, upper = la.lu_tiled(a, tile, order=order)
     assert perm[0] != 0
     _check_lu(a, perm, lower, upper, np.float64)
     b = rng.standard_normal(20)
-    x = la.solve_lu_tiled(a, b, tile)
+    x = la.solve_lu_tiled(a, b, tile, order=order)
     assert x.shape == (20,)
     assert_close(x, np.linalg.solve(a, b))
 
 
+@pytest.mark.parametrize("order", ["left", "right"])
 @pytest.mark.parametrize("tile", [1, 2, 3, 8])
-def test_singular_solve_names_the_column(tile):
+def test_singular_solve_names_the_column(tile, order):
     a = np.random.default_rng(13).standard_normal((12, 12))
     a[:, 9] = 0.0
     with pytest.raises(SingularMatrixError) as info:
-        la.solve_lu_tiled(a, np.ones(12), tile)
+        la.solve_lu_tiled(a, np.ones(12), tile, order=order)
     assert info.value.column == 9 and info.value.panel == 9 // tile
     assert isinstance(info.value, np.linalg.LinAlgError)
     assert "column 9" in str(info.value)
     # exact cancellation: column 1 = 2 * column 0 in the leading 2 x 2 block
     b = np.array([[1.0, 2.0, 0.0], [2.0, 4.0, 0.0], [0.0, 0.0, 1.0]])
     with pytest.raises(SingularMatrixError, match="column 1"):
-        la.lu_tiled(b, tile)
+        la.lu_tiled(b, tile, order=order)
     with pytest.raises(np.linalg.LinAlgError, match="square"):
         la.lu_tiled(np.ones((3, 4)), tile)
     err = pickle.loads(pickle.dumps(info.value))

@@ -667,20 +667,31 @@ def solve_spd_tiled(a, b, tile: int) -> np.ndarray:
 
 
 @_single_threaded
-def lu_tiled(a, tile: int):
-    """In-memory reference blocked right-looking LU with partial pivoting.
+def lu_tiled(a, tile: int, *, order: str = "left"):
+    """In-memory reference blocked LU with partial pivoting: ``A[perm] = L @ U``.
 
-    For each column panel ``k`` (width ``tile``): :func:`getrf_panel` factors
-    all rows from the panel's diagonal down (pivots chosen over every row
-    below, as LAPACK's ``getrf``), :func:`permute_rows` applies its row
-    interchanges to the columns left and right of it, :func:`trsm_left_lower`
-    (unit) gives the U tiles to its right and :func:`gemm_update` updates the
-    trailing tiles. Returns ``(perm, L, U)`` with ``A[perm] = L @ U``, L unit
-    lower, U upper. Singular A raises :class:`~tilearray.errors.SingularMatrixError`.
+    Column panels of width ``tile``; :func:`getrf_panel` factors all rows
+    from a panel's diagonal down, choosing pivots over every row below as
+    LAPACK's ``getrf`` does, so the pivots, L and U are LAPACK's (up to
+    rounding). ``order="left"`` (the out-of-core choice) or ``"right"``, see
+    :func:`_lu_left`, :func:`_lu_right`. Returns ``(perm, L, U)``, L unit lower,
+    U upper; singular A raises :class:`~tilearray.errors.SingularMatrixError`.
     """
     a = _square(a, "lu")
+    edges = tile_edges(a.shape[0], tile)
+    if order == "left":
+        return _lu_left(a, edges)
+    if order == "right":
+        return _lu_right(a, edges)
+    raise ValueError(f"order must be 'left' or 'right', got {order!r}")
+
+
+def _lu_right(a: np.ndarray, edges):
+    """Right-looking (LAPACK ``getrf`` order): after factoring panel k,
+    :func:`permute_rows` applies its interchanges to the columns left and
+    right of it, :func:`trsm_left_lower` (unit) gives the U tiles to its right
+    and :func:`gemm_update` rewrites every trailing tile."""
     n = a.shape[0]
-    edges = tile_edges(n, tile)
     perm = np.arange(n)
     for k, (c0, c1) in enumerate(edges):
         lu, p = getrf_panel(a[c0:, c0:c1], col0=c0, index=k)
@@ -698,11 +709,42 @@ def lu_tiled(a, tile: int):
     return perm, lower, np.triu(a)
 
 
+def _lu_left(a: np.ndarray, edges):
+    """Left-looking: panel j reads its columns of A and the finished L panels
+    to its left, and each panel of L and U is written once.
+
+    Row interchanges are never applied to stored data: L's panels are kept
+    with rows indexed by ORIGINAL row (``l_orig``), and a panel reads A and
+    L gathered through the current permutation (``a[perm]``,
+    ``l_orig[perm]``), which applies every earlier pivot. Panel j: for each
+    k < j in order, ``U_kj = trsm_left_lower(L_kk, col_k)`` (unit) and
+    ``gemm_update`` of the rows below; then :func:`getrf_panel` of the rest.
+    The final ``L = l_orig[perm]`` is one gather (a pass over L when stored).
+    """
+    n = a.shape[0]
+    perm = np.arange(n)
+    l_orig = np.zeros_like(a)
+    upper = np.zeros_like(a)
+    for j, (c0, c1) in enumerate(edges):
+        col = np.asfortranarray(a[perm, c0:c1])  # panel j, earlier pivots applied
+        for k0, k1 in edges[:j]:
+            lk = l_orig[perm[k0:], k0:k1]  # L panel k, rows k0: in current order
+            col[k0:k1] = trsm_left_lower(lk[:k1 - k0], col[k0:k1], unit_diagonal=True)
+            col[k1:] = gemm_update(col[k1:], lk[k1 - k0:], col[k0:k1])
+        lu, p = getrf_panel(col[c0:], col0=c0, index=j)
+        perm[c0:] = perm[c0:][p]
+        w = c1 - c0
+        upper[:c0, c0:c1] = col[:c0]
+        upper[c0:c1, c0:c1] = np.triu(lu[:w])
+        l_orig[perm[c0:], c0:c1] = np.tril(lu, -1) + np.eye(n - c0, w, dtype=a.dtype)
+    return perm, l_orig[perm], upper
+
+
 @_single_threaded
-def solve_lu_tiled(a, b, tile: int) -> np.ndarray:
+def solve_lu_tiled(a, b, tile: int, *, order: str = "left") -> np.ndarray:
     """In-memory reference ``numpy.linalg.solve(A, B)``: :func:`lu_tiled`, then
     ``L Y = B[perm]`` (unit diagonal) and ``U X = Y`` by blocked substitution."""
-    perm, lower, upper = lu_tiled(a, tile)
+    perm, lower, upper = lu_tiled(a, tile, order=order)
     y = solve_triangular_tiled(lower, np.asarray(b)[perm], tile, lower=True,
                                unit_diagonal=True)
     return solve_triangular_tiled(upper, y, tile, lower=False)
