@@ -407,3 +407,47 @@ def test_svd_compressed_ref_top_singular_values(dtype):
     assert_close(uk.T @ uk, np.eye(10), precision=dtype)
     again = la.svd_compressed_ref(a, 10, n_power_iter=2, seed=3, tile=70)[1]
     np.testing.assert_array_equal(again, s)  # same seed, same answer
+
+
+# ---------------------------------------------------------------- memory held, as documented
+
+
+def _new_bytes(func, *args, **kwargs):
+    """Peak bytes a call allocates beyond its inputs (NumPy and f2py arrays)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        func(*args, **kwargs)
+        return tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+
+
+def test_kernels_allocate_what_their_docstrings_say():
+    rng = np.random.default_rng(16)
+    m, n, t, b = 4000, 32, 300, 8
+    x = np.asfortranarray(rng.standard_normal((m, n)))
+    work = 64 * n * b  # LAPACK's workspace
+    assert _new_bytes(la.qr_leaf, x) <= 1.02 * m * n * b + n * n * b + work  # Q_i (+ R_i)
+    assert _new_bytes(la.qr_leaf, x.copy(order="F"), overwrite_block=True) <= n * n * b + work
+    rs = [la.qr_leaf(rng.standard_normal((rows, n)))[1] for rows in (100, 7, 50, 3)]
+    s = sum(r.shape[0] for r in rs)  # 32 + 7 + 32 + 3: fan-in 4, two short children
+    assert _new_bytes(la.qr_combine, rs) <= s * n * b + 2 * n * n * b + work
+    spd = np.asfortranarray(_spd(t, np.float64, 16))
+    assert _new_bytes(la.potrf, spd) <= 1.1 * t * t * b
+    c = np.asfortranarray(rng.standard_normal((t, t)))
+    lo = la.potrf(spd)
+    for call in (lambda: la.gemm_update(c, spd, spd, trans_b=True),
+                 lambda: la.syrk_update(c, spd), lambda: la.trsm(lo, c),
+                 lambda: la.trsm_left_lower(lo, c)):
+        assert _new_bytes(call) <= 0.05 * t * t * b  # in place on an F-ordered tile
+    panel = np.asfortranarray(rng.standard_normal((4 * t, t // 4)))
+    assert _new_bytes(la.getrf_panel, panel) <= 1.1 * panel.nbytes + 4 * t * 8  # LU + perm
+
+
+def test_kernels_pickle_by_reference():
+    for func in (la.qr_leaf, la.qr_combine, la.q_apply_down, la.potrf, la.gemm_update,
+                 la.getrf_panel, la.lstsq_from_r, la.omega_rows):
+        assert pickle.loads(pickle.dumps(func)) is func

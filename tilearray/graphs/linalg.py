@@ -102,21 +102,28 @@ def tile_edges(n: int, tile: int) -> list[tuple[int, int]]:
 # --------------------------------------------------------------------------
 
 @_single_threaded
-def qr_leaf(block) -> tuple[np.ndarray, np.ndarray]:
+def qr_leaf(block, *, overwrite_block: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Economic Householder QR of one row block (LAPACK ``geqrf``/``orgqr``).
 
     ``block`` is ``m_i x n``; returns ``Q_i`` (``m_i x r_i``, orthonormal
     columns) and ``R_i`` (``r_i x n``, upper triangular/trapezoidal) with
     ``r_i = min(m_i, n)``: a block shorter than ``n`` gives a short R, which
-    stacks like any other. Dtype as :func:`result_dtype`. Memory: the block,
-    LAPACK's working copy of it and ``Q_i``: about ``3 m_i n b``.
+    stacks like any other. Dtype as :func:`result_dtype`.
+
+    Memory: LAPACK works on an F-ordered copy that becomes ``Q_i``, so the
+    block and ``Q_i``: ``2 m_i n b`` plus ``R_i`` and LAPACK's workspace
+    (about ``64 n b``). With ``overwrite_block``
+    and an F-ordered block of the computing dtype, ``Q_i`` is built in the
+    block's memory (``m_i n b``; the block is destroyed).
     """
     a = _float(block)
     m, n = a.shape
     if m == 0 or n == 0:
         r = min(m, n)
         return np.zeros((m, r), a.dtype), np.zeros((r, n), a.dtype)
-    q, r = sla.qr(a, mode="economic", check_finite=False)
+    if not overwrite_block and np.shares_memory(a, block):
+        a = a.copy(order="F")
+    q, r = sla.qr(a, mode="economic", overwrite_a=True, check_finite=False)
     return q, r
 
 
@@ -124,12 +131,19 @@ def qr_combine(r_list: Sequence[np.ndarray]) -> tuple[list[np.ndarray], np.ndarr
     """QR of the children's R factors stacked on top of each other.
 
     Each ``R_c`` is ``r_c x n``; the stack is ``s x n`` with ``s = sum r_c``.
-    Returns the stack's Q split back per child (``Q_c`` is ``r_c x r``) and
-    the combined ``R`` (``r x n``, ``r = min(s, n)``). Memory: the children's
-    R factors, the stack and its Q, about ``3 s n b`` (``s <= fan_in * n``).
+    Returns the stack's Q split back per child (``Q_c`` is ``r_c x r``, views
+    of one array) and the combined ``R`` (``r x n``, ``r = min(s, n)``).
+    Memory: the children's R factors and the stack, which becomes Q, plus
+    R and LAPACK's workspace (about ``64 n b``): at most
+    ``2 s n b + 2 n^2 b + 64 n b`` (``s <= fan_in * n``).
     """
     rows = [r.shape[0] for r in r_list]
-    q, r = qr_leaf(np.vstack(list(r_list)))
+    n = r_list[0].shape[1]
+    dtype = np.result_type(*(result_dtype(r.dtype) for r in r_list))
+    stack = np.empty((sum(rows), n), dtype, order="F")
+    for r, lo in zip(r_list, np.cumsum([0] + rows[:-1]), strict=True):
+        stack[lo:lo + r.shape[0]] = r
+    q, r = qr_leaf(stack, overwrite_block=True)
     return np.split(q, np.cumsum(rows)[:-1]), r
 
 
@@ -279,7 +293,7 @@ def lstsq_from_r(r_aug: np.ndarray, n: int, m: int, rcond: float | None = None,
     ``cond(X) * eps`` (the normal equations give ``cond(X)^2 * eps``).
     Rank-deficient: the minimum-norm solution from the SVD of R11, singular
     values below the cutoff treated as zero, which is what NumPy's ``gelsd``
-    returns. Memory: ``R_aug`` plus its SVD, about ``4 (n + p)^2 b``.
+    returns. Memory: ``R_aug``, its copies and SVDs, about ``9 (n + p)^2 b``.
     """
     r_aug = _float(r_aug)
     if rcond is None:
