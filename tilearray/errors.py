@@ -1,6 +1,9 @@
-"""The tilearray error tree. Imported from anywhere; imports nothing of ours."""
+"""The tilearray error tree. Imported from anywhere; imports nothing of ours
+(NumPy only, for ``LinAlgError``)."""
 
 from __future__ import annotations
+
+from numpy.linalg import LinAlgError
 
 
 class TilearrayError(Exception):
@@ -40,3 +43,47 @@ class PlanningError(TilearrayError, ValueError):
 
 class ClusterError(TilearrayError, RuntimeError):
     """The dask cluster could not be started, reached or used."""
+
+
+class NotPositiveDefiniteError(TilearrayError, LinAlgError):
+    """A Cholesky factorisation met a leading minor that is not positive.
+
+    ``column`` is the global column (0-based) whose pivot was not positive:
+    the leading minor of order ``column + 1`` is not positive definite.
+    ``tile`` is the diagonal tile index ``(k, k)`` being factored.
+    """
+
+    def __init__(self, tile: tuple[int, int], column: int):
+        self.tile = tuple(tile)
+        self.column = int(column)
+        super().__init__(
+            f"Matrix is not positive definite: the pivot of column {self.column} "
+            f"(diagonal tile {self.tile}) is not positive, so the leading minor of "
+            f"order {self.column + 1} is not positive definite. Check that the "
+            "matrix is symmetric and positive definite, or solve with a general "
+            "(LU) method instead of assume_a='pos'."
+        )
+
+    def __reduce__(self):  # survives the trip from a worker process
+        return (type(self), (self.tile, self.column))
+
+
+class SingularMatrixError(TilearrayError, LinAlgError):
+    """An LU factorisation met an exactly zero pivot: the matrix is singular.
+
+    ``column`` is the global column (0-based) with no nonzero pivot candidate;
+    ``panel`` is the index of the column panel being factored.
+    """
+
+    def __init__(self, column: int, panel: int = 0):
+        self.column = int(column)
+        self.panel = int(panel)
+        super().__init__(
+            f"Singular matrix: column {self.column} (panel {self.panel}) has no "
+            "nonzero pivot after eliminating the columns to its left, so it is a "
+            "linear combination of them. A least-squares solution (lstsq) or "
+            "a regularised system may be what you need."
+        )
+
+    def __reduce__(self):  # survives the trip from a worker process
+        return (type(self), (self.column, self.panel))
