@@ -188,7 +188,8 @@ def structure(x):
     identity used for temporaries, graph keys and resume fingerprints."""
     if isinstance(x, Node):
         fields = [type(x).__name__, tuple(x.shape), str(np.dtype(x.dtype))]
-        for name in ("ref", "start", "step", "name", "op", "axis", "keepdims", "ddof", "token"):
+        for name in ("ref", "start", "step", "name", "op", "axis", "keepdims", "ddof", "token",
+                     "offset", "q", "scalar_q", "method"):
             if hasattr(x, name):
                 v = getattr(x, name)
                 fields.append((name, str(v) if name == "ref" else v))
@@ -198,5 +199,102 @@ def structure(x):
         if isinstance(x, Elemwise):
             fields.append(tuple(structure(a) for a in x.args))
             fields.append(tuple((k, repr(v)) for k, v in x.kwargs))
+        if isinstance(x, Concat):
+            fields.append(tuple(structure(a) for a in x.args))
         return tuple(fields)
     return ("const", type(x).__name__, repr(x))
+
+
+# -- NumPy functions (issue 30): joins, gathers, diagonals, scans, quantiles ------------
+
+
+@dataclass(frozen=True, eq=False)
+class Concat(Node):
+    """``np.concatenate(args, axis)`` of 2-D expressions: read in place, never copied."""
+
+    args: tuple = ()
+    axis: int = 0
+
+    def __str__(self) -> str:
+        return f"concatenate([{', '.join(_fmt(a) for a in self.args)}], axis={self.axis})"
+
+
+@dataclass(frozen=True, eq=False)
+class Take(Node):
+    """``np.take(x, index, axis)``: rows or columns of ``x`` at integer positions."""
+
+    x: Node = None
+    axis: int = 0
+    index: Any = None
+    """The positions (a read-only NumPy int64 vector, in range)."""
+    token: str = ""
+
+    @property
+    def small(self) -> bool:
+        return self.x.small
+
+    def __str__(self) -> str:
+        n = len(self.index)
+        shown = ", ".join(str(int(i)) for i in self.index[:4]) + (", ..." if n > 4 else "")
+        return f"take({_fmt(self.x)}, [{shown}] ({n}), axis={self.axis})"
+
+
+@dataclass(frozen=True, eq=False)
+class Diagonal(Node):
+    """``np.diagonal(x, offset)`` of a 2-D expression: a small 1-D result
+    computed from the blocks the diagonal crosses only."""
+
+    x: Node = None
+    offset: int = 0
+
+    @property
+    def small(self) -> bool:
+        return True
+
+    def __str__(self) -> str:
+        return f"diagonal({_fmt(self.x)}, offset={self.offset})"
+
+
+@dataclass(frozen=True, eq=False)
+class Scan(Node):
+    """``np.cumsum`` / ``np.cumprod`` of a 2-D expression along ``axis``."""
+
+    op: str = "cumsum"
+    x: Node = None
+    axis: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.op}({_fmt(self.x)}, axis={self.axis})"
+
+
+@dataclass(frozen=True, eq=False)
+class Quantile(Node):
+    """Exact ``np.quantile(x, q, axis, method=...)`` (``op``: quantile or
+    nanquantile), whole lines along ``axis`` in one task each."""
+
+    op: str = "quantile"
+    x: Node = None
+    axis: int = 0
+    q: tuple = ()
+    """The quantiles in [0, 1]; ``scalar_q``: a single one (no leading axis)."""
+    scalar_q: bool = True
+    method: str = "linear"
+
+    @property
+    def small(self) -> bool:
+        return True
+
+    def __str__(self) -> str:
+        q = self.q[0] if self.scalar_q else list(self.q)
+        return f"{self.op}({_fmt(self.x)}, q={q}, axis={self.axis})"
+
+
+@dataclass(frozen=True, eq=False)
+class Outer(Node):
+    """``np.outer(a, b)`` of two small vectors: a big lazy matrix."""
+
+    a: Node = None
+    b: Node = None
+
+    def __str__(self) -> str:
+        return f"outer({_fmt(self.a)}, {_fmt(self.b)})"

@@ -12,6 +12,7 @@ import inspect
 
 import numpy as np
 
+from . import routines
 from .lazy import LazyArray
 from .ops import HANDLED, _elemwise, matmul, reduce_as
 
@@ -110,3 +111,61 @@ def size(a, axis=None):
 def result_type(*arrays_and_dtypes):
     return np.result_type(*(x.dtype if isinstance(x, LazyArray) else x
                             for x in arrays_and_dtypes))
+
+
+# -- joins, gathers, diagonals, scans (issue 30) ----------------------------------------
+
+
+@implements(np.concatenate)
+def concatenate(arrays, axis=0, out=None, dtype=None, casting="same_kind"):
+    if out is not None:
+        raise TypeError("np.concatenate: out= is not supported on TiledArrays")
+    return routines.concatenate(arrays, axis, dtype)
+
+
+@implements(np.hstack)
+def hstack(tup, *, dtype=None, casting="same_kind"):
+    return routines.concatenate(tup, 1, dtype)
+
+
+@implements(np.vstack)
+def vstack(tup, *, dtype=None, casting="same_kind"):
+    return routines.concatenate(tup, 0, dtype)
+
+
+@implements(np.stack)
+def stack(arrays, axis=0, out=None, *, dtype=None, casting="same_kind"):
+    raise TypeError("np.stack of 2-D TiledArrays makes a 3-D array; " + routines.NOT_3D)
+
+
+@implements(np.take)
+def take(a, indices, axis=None, out=None, mode="raise"):
+    if out is not None or mode != "raise":
+        raise TypeError("np.take: out= and mode= are not supported on TiledArrays")
+    return routines.take(a, indices, axis)
+
+
+implements(np.diagonal)(routines.diagonal)
+implements(np.diag)(routines.diag)
+
+
+@implements(np.trace)
+def trace(a, offset=0, axis1=0, axis2=1, dtype=None, out=None):
+    if out is not None:
+        raise TypeError("np.trace: out= is not supported on TiledArrays")
+    return routines.trace(a, offset, axis1, axis2, dtype)
+
+
+
+
+def _scan(op):
+    def impl(a, axis=None, dtype=None, out=None):
+        if out is not None:
+            raise TypeError(f"np.{op}: out= is not supported on TiledArrays")
+        return routines.scan(op, a, axis, dtype)
+
+    impl.__name__ = op
+    return impl
+
+
+HANDLED[np.cumsum], HANDLED[np.cumprod] = _scan("cumsum"), _scan("cumprod")

@@ -28,12 +28,27 @@ from ... import _config
 from ...errors import PlanningError
 from ...graphs import elemwise as gel
 from ...graphs.emit import Tasks, barrier, constant
-from ...graphs.spec import Const, Dep, Op, Read, Slice, Trans, leaves
+from ...graphs.spec import (
+    Concat,
+    Const,
+    Dep,
+    Gather,
+    Index,
+    Op,
+    Read,
+    Slice,
+    Trans,
+    leaves,
+    tagged,
+    unit_edges,
+)
 from ...storage import ArrayRef, Grid
 from ...storage.io import store_small
+from ..expr import nodes as nd
 from ..expr.nodes import Constant, Elemwise, MatMul, Node, Reduce, SliceNode, Source, Transpose, structure
 from .map import lower_map
 from .matmul import lower_matmul
+from .npfuncs import lower_diagonal, lower_quantile, lower_scan
 from .reduce import fusable_groups, lower_empty_reduce, lower_reduce, unshifted
 from .sizing import DoesNotFit, leaf_tile
 from .types import Budget, Create, Output, Plan, Stage
@@ -130,10 +145,21 @@ class Planner:
         if isinstance(node, Elemwise) and not node.small:
             return Op(node.name, tuple(self._arg(a, deps, node.shape) for a in node.args),
                       node.kwargs)
-        if isinstance(node, MatMul):
+        if isinstance(node, MatMul | nd.Scan):
             read, wait = self._materialise(node)
             self._depend(wait, deps)  # wait for every block of the temporary
             return read
+        if isinstance(node, nd.Concat):
+            parts = tuple(tagged(self.spec(a, deps), k) for k, a in enumerate(node.args))
+            offsets = tuple(np.cumsum([0] + [a.shape[node.axis] for a in node.args]).tolist())
+            return Concat(parts, node.axis, offsets, np.dtype(node.dtype))
+        if isinstance(node, nd.Take):
+            inner = self.spec(node.x, deps)
+            edges = unit_edges(inner, node.axis, node.x.shape[node.axis])
+            return Gather(inner, node.axis, Index(node.index), edges, np.dtype(node.dtype))
+        if isinstance(node, nd.Outer):  # a column times a row, both small
+            return Op("multiply", (Dep(self._depend(self.small(node.a), deps), "col"),
+                                   Dep(self._depend(self.small(node.b), deps), "row")))
         raise PlanningError(f"cannot tile {node}")
 
     def _depend(self, key, deps: list) -> int:
@@ -159,10 +185,11 @@ class Planner:
         token = tokenize(structure(node), self.run_id)
         base = _config.get("temporary-directory") or tempfile.gettempdir()
         ref = ArrayRef.from_location(os.path.join(base, f"tilearray-tmp-{token}.zarr"))
-        tile = (leaf_tile(node.a, 0), leaf_tile(node.b, 1))
+        tile = (leaf_tile(node.a, 0), leaf_tile(node.b, 1)) if isinstance(node, MatMul) \
+            else (leaf_tile(node, 0), leaf_tile(node, 1))
         self.creates.append(Create(ref, node.shape, node.dtype, tile, None, temporary=True))
         grid = Grid.regular(node.shape, tile)
-        stage = self.matmul(node, ref, grid)
+        stage = (self.matmul if isinstance(node, MatMul) else self.scan)(node, ref, grid)
         wait = self._loose.add("barrier-" + token, barrier, *stage.outputs["result"].keys)
         self._temps[id(node)] = (Read(ref, grid, np.dtype(node.dtype)), wait)
         return self._temps[id(node)]
@@ -178,6 +205,25 @@ class Planner:
         deps: list = []
         spec = self.spec(node, deps)
         return self.add(lower_map(node, spec, deps, self.budget, out, out_grid, skip), spec, deps)
+
+    def scan(self, node, out=None, out_grid=None, skip=frozenset()) -> Stage:
+        """``cumsum``/``cumprod``: :func:`~.npfuncs.lower_scan`'s two stages."""
+        deps: list = []
+        spec = self.spec(node.x, deps)
+        stages, carries = lower_scan(node, spec, deps, self.budget, out, out_grid, skip)
+        for st in stages:
+            last = self.add(st, spec, deps)
+        for key in carries:
+            if key not in self._dep_keys:
+                self._dep_keys.append(key)
+        return last
+
+    def _lines(self, node) -> str:
+        """A diagonal or exact quantiles: one stage, its joined small value."""
+        deps: list = []
+        spec = self.spec(node.x, deps)
+        lowering = lower_diagonal if isinstance(node, nd.Diagonal) else lower_quantile
+        return self.add(lowering(node, spec, deps, self.budget), spec, deps).outputs["0"].keys[0]
 
     def _unshifted(self, node: Reduce) -> Reduce:
         """:func:`~.reduce.unshifted`, once per node (the plan text names the rewrite)."""
@@ -215,6 +261,8 @@ class Planner:
             key = self._loose.add("const-" + node.token, constant, node.value)
         elif isinstance(node, Reduce) and not node.x.small:
             key = self._reduce(self._unshifted(node))
+        elif isinstance(node, nd.Diagonal | nd.Quantile) and not node.x.small:
+            key = self._lines(node)
         else:
             key = self.add(self._small_op(node)).outputs["0"].keys[0]
         self._small[id(node)] = key
@@ -304,7 +352,8 @@ def _lower(node, budget, out, out_grid, skip) -> Plan:
         last = p.add(lower_store_small(node, key, out) if out is not None else result_stage(node))
         result = last.outputs.get("result", Output("value", (key,)))
     else:
-        lowering = p.matmul if isinstance(node, MatMul) else p.map
+        lowering = p.matmul if isinstance(node, MatMul) else \
+            p.scan if isinstance(node, nd.Scan) else p.map
         result = lowering(node, out, out_grid, skip).outputs["result"]
         p.finish()
         stat_keys = p.stat_keys([])

@@ -125,8 +125,10 @@ def leaf_tile(node, axis: int, default: int = 1024) -> int:
         return max(-(-leaf_tile(node.x, axis, default) // node.step[axis]), 1)
     if isinstance(node, MatMul):
         return leaf_tile(node.a if axis == 0 else node.b, axis, default)
-    if isinstance(node, Elemwise):
+    if isinstance(node, Elemwise) or hasattr(node, "args"):  # also a concatenation
         for a in node.args:
             if isinstance(a, Node) and not a.small:
                 return leaf_tile(a, axis, default)
+    if isinstance(getattr(node, "x", None), Node) and not node.x.small:  # take, cumsum
+        return leaf_tile(node.x, axis, default)
     return default
