@@ -258,3 +258,56 @@ def test_scan_hypothesis(thread_engine, tmp_path_factory, m, n, tile, axis, op, 
     with dask.config.set(SMALL_BLOCKS), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         check(getattr(np, op)(a, axis=axis), getattr(np, op)(x, axis=axis))
+
+
+# -- cov / corrcoef ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "int32"])
+def test_cov_corrcoef_one_pass(thread_engine, tmp_path, dtype):
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal((203, 9)) * 0.01 + 1e4).astype(dtype) if dtype != "int32" else \
+        rng.integers(-1000, 1000, size=(203, 9)).astype(dtype)
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(40, 4))
+    plan = check(np.cov(a, rowvar=False), np.cov(x, rowvar=False), tmp_path)
+    mm = next(s for s in plan.stages if s.kind == "matmul")
+    assert mm.bytes_read == a.nbytes  # X read once (its first row's units again, for the shift)
+    row0 = sum(s.bytes_read for s in plan.stages if s.kind == "reduce" and s is plan.stages[0])
+    assert row0 == 40 * 9 * x.dtype.itemsize
+    check(np.cov(a.T), np.cov(x.T))
+    check(np.cov(a, rowvar=False, bias=True), np.cov(x, rowvar=False, bias=True))
+    check(np.cov(a, rowvar=False, ddof=3), np.cov(x, rowvar=False, ddof=3))
+    check(np.cov(a.T, a.T * 2), np.cov(x.T, x.T * 2))
+    check(np.corrcoef(a, rowvar=False), np.corrcoef(x, rowvar=False))
+    check(np.corrcoef(a.T), np.corrcoef(x.T))
+
+
+# -- isclose / allclose / average / outer ------------------------------------------------------
+
+
+def test_isclose_allclose_average_outer(thread_engine, mats, tmp_path):
+    x, a = mats["float64"]  # with NaNs
+    y, b = mats["y"]
+    xi = x.copy()
+    xi[0, :3] = [np.inf, -np.inf, np.inf]
+    ai = ta.from_numpy(xi, tmp_path / "inf.zarr", tile=(8, 7))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        check(np.isclose(ai, a), np.isclose(xi, x), exact=True)
+        check(np.isclose(ai, ai, equal_nan=True), np.isclose(xi, xi, equal_nan=True), exact=True)
+        check(np.isclose(b, b + 1e-7, rtol=0, atol=1e-6), np.isclose(y, y + 1e-7, rtol=0,
+                                                                     atol=1e-6), exact=True)
+        check(np.isclose(b, 0.5), np.isclose(y, 0.5), exact=True)
+    assert bool(np.allclose(b, b * (1 + 1e-9))) and not bool(np.allclose(b, b + 1))
+    assert not bool(np.allclose(a, a)) and bool(np.allclose(a, a, equal_nan=True))
+    w0, w1 = np.linspace(0, 1, 45), np.arange(13.0)
+    check(np.average(b, axis=0, weights=w0), np.average(y, axis=0, weights=w0))
+    check(np.average(b, axis=1, weights=w1), np.average(y, axis=1, weights=w1))
+    check(np.average(b), np.average(y))
+    got, scl = np.average(b, axis=1, weights=w1, returned=True)
+    assert scl == w1.sum()
+    with pytest.raises(ValueError, match="Length of weights"):
+        np.average(b, axis=0, weights=w1)
+    with dask.config.set(SMALL_BLOCKS):
+        check(np.outer(b.sum(0), w0), np.outer(y.sum(0), w0), tmp_path)
+        check(np.outer(w0, b.mean(0)) + 1, np.outer(w0, y.mean(0)) + 1)

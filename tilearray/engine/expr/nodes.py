@@ -189,7 +189,7 @@ def structure(x):
     if isinstance(x, Node):
         fields = [type(x).__name__, tuple(x.shape), str(np.dtype(x.dtype))]
         for name in ("ref", "start", "step", "name", "op", "axis", "keepdims", "ddof", "token",
-                     "offset", "q", "scalar_q", "method"):
+                     "offset", "q", "scalar_q", "method", "fill"):
             if hasattr(x, name):
                 v = getattr(x, name)
                 fields.append((name, str(v) if name == "ref" else v))
@@ -298,3 +298,14 @@ class Outer(Node):
 
     def __str__(self) -> str:
         return f"outer({_fmt(self.a)}, {_fmt(self.b)})"
+
+
+@dataclass(frozen=True, eq=False)
+class Full(Node):
+    """A matrix of one value (``np.full``): nothing is read (the ones column
+    appended to ``X`` so that ``X.T @ X`` also gives the column sums)."""
+
+    fill: Any = 0
+
+    def __str__(self) -> str:
+        return f"full({tuple(self.shape)}, {self.fill!r})"

@@ -12,7 +12,7 @@ import inspect
 
 import numpy as np
 
-from . import routines
+from . import routines, statistics
 from .lazy import LazyArray
 from .ops import HANDLED, _elemwise, matmul, reduce_as
 
@@ -169,3 +169,48 @@ def _scan(op):
 
 
 HANDLED[np.cumsum], HANDLED[np.cumprod] = _scan("cumsum"), _scan("cumprod")
+
+
+# -- statistics and comparisons (issue 30) -------------------------------------------------
+
+implements(np.cov)(statistics.cov)
+implements(np.corrcoef)(statistics.corrcoef)
+implements(np.isclose)(statistics.isclose)
+implements(np.allclose)(statistics.allclose)
+implements(np.average)(statistics.average)
+
+
+@implements(np.outer)
+def outer(a, b, out=None):
+    if out is not None:
+        raise TypeError("np.outer: out= is not supported on TiledArrays")
+    return statistics.outer(a, b)
+
+
+def _quantile(name: str, op: str, scale: float):
+    def impl(a, q=None, axis=None, out=None, overwrite_input=False, method="linear",
+             keepdims=False, *, weights=None, interpolation=None):
+        if out is not None or weights is not None or interpolation is not None:
+            raise TypeError(f"np.{name}: out=, weights= and interpolation= are not supported "
+                            "on TiledArrays")
+        qv = 0.5 if q is None else np.asarray(q, dtype=np.float64) / scale
+        return statistics.quantile(op, a, qv, axis, method, keepdims)
+
+    impl.__name__ = name
+    return impl
+
+
+for _f, _op, _scale in [(np.quantile, "quantile", 1.0), (np.nanquantile, "nanquantile", 1.0),
+                        (np.percentile, "quantile", 100.0),
+                        (np.nanpercentile, "nanquantile", 100.0)]:
+    HANDLED[_f] = _quantile(_f.__name__, _op, _scale)
+
+
+@implements(np.median)
+def median(a, axis=None, out=None, overwrite_input=False, keepdims=False):
+    return HANDLED[np.quantile](a, 0.5, axis, out, keepdims=keepdims)
+
+
+@implements(np.nanmedian)
+def nanmedian(a, axis=None, out=None, overwrite_input=False, keepdims=False):
+    return HANDLED[np.nanquantile](a, 0.5, axis, out, keepdims=keepdims)

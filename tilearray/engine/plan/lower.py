@@ -157,6 +157,8 @@ class Planner:
             inner = self.spec(node.x, deps)
             edges = unit_edges(inner, node.axis, node.x.shape[node.axis])
             return Gather(inner, node.axis, Index(node.index), edges, np.dtype(node.dtype))
+        if isinstance(node, nd.Full):
+            return Const(np.dtype(node.dtype).type(node.fill))
         if isinstance(node, nd.Outer):  # a column times a row, both small
             return Op("multiply", (Dep(self._depend(self.small(node.a), deps), "col"),
                                    Dep(self._depend(self.small(node.b), deps), "row")))
@@ -291,6 +293,13 @@ class Planner:
             return lower_small_op(node, node.name, node.kwargs, args)
         if isinstance(node, Transpose) and node.x.small:
             return lower_small_op(node, "transpose", (), [self.small(node.x)])
+        if isinstance(node, nd.Take) and node.x.small:
+            kwargs = (("indices", node.index), ("axis", node.axis))
+            return lower_small_op(node, "take", kwargs, [self.small(node.x)])
+        if isinstance(node, nd.Quantile) and node.x.small:
+            q = np.asarray(node.q) if not node.scalar_q else node.q[0]
+            kwargs = (("q", q), ("axis", node.axis), ("method", node.method))
+            return lower_small_op(node, node.op, kwargs, [self.small(node.x)])
         if isinstance(node, SliceNode) and node.x.small:
             kwargs = (("shape", tuple(node.shape)), ("start", node.start), ("step", node.step))
             return lower_small_op(node, "slice2d", kwargs, [self.small(node.x)])
