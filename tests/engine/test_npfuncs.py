@@ -311,3 +311,39 @@ def test_isclose_allclose_average_outer(thread_engine, mats, tmp_path):
     with dask.config.set(SMALL_BLOCKS):
         check(np.outer(b.sum(0), w0), np.outer(y.sum(0), w0), tmp_path)
         check(np.outer(w0, b.mean(0)) + 1, np.outer(w0, y.mean(0)) + 1)
+
+
+# -- median / quantile / percentile -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "int32"])
+def test_quantiles(thread_engine, mats, dtype):
+    x, a = mats[dtype]
+    with dask.config.set(SMALL_BLOCKS), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for axis in (0, 1):
+            check(np.median(a, axis=axis), np.median(x, axis=axis))
+            check(np.quantile(a, [0.1, 0.5, 1.0], axis=axis, method="nearest"),
+                  np.quantile(x, [0.1, 0.5, 1.0], axis=axis, method="nearest"))
+            check(np.percentile(a * 2, 37.5, axis=axis), np.percentile(x * 2, 37.5, axis=axis))
+            if dtype == "float64":  # NaNs
+                check(np.nanmedian(a, axis=axis), np.nanmedian(x, axis=axis))
+                check(np.nanpercentile(a, [5, 95], axis=axis),
+                      np.nanpercentile(x, [5, 95], axis=axis))
+    with pytest.raises(TypeError, match="axis=None"):
+        np.median(a)
+    with pytest.raises(ValueError, match="range"):
+        np.quantile(a, 1.5, axis=0)
+
+
+def test_quantile_refused_when_a_column_does_not_fit(tmp_path):
+    import zarr
+
+    zarr.create_array(str(tmp_path / "big.zarr"), shape=(200_000_000, 4), chunks=(1_000_000, 4),
+                      dtype="float64")
+    a = ta.open(tmp_path / "big.zarr")
+    budget = ta.Budget(memory_per_worker="1GiB", threads_per_worker=1)
+    with pytest.raises(ta.PlanningError, match="whole lines along axis 0"):
+        np.median(a, axis=0).plan(budget=budget)
+    plan = np.median(a, axis=1).plan(budget=budget)  # rows of 4: fine
+    assert plan.bytes_read == a.nbytes

@@ -193,9 +193,12 @@ def _quantile(name: str, op: str, scale: float):
         if out is not None or weights is not None or interpolation is not None:
             raise TypeError(f"np.{name}: out=, weights= and interpolation= are not supported "
                             "on TiledArrays")
-        qv = 0.5 if q is None else np.asarray(q, dtype=np.float64) / scale
-        return statistics.quantile(op, a, qv, axis, method, keepdims)
+        qv = np.asarray(q, dtype=np.float64) / scale
+        # NumPy's result dtype (NEP 50: a Python float q keeps float32 data float32)
+        dtype = np.asarray(np_func(np.ones((2, 2), a.dtype), q, axis=0, method=method)).dtype
+        return statistics.quantile(op, a, qv, axis, method, keepdims, dtype)
 
+    np_func = getattr(np, name)
     impl.__name__ = name
     return impl
 

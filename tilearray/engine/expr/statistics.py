@@ -135,7 +135,8 @@ def average(a, axis=None, weights=None, returned=False, *, keepdims=False):
     return (avg, scl) if returned else avg
 
 
-def quantile(op: str, a, q, axis=None, method="linear", keepdims=False) -> ExprBase:
+def quantile(op: str, a, q, axis=None, method="linear", keepdims=False,
+             dtype=None) -> ExprBase:
     """Exact ``np.quantile`` / ``np.nanquantile`` along axis 0 or 1 (``q`` in
     [0, 1]): one pass; a task holds whole lines along ``axis`` (a column for
     ``axis=0``: the column read plus NumPy's partitioned float64 copy, about
@@ -158,6 +159,7 @@ def quantile(op: str, a, q, axis=None, method="linear", keepdims=False) -> ExprB
     qs = tuple(float(v) for v in qa.reshape(-1))
     other = n.shape[1 - ax]
     shape = (other,) if scalar else (len(qs), other)
-    sample = np.quantile(np.ones((2, 2), n.dtype), qa, axis=0, method=method)
-    node = Quantile(shape, np.asarray(sample).dtype, op, n, ax, qs, scalar, method)
+    if dtype is None:
+        dtype = np.asarray(np.quantile(np.ones((2, 2), n.dtype), q, axis=0, method=method)).dtype
+    node = Quantile(shape, np.dtype(dtype), op, n, ax, qs, scalar, method)
     return _like(a, node)

@@ -28,7 +28,7 @@ from .types import Budget, Output, Stage
 
 
 def _line_stage(node, kind: str, spec, deps, blocks, fn: str, kwargs: tuple, join_axis: int,
-                temp_per_elem: int, budget: Budget, what: str) -> Stage:
+                temp_per_elem: int, budget: Budget, what: str, label: str = "") -> Stage:
     """One task per block (``fn`` of the block: a small array), one join."""
     token = tokenize(kind, spec, blocks, fn, kwargs, deps)
     work, keys = Tasks(), []
@@ -41,7 +41,7 @@ def _line_stage(node, kind: str, spec, deps, blocks, fn: str, kwargs: tuple, joi
         peak = max(peak, block_peak(task, b, size))
         keys.append(work.add((f"{kind}-" + token, i), gnp.block_line, spec, rows, cols, deps,
                              fn, kwargs))
-    check_fits(kind, peak, str(node), budget)
+    check_fits(kind, peak, label or str(node), budget)
     key = work.add(f"{kind}-join-" + token, gnp.join_values, join_axis, *keys)
     return Stage("reduce", what, len(work), peak, nbytes, reads=nreq, store_gets=gets,
                  work=work.freeze(), outputs={"0": Output("value", (key,))})
@@ -88,7 +88,9 @@ def lower_quantile(node, spec, deps: list, budget: Budget) -> Stage:
               ("method", node.method), ("dtype", np.dtype(node.dtype)))
     return _line_stage(node, "quantile", spec, deps, blocks, node.op, kwargs,
                        0 if node.scalar_q else 1, temps, budget,
-                       f"{short(node)}: {len(blocks)} bands of whole lines (exact)")
+                       f"{short(node)}: {len(blocks)} bands of whole lines (exact)",
+                       f"{short(node)} (exact: one task holds whole lines along axis {ax}, "
+                       f"{length} elements each)")
 
 
 def lower_scan(node, spec, deps: list, budget: Budget, out=None, out_grid=None,
