@@ -26,14 +26,34 @@ def _done(value, stats: IOStats):
     return value, out
 
 
-def block_line(spec, rows, cols, deps, fn: str, kwargs: tuple):
+def block_line(spec, rows, cols, deps, fn: str, kwargs: tuple, strips=None):
     """Block ``rows x cols`` of ``spec`` through ``fn`` (``diagonal``,
-    ``quantile``, ``nanquantile``): a small array."""
-    x, stats = _block(spec, rows, cols, deps)
+    ``quantile``, ``nanquantile``): a small array. With ``strips`` (edges
+    along ``kwargs``' axis), the block is read strip by strip into one
+    buffer, so only one strip's I/O units are held at a time."""
+    if strips is None:
+        x, stats = _block(spec, rows, cols, deps)
+    else:
+        x, stats = _by_strips(spec, rows, cols, deps, dict(kwargs)["axis"], strips)
     kw = dict(kwargs)
     dtype = kw.pop("dtype", None)
     value = np.ascontiguousarray(getattr(np, fn)(x, **kw))
     return _done(value if dtype is None else value.astype(dtype), stats)
+
+
+def _by_strips(spec, rows, cols, deps, axis: int, strips):
+    buffers.release(blocks_only=True)
+    stats = IOStats()
+    x = None
+    for lo, hi in zip(strips[:-1], strips[1:], strict=True):
+        sub = ((lo, hi), cols) if axis == 0 else (rows, (lo, hi))
+        piece = np.asarray(evaluate(spec, *sub, list(deps), stats))
+        if x is None:
+            x = np.empty((rows[1] - rows[0], cols[1] - cols[0]), dtype=piece.dtype)
+        dst = (slice(lo - strips[0], hi - strips[0]), slice(None)) if axis == 0 else \
+            (slice(None), slice(lo - strips[0], hi - strips[0]))
+        x[dst] = piece
+    return x, stats
 
 
 def join_values(axis: int, *parts):

@@ -22,29 +22,53 @@ from ...graphs.emit import Tasks
 from ...graphs.spec import unit_edges
 from . import layout
 from .map import check_fits, fit_blocks
-from .memory import BlockTask, block_peak, op_temporaries, read_flight
+from .memory import BlockTask, as_rss, block_peak, op_temporaries, read_flight
 from .sizing import DoesNotFit, all_done, short
 from .types import Budget, Output, Stage
 
 
 def _line_stage(node, kind: str, spec, deps, blocks, fn: str, kwargs: tuple, join_axis: int,
-                temp_per_elem: int, budget: Budget, what: str, label: str = "") -> Stage:
-    """One task per block (``fn`` of the block: a small array), one join."""
+                temp_per_elem: int, budget: Budget, what: str, label: str = "",
+                strips=None) -> Stage:
+    """One task per block (``fn`` of the block: a small array), one join;
+    with ``strips``, each block read strip by strip (:func:`_strip_peak`)."""
     token = tokenize(kind, spec, blocks, fn, kwargs, deps)
     work, keys = Tasks(), []
     nbytes = nreq = gets = peak = 0
     task = BlockTask(temp_per_elem, 0, read_flight(spec))
     for i, (rows, cols) in enumerate(blocks):
-        b, r, g = layout.BlockCosts(spec, rows, cols).at(0, 0)
+        if strips is None:
+            b, r, g = layout.BlockCosts(spec, rows, cols).at(0, 0)
+            size = (rows[1] - rows[0]) * (cols[1] - cols[0])
+            peak = max(peak, block_peak(task, b, size))
+        else:
+            b, r, g, p = _strip_costs(spec, rows, cols, strips, task)
+            peak = max(peak, p)
         nbytes, nreq, gets = nbytes + b, nreq + r, gets + g
-        size = (rows[1] - rows[0]) * (cols[1] - cols[0])
-        peak = max(peak, block_peak(task, b, size))
         keys.append(work.add((f"{kind}-" + token, i), gnp.block_line, spec, rows, cols, deps,
-                             fn, kwargs))
+                             fn, kwargs, strips))
     check_fits(kind, peak, label or str(node), budget)
     key = work.add(f"{kind}-join-" + token, gnp.join_values, join_axis, *keys)
     return Stage("reduce", what, len(work), peak, nbytes, reads=nreq, store_gets=gets,
                  work=work.freeze(), outputs={"0": Output("value", (key,))})
+
+
+def _strip_costs(spec, rows, cols, strips, task: BlockTask):
+    """``(bytes, requests, gets, peak)`` of a block read strip by strip along
+    the axis ``strips`` cuts (the rows when ``rows`` spans them): one
+    strip's reads and temporaries at a time, plus the whole block's buffer
+    and NumPy's float64 working copy of it."""
+    along_rows = (rows[0], rows[1]) == (strips[0], strips[-1])
+    costs = layout.BlockCosts(spec, strips, cols) if along_rows else \
+        layout.BlockCosts(spec, rows, strips)
+    n_strips = len(strips) - 1
+    cells = [costs.at(k, 0) if along_rows else costs.at(0, k) for k in range(n_strips)]
+    other = (cols[1] - cols[0]) if along_rows else (rows[1] - rows[0])
+    worst = max(((c[0], (strips[k + 1] - strips[k]) * other) for k, c in enumerate(cells)),
+                default=(0, 0))
+    size = (rows[1] - rows[0]) * (cols[1] - cols[0])
+    peak = block_peak(task, worst[0], worst[1]) + as_rss(size * 16)
+    return (sum(c[0] for c in cells), sum(c[1] for c in cells), sum(c[2] for c in cells), peak)
 
 
 def lower_diagonal(node, spec, deps: list, budget: Budget) -> Stage:
@@ -67,20 +91,30 @@ def lower_diagonal(node, spec, deps: list, budget: Budget) -> Stage:
 
 
 def lower_quantile(node, spec, deps: list, budget: Budget) -> Stage:
-    """Exact quantiles along ``node.axis``: a task holds whole lines (the
-    block read, NumPy's partitioned float64 copy and the op temporaries);
-    bands across are as wide as fit, on I/O unit edges where possible.
-    Refused (DoesNotFit) when a single line does not fit."""
+    """Exact quantiles along ``node.axis``: a task holds whole lines (a
+    buffer of them and NumPy's float64 working copy), filled strip by strip
+    along the lines on the inputs' I/O unit edges (one strip's units held at
+    a time), in bands across as wide as fit -- on unit edges while a unit's
+    width fits, else cut inside units (each band then reads the units it
+    meets). Refused (DoesNotFit, naming the line length) when one line does
+    not fit."""
     ax, other = node.axis, 1 - node.axis
     length, width = node.x.shape[ax], node.x.shape[other]
-    temps = (op_temporaries(spec) + 2) * 8
+    temps = (op_temporaries(spec) + 1) * 8
+    strips = group_edges(unit_edges(spec, ax, length), 1)  # unit by unit
     base = unit_edges(spec, other, width)
-    itemsize = np.dtype(node.x.dtype).itemsize
-    per_line = length * (3 * itemsize + temps)
-    cap = max(budget.task_memory // max(per_line, 1), 1)
-    edges = group_edges(base, cap)
-    if max_interval(edges) > cap:  # a unit wider than fits: cut inside it
-        edges = tuple(range(0, width, cap)) + (width,) if width else (0,)
+    task = BlockTask(temps, 0, read_flight(spec))
+    w = max(budget.task_memory // max(length * 16, 1), 1)
+    while True:
+        edges = group_edges(base, w)
+        if max_interval(edges) > w:  # a unit wider than fits: cut inside units
+            edges = tuple(range(0, width, w)) + (width,) if width else (0,)
+        band = max(intervals(edges), key=lambda b: b[1] - b[0], default=(0, 0))
+        block = ((0, length), band) if ax == 0 else (band, (0, length))
+        peak = _strip_costs(spec, *block, strips, task)[3]
+        if peak <= budget.task_memory or w == 1:
+            break
+        w = max(w // 2, 1)
     bands = intervals(edges) or [(0, 0)]
     blocks = [((0, length), band) if ax == 0 else (band, (0, length)) for band in bands]
     q = np.asarray(node.q, dtype=np.float64)
@@ -88,9 +122,10 @@ def lower_quantile(node, spec, deps: list, budget: Budget) -> Stage:
               ("method", node.method), ("dtype", np.dtype(node.dtype)))
     return _line_stage(node, "quantile", spec, deps, blocks, node.op, kwargs,
                        0 if node.scalar_q else 1, temps, budget,
-                       f"{short(node)}: {len(blocks)} bands of whole lines (exact)",
+                       f"{short(node)}: {len(blocks)} bands of whole lines (exact), each "
+                       f"read in {len(strips) - 1} strips",
                        f"{short(node)} (exact: one task holds whole lines along axis {ax}, "
-                       f"{length} elements each)")
+                       f"{length} elements each)", strips)
 
 
 def lower_scan(node, spec, deps: list, budget: Budget, out=None, out_grid=None,
