@@ -144,3 +144,21 @@ def combine_peak(block_bytes: int, fan_in: int) -> int:
     """A tree-sum of ``fan_in`` partial blocks: its children, its sum and the
     block it returns."""
     return as_rss((fan_in + 2) * block_bytes)
+
+
+def tsqr_leaf_peak(read_bytes: int, rows: int, width: int, itemsize: int, out_cols: int = 0,
+                   write_flight_bytes: int = 0, read_flight_bytes: int = 0) -> int:
+    """A TSQR leaf: its reads held compressed and decoded (zarr's buffers in
+    flight, never more than the reads), the block copied into LAPACK's
+    working array (which becomes ``Q_i``), its R; writing Q or U, the rows
+    times the slice handed down and one output unit in flight."""
+    block = rows * width * itemsize
+    out = rows * out_cols * itemsize
+    return as_rss(2 * read_bytes + min(read_flight_bytes, read_bytes) + block
+                  + width * width * itemsize + out + min(write_flight_bytes, out))
+
+
+def tsqr_combine_peak(width: int, fan_in: int, itemsize: int) -> int:
+    """A TSQR combine or root: ``fan_in`` R factors, their stack (which
+    becomes the Q pieces) and R, or the SVDs of a root (``~9 n^2``)."""
+    return as_rss((2 * fan_in * width * width + 9 * width * width) * itemsize)
