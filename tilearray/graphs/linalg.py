@@ -112,9 +112,9 @@ def qr_leaf(block, *, overwrite_block: bool = False) -> tuple[np.ndarray, np.nda
 
     Memory: LAPACK works on an F-ordered copy that becomes ``Q_i``, so the
     block and ``Q_i``: ``2 m_i n b`` plus ``R_i`` and LAPACK's workspace
-    (about ``64 n b``). With ``overwrite_block``
-    and an F-ordered block of the computing dtype, ``Q_i`` is built in the
-    block's memory (``m_i n b``; the block is destroyed).
+    (about ``64 n b``). With ``overwrite_block`` and an F-ordered block of
+    the computing dtype, ``Q_i`` is built in the block's memory (``m_i n b``;
+    the block is destroyed). NaN or inf in the block propagate, as in NumPy.
     """
     a = _float(block)
     m, n = a.shape
@@ -457,7 +457,8 @@ def potrf(a_kk: np.ndarray, *, tile: tuple[int, int] = (0, 0), col0: int = 0) ->
     ``t x t`` lower-triangular ``L_kk`` (upper triangle zeroed). Raises
     :class:`~tilearray.errors.NotPositiveDefiniteError` naming ``tile`` and
     the global column ``col0 + j`` (``col0``: the tile's first column) whose
-    pivot is not positive. Memory: ``2 t^2 b``.
+    pivot is not positive. NaN propagates without an error, as in
+    ``numpy.linalg.cholesky``. Memory: ``2 t^2 b``.
     """
     a = _float(a_kk)
     potrf_ = lapack.get_lapack_funcs("potrf", (a,))
