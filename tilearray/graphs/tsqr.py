@@ -44,7 +44,7 @@ def leaf_r(specs, rows, widths, deps=()):
     """Read row block ``rows`` of ``[X | Y]`` and return the R of its QR."""
     buffers.release(blocks_only=True)
     stats = IOStats()
-    _, r = kern.qr_leaf(_block(specs, rows, widths, deps, stats), overwrite_block=True)
+    r = kern.qr_leaf(_block(specs, rows, widths, deps, stats), overwrite_block=True, mode="r")
     return r, counted(stats.as_dict())
 
 
@@ -54,8 +54,10 @@ def combine(keep_q: bool, *children):
     for value, st in children:
         rs.append(value if isinstance(value, np.ndarray) else value[1])
         stats = merge_stats(stats, st)
+    if not keep_q:  # R alone: geqrf, no Q formed
+        return (None, kern.qr_combine(rs, mode="r")), counted(stats)
     pieces, r = kern.qr_combine(rs)
-    return ((pieces if keep_q else None), r), counted(stats)
+    return (pieces, r), counted(stats)
 
 
 def _r_of(value) -> np.ndarray:
