@@ -429,3 +429,67 @@ def test_target_that_is_a_regular_file_refused(engine, tmp_path, rng, overwrite)
         assert str(f) in str(e.value) and "already exists" not in str(e.value)
     assert f.read_text() == "keep me"
     assert not os.path.exists(str(f) + ".tilearray.lock")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_target_that_is_a_dangling_symlink_is_called_one(engine, tmp_path, rng, overwrite):
+    """Issue 28: a dangling symbolic link at the target was called "a regular file"."""
+    x, y, a, b = _inputs(tmp_path, rng)
+    link = tmp_path / "gone.zarr"
+    os.symlink(tmp_path / "missing.zarr", link)
+    said = (f"{str(link)!r} is a symbolic link to a missing target "
+            f"({str(tmp_path / 'missing.zarr')!r}), not a Zarr array; tilearray does not "
+            "replace a link (also with overwrite=True) — write to its target's path itself, "
+            "or remove the link")
+    for write in (lambda: (a + b).to_zarr(link, overwrite=overwrite),
+                  lambda: (a + b).sum(axis=0).to_zarr(link, overwrite=overwrite),
+                  lambda: ta.from_numpy(x, link, overwrite=overwrite)):
+        with pytest.raises(ta.StorageError) as e:
+            write()
+        assert str(e.value) == said
+    with pytest.raises(ta.StorageError) as e:
+        ta.open(link)
+    assert str(e.value) == (f"no Zarr array at {str(link)!r}: it is a symbolic link to a "
+                            f"missing target ({str(tmp_path / 'missing.zarr')!r})")
+    assert os.path.islink(link) and not os.path.exists(tmp_path / "missing.zarr")
+
+
+@pytest.mark.timeout(120)
+def test_output_in_a_read_only_directory_is_a_public_storage_error(engine, tmp_path, rng,
+                                                                    monkeypatch):
+    """Issue 28: a read-only directory's error was the private class
+    ``_CannotCreate``; it is a StorageError naming the output and the
+    directory that is not writable. (As root, permissions are not enforced:
+    the directory then refuses writes through a patched ``open``.)"""
+    import builtins
+
+    import tilearray.storage.locks as locks
+
+    x, y, a, b = _inputs(tmp_path, rng)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    if os.geteuid() == 0:
+        real = builtins.open
+
+        def deny(file, mode="r", *args, **kwargs):
+            if str(file).startswith(str(ro) + os.sep) and set(mode) & set("wax+"):
+                raise PermissionError(13, "Permission denied", str(file))
+            return real(file, mode, *args, **kwargs)
+
+        monkeypatch.setattr(locks, "open", deny, raising=False)
+    try:
+        for expr in (a + b, (a + b).sum(axis=0)):
+            with pytest.raises(ta.StorageError) as e:
+                expr.to_zarr(ro / "c.zarr")
+            assert type(e.value) is ta.StorageError
+            assert str(e.value).startswith(
+                f"cannot write {str(ro / 'c.zarr')!r}: the directory {str(ro)!r} is not "
+                "writable (PermissionError: [Errno 13] Permission denied: "), str(e.value)
+            assert str(e.value).endswith("); write to a location this process can write to")
+            assert "_CannotCreate" not in str(e.value)
+        assert os.listdir(ro) == []
+    finally:
+        ro.chmod(0o755)
+

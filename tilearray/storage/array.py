@@ -101,7 +101,10 @@ def open_array(
     ref = where if isinstance(where, ArrayRef) else ArrayRef.from_location(where, path)
     loc = str(ref)
     if isinstance(ref.store, LocalStore) and not os.path.exists(ref.store.root):
-        raise StorageError(f"no Zarr array at {loc!r}: the path does not exist")
+        why = ("it is a symbolic link to a missing target "
+               f"({os.readlink(ref.store.root)!r})" if os.path.islink(ref.store.root)
+               else "the path does not exist")
+        raise StorageError(f"no Zarr array at {loc!r}: {why}")
     try:
         arr = zarr.open_array(ref.store, path=ref.path or None, mode=mode)
     except (ArrayNotFoundError, FileNotFoundError, KeyError) as e:

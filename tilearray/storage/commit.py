@@ -14,6 +14,7 @@ from ..errors import IncompleteOutputError, StorageError
 from . import array as sarray
 from . import locks
 from .array import ArrayRef
+from .ref import not_a_directory, refusal_of_non_directory
 
 
 def input_state(ref: ArrayRef):
@@ -91,10 +92,9 @@ def check_target_kind(ref: ArrayRef, replace_abandoned: bool = False) -> None:
     when ``replace_abandoned`` (resume / overwrite), else refused with
     :class:`IncompleteOutputError`."""
     out_file = local_path(ref)
-    if out_file is not None and os.path.exists(out_file) and not os.path.isdir(out_file):
-        raise StorageError(
-            f"{str(ref)!r} is a regular file, not a Zarr array; refusing to replace it "
-            "(also with overwrite=True) — choose another path or remove it first")
+    found = None if out_file is None else not_a_directory(out_file)
+    if found is not None:
+        raise refusal_of_non_directory(str(ref), found, "a Zarr array")
     if existing_array(ref) is None and has_data(ref):
         if abandoned(ref, replace_abandoned):
             return

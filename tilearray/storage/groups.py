@@ -15,7 +15,7 @@ from zarr.core.sync import collect_aiterator, sync
 
 from ..errors import StorageError
 from .locks import group_lock, local_root
-from .ref import ATTR_KEY, ArrayRef, describe
+from .ref import ATTR_KEY, ArrayRef, describe, not_a_directory, refusal_of_non_directory
 
 
 def dims_of(arr: zarr.Array) -> tuple[str, ...] | None:
@@ -157,12 +157,11 @@ def _check_enclosing_directories(ref: ArrayRef) -> None:
     root = local_root(ref.store)
     if root is None:
         return
-    if os.path.lexists(root) and not os.path.isdir(root):
-        what = "a Zarr array" if not ref.path else "a Zarr group (to hold member " \
+    found = not_a_directory(root)
+    if found is not None:
+        wanted = "a Zarr array" if not ref.path else "a Zarr group (to hold member " \
             f"{ref.path!r})"
-        raise StorageError(
-            f"{str(root)!r} is a regular file, not {what}; refusing to replace it (also with "
-            "overwrite=True) — choose another path or remove it first")
+        raise refusal_of_non_directory(str(root), found, wanted)
     here = os.path.dirname(os.path.abspath(root))
     while True:
         kind = None
