@@ -117,6 +117,48 @@ def test_budget_refuses_bad_values(args, kwargs, named):
     assert named in str(e.value)
 
 
+# -- the one byte parser ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value, nbytes", [
+    ("2GiB", 2 * 2**30), ("512MiB", 512 * MiB), ("1e9", 10**9), (" 5 MiB", 5 * MiB),
+    (4096, 4096), (2.0**20, MiB), (np.int64(7), 7)])
+def test_one_byte_parser_everywhere(value, nbytes):
+    """Issue 28: bytes were parsed four ways (Budget/Engine, the MPI engine,
+    the CLI, the configuration); one parser now, with each caller's message."""
+    import argparse
+
+    from tilearray._config import parse_bytes_arg
+    from tilearray.cli.options import _bytes
+    from tilearray.engine.plan import parse_memory
+
+    assert parse_bytes_arg(value) == parse_memory(value) == nbytes
+    assert ta.Budget(value).memory_per_worker == nbytes
+    if isinstance(value, str):
+        assert _bytes(value) == nbytes
+        with dask.config.set({"tilearray.map.block-bytes": value}):
+            from tilearray import _config
+
+            assert _config.get_bytes("map.block-bytes") == nbytes
+    with pytest.raises(argparse.ArgumentTypeError) as e:
+        _bytes("lots")
+    assert str(e.value) == "not a byte size: 'lots' (use e.g. 1GiB, 512MiB, 2e9)"
+    with pytest.raises(argparse.ArgumentTypeError) as e:
+        _bytes("-1GiB")
+    assert str(e.value) == "must be positive, got '-1GiB' (use e.g. 1GiB, 512MiB, 2e9)"
+
+
+@pytest.mark.parametrize("value, why", [
+    ("lots", "is not a byte size"), ([1], "is not a byte size"), (True, "is not a byte size"),
+    (2.5, "is not a whole number of bytes"), (float("inf"), "is not a whole number of bytes"),
+    (0, "must be positive"), ("-1GiB", "must be positive")])
+def test_byte_parser_refusals_name_argument_and_value(value, why):
+    with pytest.raises(ta.PlanningError) as e:
+        ta.Budget(value)
+    assert str(e.value) == (f"memory_per_worker={value!r} {why}: give bytes as a positive "
+                            "integer or a string such as '2GiB' or '512MiB'")
+
+
 # -- configuration ---------------------------------------------------------------------
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import re
 
+from tilearray._config import parse_bytes_arg
+
 
 def _int_at_least(text: str, least: int, what: str) -> int:
     try:
@@ -28,18 +30,8 @@ def _pos_int(text: str) -> int:
 
 
 def _bytes(text: str) -> int:
-    from dask.utils import parse_bytes
-
-    try:
-        v = int(parse_bytes(text))
-    except (ValueError, TypeError):
-        raise argparse.ArgumentTypeError(
-            f"not a byte size: {text!r} (use e.g. 1GiB, 512MiB, 2e9)"
-        ) from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text!r} (use e.g. 1GiB, "
-                                         "512MiB, 2e9)")
-    return v
+    return parse_bytes_arg(text, None, argparse.ArgumentTypeError,
+                           hint="use e.g. 1GiB, 512MiB, 2e9")
 
 
 def _dtype(text: str):

@@ -61,7 +61,7 @@ def start_local(n_workers, threads, memory_per_worker, processes, adaptive, span
     if adaptive is not None:
         n = hi if n_workers is None else int(n_workers)
     processes = _choose_processes(processes, n)
-    mem = memory_per_worker if memory_per_worker is not None else _default_memory(n)
+    mem = memory_per_worker if memory_per_worker is not None else default_memory(n)
     blas = max(cores // (n * threads), 1)
     # distributed's nanny writes its pre-spawn settings (OMP/MKL/OPENBLAS
     # threads = 1, ...) into this process's environment; keep ours
@@ -148,9 +148,10 @@ def _keep_nannies(cluster) -> None:
         cluster, op, msg)
 
 
-def _default_memory(n_workers: int) -> int:
-    """Memory per worker of a LocalCluster started without one: the configured
-    default, at most 0.8 of this machine's memory shared by the workers."""
+def default_memory(n_workers: int) -> int:
+    """Memory per worker of a cluster started without one (a LocalCluster, or
+    the worker ranks of an MPI job on one node): the configured default, at
+    most 0.8 of this machine's memory shared by ``n_workers``."""
     mem = _config.get_bytes("memory.default-per-worker")
     return min(mem, int(psutil.virtual_memory().total * 0.8 / n_workers))
 
@@ -159,7 +160,7 @@ def default_budget() -> Budget:
     """The budget of the engine :func:`current_engine` would start here (one
     single-threaded worker per core), computed without starting it."""
     n = max(os.cpu_count() or 1, 1)
-    return Budget.from_config(_default_memory(n), n, 1)
+    return Budget.from_config(default_memory(n), n, 1)
 
 
 def _restore_environ(saved: dict) -> None:
