@@ -19,7 +19,7 @@ import dask.config
 import yaml
 from dask.utils import parse_bytes
 
-from .errors import TilearrayError
+from .errors import TilearrayError, type_error_of
 
 _here = os.path.dirname(__file__)
 _fn = os.path.join(_here, "tilearray.yaml")
@@ -60,16 +60,17 @@ def parse_bytes_arg(value, argument: str | None = "memory_per_worker", error=Val
     """The one byte parser of tilearray: an int, a whole float or a string
     such as ``"2GiB"`` / ``"1e9"`` (:func:`dask.utils.parse_bytes`) -> bytes.
 
-    Refuses (raising ``error``) a bool or another type, a string that is not
-    a byte size, a fractional or non-finite number, and a count below
-    ``minimum`` (None: no bound). The message names ``argument`` and the
+    Refuses (raising ``error``; for a bool or another type its TypeError twin,
+    :func:`~tilearray.errors.type_error_of`) a string that is not a byte
+    size, a fractional or non-finite number, and a count below ``minimum``
+    (None: no bound). The message names ``argument`` and the
     value, ``"memory_per_worker='lots' is not a byte size: <hint>"``; with
     ``argument=None`` it is worded for an argparse option, whose flag
     argparse prefixes: ``"not a byte size: 'lots' (<hint>)"``.
     """
     n, why = None, None
     if isinstance(value, bool) or not isinstance(value, str | numbers.Real):
-        why = "is not a byte size"
+        why, error = "is not a byte size", type_error_of(error)
     elif isinstance(value, str):
         try:
             n = int(parse_bytes(value))
@@ -89,6 +90,17 @@ def parse_bytes_arg(value, argument: str | None = "memory_per_worker", error=Val
     if why.startswith("is "):
         raise error(f"{why[3:]}: {value!r} ({hint})")
     raise error(f"{why}, got {value!r} ({hint})")
+
+
+def positive_int_arg(value, argument: str, error=ValueError) -> int:
+    """``value`` as an int of 1 or more; else ``error`` (its TypeError twin
+    for a bool, a float or another type) naming ``argument`` and the value."""
+    msg = f"{argument}={value!r} must be a positive integer (1 or more)"
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise type_error_of(error)(msg)
+    if value < 1:
+        raise error(msg)
+    return int(value)
 
 
 def _key_schema(key: str) -> dict | None:

@@ -23,7 +23,7 @@ from zarr.errors import ArrayNotFoundError, ContainsGroupError, NodeTypeValidati
 from zarr.storage import LocalStore
 
 from .. import _config
-from ..errors import IncompleteOutputError, StorageError
+from ..errors import IncompleteOutputError, StorageArgumentError, StorageError
 from .geometry import Grid, int_pair
 from .groups import (  # noqa: F401  (re-exported: callers use storage.array's names)
     _node_at,
@@ -68,13 +68,15 @@ def grid_of(arr: zarr.Array) -> Grid:
     return Grid.regular(arr.shape, arr.chunks, shards, streams_rows(arr))
 
 
-def check_dtype(dtype: Any, where: str) -> np.dtype:
+def check_dtype(dtype: Any, where: str, error: type = StorageError) -> np.dtype:
+    """The NumPy dtype of ``dtype`` if tilearray handles it, else ``error``
+    (:class:`StorageArgumentError` where the user passed it)."""
     try:
         dt = np.dtype(dtype)
     except TypeError as e:
-        raise StorageError(f"{where}: unsupported dtype {dtype!r}: {e}") from None
+        raise error(f"{where}: unsupported dtype {dtype!r}: {e}") from None
     if dt.kind not in SUPPORTED_KINDS:
-        raise StorageError(
+        raise error(
             f"{where}: unsupported dtype {dt} (tilearray handles bool, integer and "
             "floating-point matrices)"
         )
@@ -272,7 +274,8 @@ def _compressor(name: str | None, dtype: np.dtype, loc: str) -> list:
                            typesize=dtype.itemsize)]
     if name == "zstd":
         return [ZstdCodec(level=int(_config.get("storage.zstd-level")))]
-    raise StorageError(f"{loc!r}: unknown compressor {name!r} (use 'lz4', 'zstd' or None)")
+    raise StorageArgumentError(f"{loc!r}: unknown compressor {name!r} (use 'lz4', 'zstd' or "
+                               "None)")
 
 
 def create(
@@ -306,17 +309,19 @@ def create(
     check_parents(ref)
     given, shape = shape, int_pair(shape)
     if shape is None or any(s < 0 for s in shape):
-        raise StorageError(f"{loc!r}: shape must be 2 non-negative integers, got {given!r}")
-    dt = check_dtype(dtype, loc)
+        raise StorageArgumentError(
+            f"{loc!r}: shape must be 2 non-negative integers, got {given!r}")
+    dt = check_dtype(dtype, loc, StorageArgumentError)
     tile = _clip_block(shape, tile, "tile", loc)
     if shard is None:  # a tile larger than the array is clipped to it, as dask's chunks
         tile = tuple(min(t, max(s, 1)) for t, s in zip(tile, shape, strict=True))
     else:
         given, shard = shard, int_pair(shard)
         if shard is None:
-            raise StorageError(f"{loc!r}: shard must be 2 positive integers, got {given!r}")
+            raise StorageArgumentError(
+                f"{loc!r}: shard must be 2 positive integers, got {given!r}")
         if any(s <= 0 or s % t for s, t in zip(shard, tile, strict=True)):
-            raise StorageError(
+            raise StorageArgumentError(
                 f"{loc!r}: shard {shard} must be a positive multiple of the tile {tile}"
             )
     compressors = [*_compressor(compressor, dt, loc), Crc32cCodec()]
@@ -376,7 +381,8 @@ def clear_for_overwrite(ref: ArrayRef) -> bool:
 def _clip_block(shape, block, name: str, loc: str) -> tuple[int, int]:
     pair = int_pair(block)
     if pair is None or any(b <= 0 for b in pair):
-        raise StorageError(f"{loc!r}: {name} must be 2 positive integers, got {block!r}")
+        raise StorageArgumentError(
+            f"{loc!r}: {name} must be 2 positive integers, got {block!r}")
     return pair
 
 

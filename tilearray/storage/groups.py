@@ -13,7 +13,7 @@ from zarr.abc.store import Store
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import collect_aiterator, sync
 
-from ..errors import StorageError
+from ..errors import StorageArgumentError, StorageError
 from .locks import group_lock, local_root
 from .ref import ATTR_KEY, ArrayRef, describe, not_a_directory, refusal_of_non_directory
 
@@ -97,12 +97,12 @@ def choose_dims(ref: ArrayRef, shape: tuple, dims=None, derived=None,
         dims = (dims,) if isinstance(dims, str) else tuple(dims)
         if len(dims) != len(shape) or len(set(dims)) != len(dims) \
                 or not all(isinstance(d, str) and d for d in dims):
-            raise StorageError(
+            raise StorageArgumentError(
                 f"{str(ref)!r}: dims {dims!r} must be {len(shape)} distinct names for shape {shape}"
             )
         bad = conflict(dims)
         if bad:
-            raise StorageError(
+            raise StorageArgumentError(
                 f"{str(ref)!r}: dimension {bad[0]!r} would have size {bad[1]}, but member "
                 f"{bad[3]!r} of the same group uses it with size {bad[2]}; xarray needs one "
                 "size per dimension name; pass other dims="

@@ -15,7 +15,7 @@ from zarr.core.sync import collect_aiterator, sync
 from zarr.errors import ArrayNotFoundError
 from zarr.storage import LocalStore
 
-from ..errors import StorageError
+from ..errors import StorageArgumentError, StorageArgumentTypeError, StorageError
 
 ATTR_KEY = "tilearray"
 
@@ -160,7 +160,8 @@ def check_name(name: str | None) -> str:
     if name is None:
         return ""
     if not isinstance(name, str):
-        raise StorageError(f"member name must be a string, got {type(name).__name__} {name!r}")
+        raise StorageArgumentTypeError(
+            f"member name must be a string, got {type(name).__name__} {name!r}")
     if name == "":
         return ""
     if name.startswith("/"):
@@ -174,7 +175,7 @@ def check_name(name: str | None) -> str:
         why = "it uses a name Zarr or tilearray keeps for its own keys"
     else:
         return name
-    raise StorageError(
+    raise StorageArgumentError(
         f"bad member name {name!r}: {why}; use a relative path such as 'x' or 'sub/x'"
     )
 

@@ -11,8 +11,8 @@ import dask
 import psutil
 
 from ... import _config
-from ...errors import ClusterError
-from ..plan.types import Budget, _positive_int, check_worker_memory
+from ...errors import ClusterArgumentError, ClusterArgumentTypeError, ClusterError
+from ..plan.types import Budget, check_worker_memory
 from .spawn import _GUARD, _choose_processes
 
 
@@ -25,27 +25,27 @@ def check_arguments(n_workers, threads_per_worker, memory_per_worker, client, pr
         for arg, v in (("n_workers", n_workers), ("threads_per_worker", threads_per_worker),
                        ("adaptive", adaptive)):
             if v is not None:
-                raise ClusterError(
+                raise ClusterArgumentError(
                     f"{arg}={v!r} sizes the embedded LocalCluster; it cannot be used with "
                     "client= (scale an existing cluster with its own tools, e.g. "
                     "cluster.adapt())")
     if processes not in (None, True, False):
-        raise ClusterError(f"processes={processes!r} must be True, False or None (default: "
+        raise ClusterArgumentTypeError(f"processes={processes!r} must be True, False or None (default: "
                            "worker processes where this script allows them)")
     threads = 1 if threads_per_worker is None else \
-        _positive_int(threads_per_worker, "threads_per_worker", ClusterError)
+        _config.positive_int_arg(threads_per_worker, "threads_per_worker", ClusterArgumentError)
     if n_workers is not None:
-        _positive_int(n_workers, "n_workers", ClusterError)
+        _config.positive_int_arg(n_workers, "n_workers", ClusterArgumentError)
     if memory_per_worker is not None:
         memory_per_worker = check_worker_memory(memory_per_worker, threads,
-                                                error=ClusterError)
+                                                error=ClusterArgumentError)
     if adaptive is not None:
         try:
             lo, hi = (int(v) for v in adaptive)
         except (TypeError, ValueError):
             lo, hi = -1, -1
         if not 0 <= lo <= hi or hi < 1:
-            raise ClusterError(f"adaptive=(minimum, maximum) needs 0 <= minimum <= maximum "
+            raise ClusterArgumentError(f"adaptive=(minimum, maximum) needs 0 <= minimum <= maximum "
                                f"and maximum >= 1, got adaptive={adaptive!r}")
     return threads, memory_per_worker, (None if adaptive is None else (lo, hi))
 

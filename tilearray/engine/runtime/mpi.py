@@ -75,7 +75,7 @@ import sys
 import threading
 import time
 
-from ...errors import ClusterError
+from ...errors import ClusterArgumentError, ClusterError
 from . import context
 from .mpi_ranks import (
     _barrier,
@@ -362,7 +362,8 @@ def start(engine_cls, memory_per_worker=None, threads_per_worker=1, nanny=True,
     from .local import default_memory
     from .plugins import BlasLimit, QuietClosedScheduler
 
-    mem = _config.parse_bytes_arg(memory_per_worker, "memory_per_worker", ClusterError) \
+    mem = _config.parse_bytes_arg(memory_per_worker, "memory_per_worker",
+                                  ClusterArgumentError) \
         if memory_per_worker is not None else default_memory(local_workers)
     blas_env = {k: blas for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
     dask.config.set({
