@@ -260,9 +260,6 @@ class ArrayRef:
         buf = sync(self.store.get(self._key(key), default_buffer_prototype()))
         return None if buf is None else buf.to_bytes()
 
-    def delete_key(self, key: str) -> None:
-        sync(self.store.delete(self._key(key)))
-
     def has_key(self, key: str) -> bool:
         return sync(self.store.exists(self._key(key)))
 
