@@ -81,11 +81,11 @@ def test_engine_argument_errors_are_value_or_type_errors(no_cluster, kwargs, kin
         ta.Engine(client=object(), n_workers=2)  # sizing arguments with client=
 
 
-def test_argument_errors_of_budget_constructors_to_zarr_and_linalg(tmp_path):
+def test_argument_errors_of_budget_constructors_to_zarr_and_linalg(thread_engine, tmp_path):
     """Issue 30, item 4: wherever the user passes a bad value, the error is a
     ValueError (or TypeError) and still its area's tilearray error."""
     a = ta.from_numpy(np.ones((8, 8)), tmp_path / "a.zarr", tile=(4, 4))
-    p = tmp_path / "o.zarr"
+    p, eng = tmp_path / "o.zarr", thread_engine  # never a default engine started here
     cases = [
         (lambda: ta.Budget(-1), ValueError, ta.PlanningError),
         (lambda: ta.Budget([1]), TypeError, ta.PlanningError),
@@ -99,9 +99,9 @@ def test_argument_errors_of_budget_constructors_to_zarr_and_linalg(tmp_path):
         (lambda: ta.from_numpy(np.ones((3, 3)), p, name=5), TypeError, ta.StorageError),
         (lambda: ta.from_numpy(np.ones((3, 3)), p, dims=("r", "r")), ValueError,
          ta.StorageError),
-        (lambda: (a * 2).to_zarr(p, name="a/../b"), ValueError, ta.StorageError),
-        (lambda: (a * 2).to_zarr(p, tile=(0, 4)), ValueError, ta.PlanningError),
-        (lambda: (a * 2).to_zarr(p, dims=("x",)), ValueError, ta.StorageError),
+        (lambda: (a * 2).to_zarr(p, name="a/../b", engine=eng), ValueError, ta.StorageError),
+        (lambda: (a * 2).to_zarr(p, tile=(0, 4), engine=eng), ValueError, ta.PlanningError),
+        (lambda: (a * 2).to_zarr(p, dims=("x",), engine=eng), ValueError, ta.StorageError),
         (lambda: ta.linalg.norm(a, axis="rows"), TypeError, ta.PlanningError),
         (lambda: ta.linalg.norm(a, axis=5), ValueError, ta.PlanningError),
         (lambda: ta.linalg.norm(a, ord="bad"), ValueError, ta.PlanningError),
