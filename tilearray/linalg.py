@@ -9,7 +9,7 @@ from dask.base import tokenize
 from .engine.array import TiledArray
 from .engine.expr.nodes import TSQR, Constant, Elemwise
 from .engine.expr.ops import HANDLED, _elemwise, _reduce
-from .errors import PlanningError
+from .errors import PlanningArgumentTypeError, PlanningError
 from .graphs.linalg import result_dtype
 
 # -- TSQR: QR, SVD, least squares of tall-skinny matrices -------------------------------------
@@ -202,7 +202,8 @@ def norm(x: TiledArray, ord=None, axis=None, keepdims=False) -> TiledArray:
     Raises
     ------
     PlanningError
-        An unsupported ``ord``.
+        An unsupported ``ord`` or a bad ``axis`` (a ``ValueError``; an
+        ``axis`` that is not integers is a ``TypeError`` too).
 
     Examples
     --------
@@ -259,8 +260,8 @@ def _norm_axes(axis, ndim: int) -> tuple:
     if not isinstance(axis, tuple | list):
         axis = (axis,)
     if not all(isinstance(i, int | np.integer) and not isinstance(i, bool) for i in axis):
-        raise PlanningError(f"norm: axis must be None, an integer or a tuple of integers, "
-                            f"got {axis!r}")
+        raise PlanningArgumentTypeError(f"norm: axis must be None, an integer or a tuple of "
+                                        f"integers, got {axis!r}")
     if not all(-ndim <= i < ndim for i in axis):
         raise PlanningError(f"norm: axis {axis!r} is out of bounds for a {ndim}-D array")
     axes = tuple(int(i) % ndim for i in axis)
