@@ -214,9 +214,10 @@ class TiledArray(Interop, LazyArray):
     def __repr__(self) -> str:
         n = self._node
         if isinstance(n, Source):
-            g = n.grid
-            return (f"<TiledArray {str(n.ref)!r} shape={g.shape} dtype={n.dtype} tile={g.tile}"
-                    f" unit={g.unit} grid={g.tile_grid} ({format_bytes(self.nbytes)})>")
+            g, k = n.grid, len(n.shape)  # a vector's grid is the column (n, 1)
+            return (f"<TiledArray {str(n.ref)!r} shape={self.shape} dtype={n.dtype} "
+                    f"tile={g.tile[:k]} unit={g.unit[:k]} grid={g.tile_grid[:k]} "
+                    f"({format_bytes(self.nbytes)})>")
         return f"<TiledArray lazy {n} shape={self.shape} dtype={self.dtype}>"
 
     def _repr_html_(self) -> str:
