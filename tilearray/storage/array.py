@@ -163,8 +163,8 @@ def not_a_matrix_message(ref: ArrayRef, arr: zarr.Array) -> str:
                f"xarray.open_zarr({where!r})[{member!r}]")
     else:
         how = f"zarr.open_array({root!r})[...]"
-    return (f"{str(ref)!r} is a {arr.ndim}-D array of shape {arr.shape}, not a 2-D matrix: "
-            f"TiledArrays are 2-D; read it into memory with {how}")
+    return (f"{str(ref)!r} is a {arr.ndim}-D array of shape {arr.shape}: TiledArrays are "
+            f"1-D or 2-D; read it into memory with {how}")
 
 
 def check_output_complete(ref: ArrayRef, arr: zarr.Array) -> None:
