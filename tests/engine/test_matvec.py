@@ -30,28 +30,32 @@ def _check(expr, want, engine, precision=None):
 
 
 def test_products_with_numpy_operands_match_numpy(tmp_path, thread_engine, rng):
-    """Ragged tiles (13 x 7 over 101 x 45), f64 / f32 / int32 matrices, NaNs,
+    """Ragged tiles (13 x 7 over 61 x 30), f64 / f32 / int32 matrices, NaNs,
     vector and k=3 operands on either side, through a transpose, with
     elementwise ops fused into the read, K split (small blocks) or not."""
     for dtype in ("float64", "float32", "int32"):
-        x = (rng.standard_normal((101, 45)) * 10).astype(dtype)
+        x = (rng.standard_normal((61, 30)) * 10).astype(dtype)
         if dtype != "int32":
             x[3, 5] = np.nan
         X = ta.from_numpy(x, tmp_path / f"x-{dtype}.zarr", tile=(13, 7))
-        w, W = rng.standard_normal(45).astype(dtype), rng.standard_normal((45, 3))
-        v, V = rng.standard_normal(101), rng.standard_normal((101, 3)).astype(dtype)
+        w, W = rng.standard_normal(30).astype(dtype), rng.standard_normal((30, 3))
+        v, V = rng.standard_normal(61), rng.standard_normal((61, 3)).astype(dtype)
         prec = np.float32 if dtype == "float32" else None
         cases = [
             (X @ w, x @ w), (X @ W, x @ W), (v @ X, v @ x), (V.T @ X, V.T @ x),
             (X.T @ v, x.T @ v), (X.T @ V, x.T @ V), (w @ X.T, w @ x.T),
             ((X - X.mean(0)) @ w, (x - x.mean(0)) @ w), (np.sqrt(abs(X)) @ W, np.sqrt(abs(x)) @ W),
             (X.T @ (X @ w), x.T @ (x @ w)), (X @ X.mean(axis=0), x @ x.mean(axis=0)),
-            (X[10:90:2, 5:] @ w[5:], x[10:90:2, 5:] @ w[5:]),
+            (X[10:50:2, 5:] @ w[5:], x[10:50:2, 5:] @ w[5:]),
         ]
-        for blocks in ({}, SMALL_BLOCKS) if dtype == "float64" else (SMALL_BLOCKS,):
-            with dask.config.set(blocks):
-                for expr, want in cases:
-                    _check(expr, want, thread_engine, prec)
+        if dtype != "float64":  # the dtype matters to the kernel, not to the layout
+            cases = cases[:4]
+        with dask.config.set(SMALL_BLOCKS):
+            for expr, want in cases:
+                _check(expr, want, thread_engine, prec)
+        if dtype == "float64":  # blocks of whole rows: no K split
+            for expr, want in cases[:3]:
+                _check(expr, want, thread_engine, prec)
 
 
 def test_matrix_product_with_a_matrix_temporary(tmp_path, thread_engine, rng):
@@ -94,7 +98,7 @@ def test_operand_shapes_are_checked_as_numpy(tmp_path):
     assert (X.mean(0) @ X.mean(0)).shape == ()
 
 
-@settings(max_examples=25, deadline=None,
+@settings(max_examples=20, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture,
                                  HealthCheck.too_slow])
 @given(m=st.integers(1, 40), n=st.integers(1, 30), tr=st.integers(4, 16),
@@ -169,11 +173,11 @@ def test_user_script_pca_regression_power_iteration(tmp_path, engine):
     predictions and residuals, and a power iteration on X.T @ (X @ v), with
     tilearray alone; every plan's largest task under the budget."""
     rng = np.random.default_rng(30)
-    m, n = 20_000, 24
+    m, n = 6000, 24
     x = rng.standard_normal((m, n)) @ np.diag(np.linspace(3, 0.5, n))
     beta_true = rng.standard_normal(n)
     yv = x @ beta_true + 0.1 * rng.standard_normal(m)
-    X = ta.from_numpy(x, tmp_path / "x.zarr", tile=(1500, 10))
+    X = ta.from_numpy(x, tmp_path / "x.zarr", tile=(700, 10))
     y = ta.from_numpy(yv, tmp_path / "y.zarr", tile=2048)
     budget = engine.budget()
     with dask.config.set({"tilearray.map.block-bytes": 2**18}):
@@ -193,7 +197,7 @@ def test_user_script_pca_regression_power_iteration(tmp_path, engine):
         assert_close(resid.compute(), yv - x @ beta, scale=np.abs(yv).max())
         # power iteration
         v, vn = np.ones(n), np.ones(n)
-        for _ in range(6):
+        for _ in range(3):
             v = (X.T @ (X @ v)).compute()
             v /= np.linalg.norm(v)
             vn = x.T @ (x @ vn)
