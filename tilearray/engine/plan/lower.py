@@ -30,8 +30,7 @@ from ...graphs import elemwise as gel
 from ...graphs.emit import Tasks, barrier, constant
 from ...graphs.spec import Const, Dep, Op, Read, Slice, Trans, leaves
 from ...storage import ArrayRef, Grid
-from ...storage.io import store_small
-from ...storage.io import read_vector
+from ...storage.io import read_vector, store_small
 from ..expr.nodes import (
     Constant,
     Elemwise,

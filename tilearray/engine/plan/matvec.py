@@ -25,8 +25,16 @@ from ...graphs.blocks import intervals, max_interval, tree
 from ...graphs.emit import Tasks
 from ..expr.nodes import MatVec, Transpose
 from . import layout
-from .memory import BlockTask, as_rss, block_peak, combine_peak, op_temporaries, per_element
-from .memory import read_flight, write_flight
+from .memory import (
+    BlockTask,
+    as_rss,
+    block_peak,
+    combine_peak,
+    op_temporaries,
+    per_element,
+    read_flight,
+    write_flight,
+)
 from .sizing import DoesNotFit, all_done, short
 from .types import Budget, Output, Stage
 
