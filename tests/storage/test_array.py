@@ -82,9 +82,9 @@ def test_damaged_metadata_names_the_array(tmp_path, rng, cut, name):
     assert where in str(e.value)
 
 
-def test_open_not_2d_names_shape(tmp_path):
-    zarr.create_array(tmp_path / "v.zarr", shape=(10,), chunks=(5,), dtype="f8")
-    with pytest.raises(ta.StorageError, match=r"\(10,\)"):
+def test_open_not_1d_or_2d_names_shape(tmp_path):
+    zarr.create_array(tmp_path / "v.zarr", shape=(10, 2, 3), chunks=(5, 2, 3), dtype="f8")
+    with pytest.raises(ta.StorageError, match=r"\(10, 2, 3\).*1-D or 2-D"):
         ta.open(tmp_path / "v.zarr")
 
 
