@@ -159,6 +159,41 @@ def test_incomplete_output_of_an_expression_says_resume(tmp_path):
         ta.open(tmp_path / "o.zarr")
 
 
+def test_incomplete_output_whose_input_changed_says_overwrite_not_resume(tmp_path, rng):
+    """A half-written output whose recorded input changed since its job
+    started: a resume would be refused (the fingerprint covers the inputs),
+    so the advice is overwrite=True, naming the input; with the input
+    unchanged it stays resume=True."""
+    from tilearray.storage.array import files_state, mark_unit_done, record_inputs
+
+    x = ta.from_numpy(rng.standard_normal((8, 8)), tmp_path / "x.zarr", tile=(4, 4))
+    ref = ArrayRef.from_location(tmp_path / "o.zarr")
+    create(ref.store, (40, 40), "f8", (16, 16),
+           attributes={"tilearray": {"fingerprint": "f" * 32}})
+    xp = str(tmp_path / "x.zarr")
+    record_inputs(ref, {xp: (xp, files_state(xp))})
+    mark_unit_done(ref, 0, 0)
+    with pytest.raises(ta.IncompleteOutputError) as e:
+        ta.open(tmp_path / "o.zarr")
+    assert str(e.value) == (
+        f"{str(ref)!r} is an incomplete tilearray output: 8 of 9 I/O units were never written "
+        "(the job that wrote it stopped early). Rerun the same expression with "
+        "to_zarr(..., resume=True) to finish it, or open it with allow_incomplete=True to "
+        "inspect it.")
+    ta.from_numpy(np.ones((8, 8)), tmp_path / "x.zarr", tile=(4, 4), overwrite=True)
+    with pytest.raises(ta.IncompleteOutputError) as e:
+        ta.open(tmp_path / "o.zarr")
+    assert str(e.value) == (
+        f"{str(ref)!r} is an incomplete tilearray output: 8 of 9 I/O units were never written "
+        f"(the job that wrote it stopped early). Its input {xp!r} was modified since the job "
+        "started, so a resume would be refused: rerun the expression with overwrite=True to "
+        "compute it again, or open it with allow_incomplete=True to inspect it.")
+    shutil.rmtree(xp)
+    with pytest.raises(ta.IncompleteOutputError, match=f"Its input {xp!r} was deleted"):
+        ta.open(tmp_path / "o.zarr")
+    assert x.shape == (8, 8)
+
+
 def test_misaligned_write_refused(tmp_path):
     ref = ArrayRef.from_location(tmp_path / "o.zarr")
     create(ref.store, (40, 40), "f8", (16, 16), shard=(32, 32))

@@ -10,7 +10,7 @@ import os
 import numpy as np
 from dask.base import tokenize
 
-from ..errors import StorageError
+from ..errors import ArgumentError, StorageArgumentError, StorageError
 from ..graphs import elemwise as gel
 from ..storage import ArrayRef, create, grid_of, int_pair, locks, mark_complete
 from ..storage import array as sarray
@@ -70,8 +70,9 @@ def _new_array(path, name, shape, dtype, tile, shard, overwrite, dims):
     vector = isinstance(shape, tuple) and len(shape) == 1
     shape = int_pair((*shape, 1)) if vector else int_pair(shape)
     if shape is None or min(shape) < 0:  # before anything is created
-        raise StorageError(f"{str(ref)!r}: shape must be 2 non-negative integers (or one, "
-                           f"for a vector), got {given!r}")
+        raise StorageArgumentError(
+            f"{str(ref)!r}: shape must be 2 non-negative integers (or one, for a vector), "
+            f"got {given!r}")
     shape = shape[:1] if vector else shape
     sarray.check_parents(ref)  # inside an array or a v2 group: refused before the lock's file
     if existing_array(ref) is None and has_data(ref) and not abandoned(ref, overwrite):
@@ -107,7 +108,7 @@ def from_numpy(arr, path, *, name="", dims=None, tile=(1024, 1024), shard=None,
                overwrite=False) -> TiledArray:
     arr = np.asarray(arr)
     if arr.ndim not in (1, 2):
-        raise StorageError(f"from_numpy needs a 1-D or 2-D array, got shape {arr.shape}")
+        raise StorageArgumentError(f"from_numpy needs a 1-D or 2-D array, got shape {arr.shape}")
     from ..storage import write_block
 
     if arr.ndim == 1 and tile == (1024, 1024):
@@ -141,8 +142,9 @@ from_numpy.__doc__ = f"""Write a 1-D or 2-D NumPy array to Zarr v3 and return it
     Raises
     ------
     StorageError
-        Not 2-D, unsupported dtype, bad tile/shard, or something is already
-        at the target (without ``overwrite``).
+        Not 2-D, unsupported dtype, bad tile/shard (these are also
+        ``ValueError``), or something is already at the target (without
+        ``overwrite``).
 
     Examples
     --------
@@ -152,7 +154,7 @@ from_numpy.__doc__ = f"""Write a 1-D or 2-D NumPy array to Zarr v3 and return it
 
 def _check_seed(seed) -> int:
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
-        raise ValueError(f"seed={seed!r} must be a non-negative integer (0 or more); "
+        raise ArgumentError(f"seed={seed!r} must be a non-negative integer (0 or more); "
                          "nothing was written")
     return int(seed)
 
@@ -253,9 +255,9 @@ def from_dask(x, path, *, name="", dims=None, overwrite=False, shard=None) -> Ti
                 "dask.array.from_array(x)") if isinstance(x, np.ndarray) else ""
         raise TypeError(f"from_dask needs a dask array, got {type(x).__name__}{hint}")
     if x.ndim != 2:
-        raise StorageError(f"from_dask needs a 2-D dask array, got shape {x.shape}")
+        raise StorageArgumentError(f"from_dask needs a 2-D dask array, got shape {x.shape}")
     if any(math.isnan(c) for cs in x.chunks for c in cs):
-        raise StorageError(
+        raise StorageArgumentError(
             f"from_dask: the dask array has unknown (NaN) chunk sizes {x.chunks} (e.g. after "
             "boolean indexing); call x.compute_chunk_sizes() first (it computes x once), then "
             "pass it again")

@@ -157,6 +157,30 @@ class Reduce(Node):
         return f"{_paren(self.x)}.{self.op}(axis={self.axis}{extra})"
 
 
+@dataclass(frozen=True, eq=False)
+class TSQR(Node):
+    """A result of the TSQR of a tall-skinny ``x`` (or of ``[x | y]``):
+    ``part`` "R", "Q" (stored, ``m x r``), "s", "U" (stored), "Vt" of the thin
+    SVD, or "lstsq" (NumPy's tuple, ``y`` the right-hand sides). Every part
+    but Q and U is small (in memory)."""
+
+    x: Node = None
+    part: str = "R"
+    y: Node | None = None
+    options: tuple = ()
+    """Sorted ``(name, value)`` pairs: ``rcond``, ``vector`` (lstsq)."""
+
+    @property
+    def small(self) -> bool:
+        return self.part not in ("Q", "U")
+
+    def __str__(self) -> str:
+        what = {"R": "qr(%s).R", "Q": "qr(%s).Q", "s": "svd(%s).s", "U": "svd(%s).U",
+                "Vt": "svd(%s).Vt", "lstsq": "lstsq(%s)"}[self.part]
+        arg = str(self.x) if self.y is None else f"{self.x}, {self.y}"
+        return what % arg
+
+
 _SYMBOLS = {
     "add": "+", "subtract": "-", "multiply": "*", "true_divide": "/", "divide": "/",
     "floor_divide": "//", "power": "**", "mod": "%", "less": "<", "less_equal": "<=",
@@ -214,7 +238,7 @@ def sources(node):
     """The stored arrays an expression reads (``Source`` leaves; repeats kept)."""
     if isinstance(node, Source):
         yield node
-    for child in ("x", "a", "b", "w"):
+    for child in ("x", "a", "b", "y", "w"):
         c = getattr(node, child, None)
         if isinstance(c, Node):
             yield from sources(c)
@@ -229,11 +253,11 @@ def structure(x):
     if isinstance(x, Node):
         fields = [type(x).__name__, tuple(x.shape), str(np.dtype(x.dtype))]
         for name in ("ref", "start", "step", "name", "op", "axis", "keepdims", "ddof", "token",
-                     "side"):
+                     "part", "options", "side"):
             if hasattr(x, name):
                 v = getattr(x, name)
                 fields.append((name, str(v) if name == "ref" else v))
-        for name in ("x", "a", "b", "w"):
+        for name in ("x", "a", "b", "y", "w"):
             if isinstance(getattr(x, name, None), Node):
                 fields.append(structure(getattr(x, name)))
         if isinstance(x, Elemwise):

@@ -32,6 +32,7 @@ from ...graphs.spec import Const, Dep, Op, Read, Slice, Trans, leaves
 from ...storage import ArrayRef, Grid
 from ...storage.io import read_vector, store_small
 from ..expr.nodes import (
+    TSQR,
     Constant,
     Elemwise,
     MatMul,
@@ -48,6 +49,7 @@ from .matmul import lower_matmul
 from .matvec import lower_matvec, oriented
 from .reduce import fusable_groups, lower_empty_reduce, lower_reduce, unshifted
 from .sizing import DoesNotFit, leaf_tile
+from .tsqr import lower_tsqr
 from .types import Budget, Create, Output, Plan, Stage
 
 
@@ -108,6 +110,7 @@ class Planner:
         self._read_leaves: set = set()  # stored arrays read by the stages so far
         self._covers: dict = {}  # small key -> keys whose stats its result carries
         self._dep_keys: list = []  # small keys big tasks read as operands
+        self._stats_only: list = []  # keys stages gather for their figures only
         self.run_id = uuid.uuid4().hex
 
     # -- records ----------------------------------------------------------------
@@ -121,6 +124,8 @@ class Planner:
         stage = dataclasses.replace(stage, description=stage.description + note,
                                     work=loose + stage.work, tasks=len(loose) + stage.tasks)
         self.stages.append(stage)
+        self._stats_only += [k for o in stage.outputs.values() if o.kind == "stats"
+                             for k in o.keys]
         return stage
 
     def finish(self) -> None:
@@ -154,7 +159,7 @@ class Planner:
         if isinstance(node, Elemwise) and not node.small:
             return Op(node.name, tuple(self._arg(a, deps, node.shape) for a in node.args),
                       node.kwargs)
-        if isinstance(node, MatMul | MatVec) and node.ndim == 2:
+        if isinstance(node, MatMul | TSQR) or (isinstance(node, MatVec) and node.ndim == 2):
             read, wait = self._materialise(node)
             self._depend(wait, deps)  # wait for every block of the temporary
             return read
@@ -174,22 +179,26 @@ class Planner:
             return self.spec(a, deps)
         return Dep(self._depend(self.small(a), deps), _dep_kind(a.shape, shape))
 
-    def _materialise(self, node: MatMul) -> tuple:
-        """A matmul inside another expression: computed into a temporary array
-        first; returns its ``Read`` and the key of the barrier after its blocks."""
+    def _materialise(self, node: MatMul | TSQR) -> tuple:
+        """A matmul (or a TSQR's Q / U) inside another expression: computed
+        into a temporary array first; returns its ``Read`` and the key of the
+        barrier after its blocks."""
         if id(node) in self._temps:
             return self._temps[id(node)]
         # unique per run: concurrent runs never share (or delete) a temporary
         token = tokenize(structure(node), self.run_id)
         base = _config.get("temporary-directory") or tempfile.gettempdir()
         ref = ArrayRef.from_location(os.path.join(base, f"tilearray-tmp-{token}.zarr"))
-        if isinstance(node, MatVec):
-            tile = (leaf_tile(node.a, 0), node.shape[1])
-        else:
+        if isinstance(node, MatMul):
             tile = (leaf_tile(node.a, 0), leaf_tile(node.b, 1))
+        elif isinstance(node, MatVec):
+            tile = (leaf_tile(node.a, 0), max(node.shape[1], 1))
+        else:
+            tile = (leaf_tile(node.x, 0), max(node.shape[1], 1))
         self.creates.append(Create(ref, node.shape, node.dtype, tile, None, temporary=True))
         grid = Grid.regular(node.shape, tile)
-        stage = (self.matvec if isinstance(node, MatVec) else self.matmul)(node, ref, grid)
+        lowering = {MatMul: self.matmul, MatVec: self.matvec}.get(type(node), self.tsqr)
+        stage = lowering(node, ref, grid)
         wait = self._loose.add("barrier-" + token, barrier, *stage.outputs["result"].keys)
         self._temps[id(node)] = (Read(ref, grid, np.dtype(node.dtype)), wait)
         return self._temps[id(node)]
@@ -217,6 +226,20 @@ class Planner:
             value = True  # compute(): joined in one task
         return self.add(lower_matvec(node, spec, w_index, deps, self.budget, out, out_grid,
                                      skip, value), spec, deps)
+
+    def tsqr(self, node: TSQR, out=None, out_grid=None, skip=frozenset()) -> Stage:
+        """The TSQR stages of ``node`` over ``[x | y]`` (``y`` stored, or a small
+        in-memory operand split by rows); returns the last."""
+        deps: list = []
+        specs, widths = [self.spec(node.x, deps)], [node.x.shape[1]]
+        if node.y is not None:
+            y = node.y
+            specs.append(self.spec(y, deps) if not y.small
+                         else Dep(self._depend(self.small(y), deps), "block"))
+            widths.append(y.shape[1])
+        for stage in lower_tsqr(node, specs, widths, deps, self.budget, out, out_grid, skip):
+            last = self.add(stage)
+        return last
 
     def map(self, node: Node, out=None, out_grid=None, skip=frozenset()) -> Stage:
         deps: list = []
@@ -259,6 +282,8 @@ class Planner:
             key = self._loose.add("const-" + node.token, constant, node.value)
         elif isinstance(node, Reduce) and not node.x.small and node.x.ndim == 2:
             key = self._reduce(self._unshifted(node))
+        elif isinstance(node, TSQR):
+            key = self.tsqr(node).outputs["R"].keys[0]
         elif isinstance(node, MatVec):
             key = self.matvec(node, value=True).outputs["0"].keys[0]
             self._covers[key] = {key}  # its tasks' stats, not its operand's
@@ -304,7 +329,8 @@ class Planner:
             else set()
         todo = [d for d in self._dep_keys if d not in covered]
         return [d for d in todo
-                if not any(d in self._covers.get(e, ()) for e in todo if e != d)]
+                if not any(d in self._covers.get(e, ()) for e in todo if e != d)] + [
+            k for k in self._stats_only if k not in covered and k not in todo]
 
 
 def _dep_kind(small_shape: tuple, shape: tuple) -> str:
@@ -353,8 +379,7 @@ def _lower(node, budget, out, out_grid, skip) -> Plan:
         last = p.add(lower_store_small(node, key, out) if out is not None else result_stage(node))
         result = last.outputs.get("result", Output("value", (key,)))
     else:
-        lowering = p.matmul if isinstance(node, MatMul) else \
-            p.matvec if isinstance(node, MatVec) else p.map
+        lowering = {MatMul: p.matmul, TSQR: p.tsqr, MatVec: p.matvec}.get(type(node), p.map)
         stage = lowering(node, out, out_grid, skip)
         result = stage.outputs.get("result") or stage.outputs["0"]
         p.finish()

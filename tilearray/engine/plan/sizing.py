@@ -11,6 +11,7 @@ from ...errors import PlanningError
 from ...graphs.blocks import group_edges
 from ...storage import Grid, int_pair
 from ..expr.nodes import (
+    TSQR,
     Elemwise,
     MatMul,
     MatVec,
@@ -164,6 +165,8 @@ def leaf_tile(node, axis: int, default: int = 1024) -> int:
         return leaf_tile(node.a if axis == 0 else node.b, axis, default)
     if isinstance(node, MatVec):
         return leaf_tile(node.a, axis, default) if axis == 0 else default
+    if isinstance(node, TSQR):  # Q, U: the rows of X, every column in one tile
+        return leaf_tile(node.x, 0, default) if axis == 0 else max(node.shape[1], 1)
     if isinstance(node, Elemwise):
         for a in node.args:
             if isinstance(a, Node) and not a.small:
