@@ -206,8 +206,9 @@ def _info_other(path: str, full: str, z, as_json: bool, first: bool) -> None:
         status = "yes" if meta else "yes (not written by tilearray)"
     else:
         status = "NO: its job did not finish; rerun it"
-    print(f"{z.ndim}-D Zarr array (not a TiledArray: read it with "
-          f"zarr.open_array({full!r})[...])")
+    how = "a 1-D TiledArray with ta.open, or read it" if z.ndim == 1 else \
+        "not a TiledArray: read it"
+    print(f"{z.ndim}-D Zarr array ({how} with zarr.open_array({full!r})[...])")
     print(f"  path:        {path}")
     print(f"  shape:       {shape}")
     print(f"  dtype:       {z.dtype} (Zarr v{info['zarr_format']})")

@@ -30,7 +30,7 @@ from ..storage.commit import (
 )
 from ..storage.ref import check_task_writable
 from . import runtime
-from .expr.nodes import TSQR, Source, derive_dims, sources, structure
+from .expr.nodes import TSQR, Source, derive_dims, is_big_vector, sources, structure
 from .plan.lower import lower
 from .plan.sizing import output_grid
 from .plan.types import Plan
@@ -353,7 +353,7 @@ def write(x, path, tile, shard, overwrite, resume, engine, name="", dims=None):
     sarray.check_parents(ref)  # inside an array or a Zarr v2 group: refused before any work
     check_task_writable(ref)  # workers could not write into a MemoryStore of this process
     check_target(ref, node)
-    small = node.small or node.ndim != 2
+    small = node.small or (node.ndim != 2 and not is_big_vector(node))
     job = SmallJob(ref, node, dims, overwrite, resume) if small else \
         MatrixJob(ref, node, tile, shard, dims, overwrite, resume)
     if small:  # refused before the engine starts, as a matrix's target is

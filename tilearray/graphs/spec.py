@@ -73,6 +73,7 @@ class Op:
 
 _FUNCS = {
     "astype": lambda x, dtype: x.astype(dtype, copy=False),
+    "getitem": lambda x, key: x[key],
     "where": np.where,
     "clip": np.clip,
     "slice2d": lambda x, start, step, shape: x[

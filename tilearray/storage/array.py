@@ -63,8 +63,12 @@ SUPPORTED_KINDS = "biuf"  # bool, signed/unsigned integers, floats
 
 
 def grid_of(arr: zarr.Array) -> Grid:
-    """The tile / I/O-unit grid of an opened 2-D Zarr array (v2 or v3)."""
+    """The tile / I/O-unit grid of an opened 2-D Zarr array (v2 or v3); a 1-D
+    array of length n is seen as the column ``(n, 1)``."""
     shards = arr.shards
+    if arr.ndim == 1:
+        return Grid.regular((arr.shape[0], 1), (arr.chunks[0], 1),
+                            None if shards is None else (shards[0], 1))
     return Grid.regular(arr.shape, arr.chunks, shards, streams_rows(arr))
 
 
@@ -125,7 +129,7 @@ def open_array(
         raise StorageError(
             f"cannot read the metadata of {loc!r} (zarr.json / .zarray): {type(e).__name__}: "
             f"{e} — the file is damaged or cut short (a copy that ran out of space?)") from e
-    if arr.ndim != 2:
+    if arr.ndim not in (1, 2):
         raise StorageError(not_a_matrix_message(ref, arr))
     check_dtype(arr.dtype, loc)
     if check_complete:
@@ -164,8 +168,8 @@ def not_a_matrix_message(ref: ArrayRef, arr: zarr.Array) -> str:
                f"xarray.open_zarr({where!r})[{member!r}]")
     else:
         how = f"zarr.open_array({root!r})[...]"
-    return (f"{str(ref)!r} is a {arr.ndim}-D array of shape {arr.shape}, not a 2-D matrix: "
-            f"TiledArrays are 2-D; read it into memory with {how}")
+    return (f"{str(ref)!r} is a {arr.ndim}-D array of shape {arr.shape}: TiledArrays are "
+            f"1-D or 2-D; read it into memory with {how}")
 
 
 def check_output_complete(ref: ArrayRef, arr: zarr.Array) -> None:
@@ -307,6 +311,12 @@ def create(
     ref = ArrayRef.from_location(where, path)
     loc = str(ref)
     check_parents(ref)
+    vector = _is_vector_shape(shape)
+    if vector:  # a 1-D array: planned as the column (n, 1)
+        shape = (shape[0], 1)
+        tile = (_first(tile), 1)
+        shard = None if shard is None else (_first(shard), 1)
+        dims = None if dims is None else ((dims,) if isinstance(dims, str) else tuple(dims))
     given, shape = shape, int_pair(shape)
     if shape is None or any(s < 0 for s in shape):
         raise StorageArgumentError(
@@ -332,6 +342,9 @@ def create(
         prepare_member(ref, replacing=bool(overwrite))
     if overwrite:
         overwrite = clear_for_overwrite(ref)
+    default_dims = ("row", "col")
+    if vector:
+        shape, tile, shard, default_dims = shape[:1], tile[:1], shard and shard[:1], ("row",)
     try:
         arr = zarr.create_array(
             ref.store,
@@ -342,7 +355,7 @@ def create(
             shards=shard,
             compressors=compressors,
             fill_value=0,
-            dimension_names=tuple(dims) if dims is not None else ("row", "col"),
+            dimension_names=tuple(dims) if dims is not None else default_dims,
             attributes=attrs,
             zarr_format=3,
             overwrite=overwrite,
@@ -357,6 +370,22 @@ def create(
     # an overwritten member leaves the group's listing until it is complete again
     refresh_consolidated(ref)
     return arr
+
+
+def _is_vector_shape(shape) -> bool:
+    try:
+        return len(shape) == 1
+    except TypeError:
+        return False
+
+
+def _first(block):
+    """The first entry of a tile / shard given for a 1-D array (an int, or a
+    tuple of one or two entries: ``(t,)`` or ``(t, 1)``)."""
+    try:
+        return block[0]
+    except (TypeError, IndexError):
+        return block
 
 
 def clear_for_overwrite(ref: ArrayRef) -> bool:
