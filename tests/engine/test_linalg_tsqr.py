@@ -198,3 +198,26 @@ def test_svd_factors_come_with_u_and_q_computes(thread_engine, tmp_path, rng):
     s2 = ta.linalg.svd(b, compute_uv=False)
     assert_close(s2.compute(), 2 * s_, scale=2 * s_[0])
     assert s2.stats.bytes_read == x.nbytes
+
+
+def test_randomized_svd_of_a_square_matrix(thread_engine, tmp_path, rng):
+    """svd_compressed / svd(k=): a 700 x 500 matrix of rank 12 plus 1e-8 noise
+    (tiles not dividing it): the top singular values to 1e-6 with power
+    iterations, U orthonormal, the same seed the same numbers."""
+    m, n, rank = 700, 500, 12
+    u0, _ = np.linalg.qr(rng.standard_normal((m, rank)))
+    v0, _ = np.linalg.qr(rng.standard_normal((n, rank)))
+    x = (u0 * np.linspace(10, 1, rank)) @ v0.T + 1e-8 * rng.standard_normal((m, n))
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(128, 96))
+    want = np.linalg.svd(x, compute_uv=False)[:8]
+    u, s, vt = ta.linalg.svd_compressed(a, 8, n_power_iter=2, seed=3)
+    assert s.shape == (8,) and vt.shape == (8, n) and u.shape == (m, 8)
+    assert np.abs(s / want - 1).max() < 1e-6
+    ua = u.compute()
+    assert_close(ua.T @ ua, np.eye(8), scale=4.0)
+    assert_close((ua * s) @ vt, (u0[:, :8] * np.linspace(10, 1, rank)[:8]) @ v0[:, :8].T,
+                 scale=10.0, precision=np.float32)
+    again = ta.linalg.svd(a, k=8, n_power_iter=2, seed=3, compute_uv=False)
+    assert np.array_equal(again, s)
+    with pytest.raises(ValueError, match="k=0"):
+        ta.linalg.svd_compressed(a, 0)

@@ -356,8 +356,7 @@ def write(x, path, tile, shard, overwrite, resume, engine, name="", dims=None):
     small = node.small or (node.ndim != 2 and not is_big_vector(node))
     job = SmallJob(ref, node, dims, overwrite, resume) if small else \
         MatrixJob(ref, node, tile, shard, dims, overwrite, resume)
-    if small:  # refused before the engine starts, as a matrix's target is
-        refusing(ref, job.inspect, input_states(node))
+    refusing(ref, job.inspect, input_states(node))  # refused before the engine starts
     engine = engine or runtime.current_engine()
     ran = commit(node, engine, job, f"-> {os.path.basename(str(ref))}")
     if small:
