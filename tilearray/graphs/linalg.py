@@ -102,40 +102,58 @@ def tile_edges(n: int, tile: int) -> list[tuple[int, int]]:
 # --------------------------------------------------------------------------
 
 @_single_threaded
-def qr_leaf(block, *, overwrite_block: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def qr_leaf(block, *, overwrite_block: bool = False, mode: str = "reduced"):
     """Economic Householder QR of one row block (LAPACK ``geqrf``/``orgqr``).
 
     ``block`` is ``m_i x n``; returns ``Q_i`` (``m_i x r_i``, orthonormal
     columns) and ``R_i`` (``r_i x n``, upper triangular/trapezoidal) with
     ``r_i = min(m_i, n)``: a block shorter than ``n`` gives a short R, which
-    stacks like any other. Dtype as :func:`result_dtype`.
+    stacks like any other. Dtype as :func:`result_dtype`. ``mode="r"``
+    returns ``R_i`` alone, skipping ``orgqr`` (about half the flops): all an
+    up-sweep for R, singular values or least squares needs.
 
-    Memory: LAPACK works on an F-ordered copy that becomes ``Q_i``, so the
-    block and ``Q_i``: ``2 m_i n b`` plus ``R_i`` and LAPACK's workspace
-    (about ``64 n b``). With ``overwrite_block``
-    and an F-ordered block of the computing dtype, ``Q_i`` is built in the
-    block's memory (``m_i n b``; the block is destroyed).
+    Memory: LAPACK works on an F-ordered copy that becomes ``Q_i`` (with
+    ``mode="r"``, whose top is R), so the block and the copy: ``2 m_i n b``,
+    plus ``R_i`` and LAPACK's workspace (at most about ``512 n b``). With
+    ``overwrite_block`` and an F-ordered block of the computing dtype, the
+    block's memory is used (``m_i n b``; the block is destroyed). NaN or inf
+    in the block propagate, as in NumPy.
     """
+    if mode not in ("reduced", "r"):
+        raise ValueError(f"mode must be 'reduced' or 'r', got {mode!r}")
     a = _float(block)
     m, n = a.shape
     if m == 0 or n == 0:
-        r = min(m, n)
-        return np.zeros((m, r), a.dtype), np.zeros((r, n), a.dtype)
+        r = np.zeros((min(m, n), n), a.dtype)
+        return r if mode == "r" else (np.zeros((m, min(m, n)), a.dtype), r)
     if not overwrite_block and np.shares_memory(a, block):
         a = a.copy(order="F")
+    if mode == "r":
+        return _geqrf_r(a)
     q, r = sla.qr(a, mode="economic", overwrite_a=True, check_finite=False)
     return q, r
 
 
-def qr_combine(r_list: Sequence[np.ndarray]) -> tuple[list[np.ndarray], np.ndarray]:
+def _geqrf_r(a: np.ndarray) -> np.ndarray:
+    """R of ``a`` (F-ordered, overwritten) by ``geqrf`` alone."""
+    geqrf = lapack.get_lapack_funcs("geqrf", (a,))
+    lwork = int(geqrf(a, lwork=-1, overwrite_a=1)[2][0])  # a query: a is not touched
+    qr, _, _, info = geqrf(a, lwork=max(lwork, 1), overwrite_a=1)
+    if info < 0:  # pragma: no cover - a bug in the arguments
+        raise ValueError(f"geqrf: illegal argument {-info}")
+    return np.triu(qr[:min(a.shape)])
+
+
+def qr_combine(r_list: Sequence[np.ndarray], *, mode: str = "reduced"):
     """QR of the children's R factors stacked on top of each other.
 
     Each ``R_c`` is ``r_c x n``; the stack is ``s x n`` with ``s = sum r_c``.
     Returns the stack's Q split back per child (``Q_c`` is ``r_c x r``, views
-    of one array) and the combined ``R`` (``r x n``, ``r = min(s, n)``).
+    of one array) and the combined ``R`` (``r x n``, ``r = min(s, n)``), or
+    ``R`` alone with ``mode="r"``.
     Memory: the children's R factors and the stack, which becomes Q, plus
-    R and LAPACK's workspace (about ``64 n b``): at most
-    ``2 s n b + 2 n^2 b + 64 n b`` (``s <= fan_in * n``).
+    R and LAPACK's workspace (at most about ``512 n b``): at most
+    ``2 s n b + 2 n^2 b + 512 n b`` (``s <= fan_in * n``).
     """
     rows = [r.shape[0] for r in r_list]
     n = r_list[0].shape[1]
@@ -143,6 +161,8 @@ def qr_combine(r_list: Sequence[np.ndarray]) -> tuple[list[np.ndarray], np.ndarr
     stack = np.empty((sum(rows), n), dtype, order="F")
     for r, lo in zip(r_list, np.cumsum([0] + rows[:-1]), strict=True):
         stack[lo:lo + r.shape[0]] = r
+    if mode == "r":
+        return qr_leaf(stack, overwrite_block=True, mode="r")
     q, r = qr_leaf(stack, overwrite_block=True)
     return np.split(q, np.cumsum(rows)[:-1]), r
 
@@ -220,6 +240,19 @@ def _root_normalized(leaf_qs, levels, r):
 
 
 @_single_threaded
+def tsqr_r(blocks: Sequence, fan_in: int = 2, *, normalize: bool = True) -> np.ndarray:
+    """In-memory reference R-only TSQR: leaves and combines in ``mode="r"``."""
+    if fan_in < 2:
+        raise ValueError(f"fan_in must be >= 2, got {fan_in}")
+    rs = [qr_leaf(b, mode="r") for b in blocks]
+    if not rs:
+        raise ValueError("tsqr needs at least one row block")
+    while len(rs) > 1:
+        rs = [qr_combine(rs[i:i + fan_in], mode="r") for i in range(0, len(rs), fan_in)]
+    return normalize_signs([], rs[0])[1] if normalize else rs[0]
+
+
+@_single_threaded
 def tsqr(blocks: Sequence, fan_in: int = 2, *, compute_q: bool = True,
          normalize: bool = True):
     """In-memory reference TSQR over row ``blocks`` with a tree of ``fan_in``.
@@ -227,13 +260,14 @@ def tsqr(blocks: Sequence, fan_in: int = 2, *, compute_q: bool = True,
     Returns ``(Q_blocks, R)``: ``Q_blocks[i]`` holds the rows of the reduced
     Q for ``blocks[i]`` (``m_i x r``), ``R`` is ``r x n`` with
     ``r = min(m, n)``, as ``numpy.linalg.qr(mode="reduced")``. With
-    ``normalize``, ``diag(R) >= 0``. ``compute_q=False`` returns ``(None, R)``.
+    ``normalize``, ``diag(R) >= 0``. ``compute_q=False`` returns ``(None, R)``
+    from :func:`tsqr_r`.
     """
+    if not compute_q:
+        return None, tsqr_r(blocks, fan_in, normalize=normalize)
     leaf_qs, levels, r = _tsqr_up(blocks, fan_in)
     if normalize:
         r = _root_normalized(leaf_qs, levels, r)
-    if not compute_q:
-        return None, r
     return _tsqr_down(leaf_qs, levels), r
 
 
@@ -263,9 +297,9 @@ def svd_from_r(r: np.ndarray, compute_uv: bool = True):
 @_single_threaded
 def svd_tsqr(blocks: Sequence, fan_in: int = 2, compute_uv: bool = True):
     """In-memory reference thin SVD through TSQR: ``(U_blocks, s, Vt)`` or ``s``."""
-    leaf_qs, levels, r = _tsqr_up(blocks, fan_in)
     if not compute_uv:
-        return svd_from_r(r, compute_uv=False)
+        return svd_from_r(tsqr_r(blocks, fan_in, normalize=False), compute_uv=False)
+    leaf_qs, levels, r = _tsqr_up(blocks, fan_in)
     u_r, s, vt = svd_from_r(r)
     return _tsqr_down(leaf_qs, levels, right=u_r), s, vt
 
@@ -457,7 +491,8 @@ def potrf(a_kk: np.ndarray, *, tile: tuple[int, int] = (0, 0), col0: int = 0) ->
     ``t x t`` lower-triangular ``L_kk`` (upper triangle zeroed). Raises
     :class:`~tilearray.errors.NotPositiveDefiniteError` naming ``tile`` and
     the global column ``col0 + j`` (``col0``: the tile's first column) whose
-    pivot is not positive. Memory: ``2 t^2 b``.
+    pivot is not positive. NaN propagates without an error, as in
+    ``numpy.linalg.cholesky``. Memory: ``2 t^2 b``.
     """
     a = _float(a_kk)
     potrf_ = lapack.get_lapack_funcs("potrf", (a,))

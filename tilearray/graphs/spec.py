@@ -160,7 +160,8 @@ class Dep:
     """A small array (vector or scalar) computed by dependency task ``index``.
 
     ``kind`` is "row" (broadcast along rows, length = n columns), "col"
-    (length = m rows) or "scalar".
+    (length = m rows), "scalar", or "block" (an ``m x k`` in-memory operand
+    sliced like the expression: the right-hand sides of a least squares).
     """
 
     index: int
@@ -178,6 +179,7 @@ class Op:
 
 _FUNCS = {
     "astype": lambda x, dtype: x.astype(dtype, copy=False),
+    "getitem": lambda x, key: x[key],
     "where": np.where,
     "clip": np.clip,
     "slice2d": lambda x, start, step, shape: x[
@@ -328,6 +330,8 @@ def evaluate(spec, rows: Range, cols: Range, deps: list, stats: IOStats, _seen=N
             return np.asarray(v).reshape(1, -1)[:, cols[0] : cols[1]]
         if spec.kind == "col":
             return np.asarray(v).reshape(-1, 1)[rows[0] : rows[1], :]
+        if spec.kind == "block":  # an in-memory operand of the expression's own shape
+            return np.asarray(v).reshape(len(v), -1)[rows[0] : rows[1], cols[0] : cols[1]]
         return v
     if isinstance(spec, Op):
         args = [evaluate(a, rows, cols, deps, stats, seen, max_bytes) for a in spec.args]

@@ -239,8 +239,11 @@ class LazyArray(ExprBase):
             Positions out of range, a mask of the wrong length.
         """
         n = self._node
+        if n.ndim == 1:
+            return self._vector_item(key)
         if n.ndim != 2:
-            raise PlanningError(f"indexing is supported on 2-D arrays, not shape {n.shape}")
+            raise PlanningError(f"indexing is supported on 1-D and 2-D arrays, not shape "
+                                f"{n.shape}")
         if not isinstance(key, tuple):
             key = (key,)
         if sum(k is Ellipsis for k in key) > 1:
@@ -265,6 +268,23 @@ class LazyArray(ExprBase):
             steps.append(step)
             shape.append(len(range(start, stop, step)))
         return type(self)(SliceNode(tuple(shape), n.dtype, n, tuple(starts), tuple(steps)))
+
+    def _vector_item(self, key) -> LazyArray:
+        """``v[a:b:c]``, ``v[:, None]`` (a column) or ``v[None, :]`` (a row) of
+        a 1-D array held in memory (a stored vector, a reduction's result)."""
+        n = self._node
+        key = key if isinstance(key, tuple) else (key,)
+        if not n.small:
+            raise PlanningError(f"indexing {n}: a 1-D product is not held in memory; "
+                                "store it with .to_zarr(path) and index ta.open(path)")
+        if sum(k is None for k in key) > 1 or len(key) - sum(k is None for k in key) > 1 \
+                or not all(k is None or isinstance(k, slice) for k in key):
+            raise PlanningError(f"a 1-D array takes one slice and at most one None (np.newaxis)"
+                                f", e.g. v[2:10], v[:, None]; got {key!r}")
+        shape = np.empty(n.shape, dtype=bool)[key].shape  # NumPy's own shape rules
+        if any(isinstance(k, slice) and (k.step or 1) < 0 for k in key):
+            raise PlanningError(f"slice step must be positive, got {key!r}")
+        return type(self)(Elemwise(shape, n.dtype, "getitem", (n,), (("key", key),)))
 
     # -- reductions -------------------------------------------------------------------
     def _reduce(self, op, axis=None, keepdims=False, ddof=0) -> LazyArray:

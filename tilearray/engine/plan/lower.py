@@ -43,14 +43,28 @@ from ...graphs.spec import (
     unit_edges,
 )
 from ...storage import ArrayRef, Grid
-from ...storage.io import store_small
+from ...storage.io import read_vector, store_small
 from ..expr import nodes as nd
-from ..expr.nodes import Constant, Elemwise, MatMul, Node, Reduce, SliceNode, Source, Transpose, structure
+from ..expr.nodes import (
+    TSQR,
+    Constant,
+    Elemwise,
+    MatMul,
+    MatVec,
+    Node,
+    Reduce,
+    SliceNode,
+    Source,
+    Transpose,
+    structure,
+)
 from .map import lower_map
 from .matmul import lower_matmul
+from .matvec import lower_matvec, oriented
 from .npfuncs import lower_diagonal, lower_quantile, lower_scan
 from .reduce import fusable_groups, lower_empty_reduce, lower_reduce, unshifted
 from .sizing import DoesNotFit, leaf_tile
+from .tsqr import lower_tsqr
 from .types import Budget, Create, Output, Plan, Stage
 
 
@@ -73,6 +87,18 @@ def lower_store_small(node: Node, key, target: ArrayRef) -> Stage:
     return Stage("store", f"a worker writes the {tuple(node.shape)} result into "
                  f"{str(target)!r}", 1, 0, 0, nbytes, work=work.freeze(),
                  outputs={"result": Output("store", (skey,))})
+
+
+def lower_load(node: Source) -> Stage:
+    """A stored 1-D array read whole by one task: a small operand like a
+    reduction's result (output ``"0"``)."""
+    key = "load-" + tokenize(str(node.ref), node.shape, str(node.dtype))
+    work = Tasks()
+    work.add(key, read_vector, node.ref, tuple(node.shape))
+    nbytes = int(np.prod(node.shape, dtype=np.int64)) * np.dtype(node.dtype).itemsize
+    return Stage("small", f"read {str(node.ref)!r} ({format_bytes(nbytes)}) into memory", 1,
+                 nbytes, nbytes, reads=1, store_gets=node.grid.n_units, work=work.freeze(),
+                 outputs={"0": Output("value", (key,))})
 
 
 def result_stage(node: Node) -> Stage:
@@ -99,6 +125,7 @@ class Planner:
         self._read_leaves: set = set()  # stored arrays read by the stages so far
         self._covers: dict = {}  # small key -> keys whose stats its result carries
         self._dep_keys: list = []  # small keys big tasks read as operands
+        self._stats_only: list = []  # keys stages gather for their figures only
         self.run_id = uuid.uuid4().hex
 
     # -- records ----------------------------------------------------------------
@@ -112,6 +139,8 @@ class Planner:
         stage = dataclasses.replace(stage, description=stage.description + note,
                                     work=loose + stage.work, tasks=len(loose) + stage.tasks)
         self.stages.append(stage)
+        self._stats_only += [k for name, o in stage.outputs.items()
+                             if o.kind == "stats" or name == "factors" for k in o.keys]
         return stage
 
     def finish(self) -> None:
@@ -145,7 +174,7 @@ class Planner:
         if isinstance(node, Elemwise) and not node.small:
             return Op(node.name, tuple(self._arg(a, deps, node.shape) for a in node.args),
                       node.kwargs)
-        if isinstance(node, MatMul | nd.Scan):
+        if isinstance(node, MatMul | TSQR | nd.Scan) or (isinstance(node, MatVec) and node.ndim == 2):
             read, wait = self._materialise(node)
             self._depend(wait, deps)  # wait for every block of the temporary
             return read
@@ -178,20 +207,28 @@ class Planner:
             return self.spec(a, deps)
         return Dep(self._depend(self.small(a), deps), _dep_kind(a.shape, shape))
 
-    def _materialise(self, node: MatMul) -> tuple:
-        """A matmul inside another expression: computed into a temporary array
-        first; returns its ``Read`` and the key of the barrier after its blocks."""
+    def _materialise(self, node: MatMul | TSQR) -> tuple:
+        """A matmul (or a TSQR's Q / U) inside another expression: computed
+        into a temporary array first; returns its ``Read`` and the key of the
+        barrier after its blocks."""
         if id(node) in self._temps:
             return self._temps[id(node)]
         # unique per run: concurrent runs never share (or delete) a temporary
         token = tokenize(structure(node), self.run_id)
         base = _config.get("temporary-directory") or tempfile.gettempdir()
         ref = ArrayRef.from_location(os.path.join(base, f"tilearray-tmp-{token}.zarr"))
-        tile = (leaf_tile(node.a, 0), leaf_tile(node.b, 1)) if isinstance(node, MatMul) \
-            else (leaf_tile(node, 0), leaf_tile(node, 1))
+        if isinstance(node, MatMul):
+            tile = (leaf_tile(node.a, 0), leaf_tile(node.b, 1))
+        elif isinstance(node, MatVec):
+            tile = (leaf_tile(node.a, 0), max(node.shape[1], 1))
+        elif isinstance(node, nd.Scan):
+            tile = (leaf_tile(node, 0), leaf_tile(node, 1))
+        else:
+            tile = (leaf_tile(node.x, 0), max(node.shape[1], 1))
         self.creates.append(Create(ref, node.shape, node.dtype, tile, None, temporary=True))
         grid = Grid.regular(node.shape, tile)
-        stage = (self.matmul if isinstance(node, MatMul) else self.scan)(node, ref, grid)
+        lowering = {MatMul: self.matmul, MatVec: self.matvec, nd.Scan: self.scan}.get(type(node), self.tsqr)
+        stage = lowering(node, ref, grid)
         wait = self._loose.add("barrier-" + token, barrier, *stage.outputs["result"].keys)
         self._temps[id(node)] = (Read(ref, grid, np.dtype(node.dtype)), wait)
         return self._temps[id(node)]
@@ -202,6 +239,37 @@ class Planner:
         a_spec, b_spec = self.spec(node.a, deps), self.spec(node.b, deps)
         return self.add(lower_matmul(node, a_spec, b_spec, deps, self.budget, out, out_grid,
                                      skip))
+
+    def matvec(self, node: MatVec, out=None, out_grid=None, skip=frozenset(),
+               value: bool = False) -> Stage:
+        """``node``'s pass over its stored operand; its small operand is
+        resolved first (one task holds it) and read by every block task."""
+        deps: list = []
+        w_index = self._depend(self.small(node.w), deps)
+        spec = self.spec(node.a, deps)
+        _, transposed, _ = oriented(node)
+        if transposed and not node.small and node.ndim == 2 and not value:
+            if out is not None:
+                raise PlanningError(f"{node}: a product of a small matrix with a transposed "
+                                    "array is written as its transpose: store (a @ w.T) "
+                                    "and use its .T")
+            value = True  # compute(): joined in one task
+        return self.add(lower_matvec(node, spec, w_index, deps, self.budget, out, out_grid,
+                                     skip, value), spec, deps)
+
+    def tsqr(self, node: TSQR, out=None, out_grid=None, skip=frozenset()) -> Stage:
+        """The TSQR stages of ``node`` over ``[x | y]`` (``y`` stored, or a small
+        in-memory operand split by rows); returns the last."""
+        deps: list = []
+        specs, widths = [self.spec(node.x, deps)], [node.x.shape[1]]
+        if node.y is not None:
+            y = node.y
+            specs.append(self.spec(y, deps) if not y.small
+                         else Dep(self._depend(self.small(y), deps), "block"))
+            widths.append(y.shape[1])
+        for stage in lower_tsqr(node, specs, widths, deps, self.budget, out, out_grid, skip):
+            last = self.add(stage)
+        return last
 
     def map(self, node: Node, out=None, out_grid=None, skip=frozenset()) -> Stage:
         deps: list = []
@@ -261,8 +329,15 @@ class Planner:
             return self._small[id(node)]
         if isinstance(node, Constant):
             key = self._loose.add("const-" + node.token, constant, node.value)
-        elif isinstance(node, Reduce) and not node.x.small:
+        elif isinstance(node, Reduce) and not node.x.small and node.x.ndim == 2:
             key = self._reduce(self._unshifted(node))
+        elif isinstance(node, TSQR):
+            key = self.tsqr(node).outputs["R"].keys[0]
+        elif isinstance(node, MatVec):
+            key = self.matvec(node, value=True).outputs["0"].keys[0]
+            self._covers[key] = {key}  # its tasks' stats, not its operand's
+        elif isinstance(node, Source):  # a stored 1-D array
+            key = self.add(lower_load(node)).outputs["0"].keys[0]
         elif isinstance(node, nd.Diagonal | nd.Quantile) and not node.x.small:
             key = self._lines(node)
         else:
@@ -312,7 +387,8 @@ class Planner:
             else set()
         todo = [d for d in self._dep_keys if d not in covered]
         return [d for d in todo
-                if not any(d in self._covers.get(e, ()) for e in todo if e != d)]
+                if not any(d in self._covers.get(e, ()) for e in todo if e != d)] + [
+            k for k in self._stats_only if k not in covered and k not in todo]
 
 
 def _dep_kind(small_shape: tuple, shape: tuple) -> str:
@@ -354,18 +430,22 @@ def lower(node, budget, out=None, out_grid=None, skip=()) -> Plan:
 def _lower(node, budget, out, out_grid, skip) -> Plan:
     p = Planner(budget)
     p.fuse_reductions(node)
-    if node.small:
+    side = {}
+    if node.small or (node.ndim != 2 and not isinstance(node, MatVec)):
         key = p.small(node)
         p.finish()
         stat_keys = p.stat_keys([key])
         last = p.add(lower_store_small(node, key, out) if out is not None else result_stage(node))
         result = last.outputs.get("result", Output("value", (key,)))
     else:
-        lowering = p.matmul if isinstance(node, MatMul) else \
-            p.scan if isinstance(node, nd.Scan) else p.map
-        result = lowering(node, out, out_grid, skip).outputs["result"]
+        lowering = {MatMul: p.matmul, TSQR: p.tsqr, MatVec: p.matvec,
+                    nd.Scan: p.scan}.get(type(node), p.map)
+        stage = lowering(node, out, out_grid, skip)
+        result = stage.outputs.get("result") or stage.outputs["0"]
+        if isinstance(node, TSQR):  # R (and s, Vt) computed on the way: a named output
+            side = {"factors": p.stages[-2].outputs["factors"]}
         p.finish()
         stat_keys = p.stat_keys([])
     return Plan(str(node), tuple(node.shape), str(node.dtype), budget, tuple(p.stages),
-                str(out) if out is not None else None, {"result": result}, tuple(p.creates),
-                tuple(stat_keys))
+                str(out) if out is not None else None, {"result": result, **side},
+                tuple(p.creates), tuple(stat_keys))
