@@ -349,3 +349,19 @@ def test_quantile_refused_when_a_column_does_not_fit(tmp_path):
         np.median(a, axis=0).plan(budget=budget)
     plan = np.median(a, axis=1).plan(budget=budget)  # rows of 4: fine
     assert plan.bytes_read == a.nbytes
+
+
+def test_gather_positions_travel_compactly():
+    """A gather's spec is in every task: a mask's increasing positions are
+    pickled as the mask's bits (1 bit a row, not 8 bytes a position)."""
+    import pickle
+
+    from tilearray.graphs.spec import Index
+
+    rng = np.random.default_rng(0)
+    for v in [np.flatnonzero(rng.random(100_000) > 0.5), np.array([5, 3, 9, 3]),
+              np.arange(1000) * 100, np.array([], dtype=np.int64)]:
+        i = Index(v)
+        j = pickle.loads(pickle.dumps(i))
+        assert j == i and np.array_equal(j.values, v)
+    assert len(pickle.dumps(Index(np.flatnonzero(rng.random(100_000) > 0.5)))) < 13_000

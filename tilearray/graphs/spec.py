@@ -79,10 +79,21 @@ class Index:
         return len(self.values)
 
     def __reduce__(self):
-        return (Index, (self.values,))
+        # every task of a gather carries its spec: an increasing index (a
+        # boolean mask's positions) travels as the mask's bits when smaller
+        v = self.values
+        if len(v) > 64 and int(v[-1]) + 1 < 64 * len(v) and bool(np.all(np.diff(v) > 0)):
+            mask = np.zeros(int(v[-1]) + 1, dtype=bool)
+            mask[v] = True
+            return (_unpack_index, (np.packbits(mask), len(mask)))
+        return (Index, (v,))
 
     def __dask_tokenize__(self):
         return ("Index", self.token)
+
+
+def _unpack_index(bits, n: int) -> Index:
+    return Index(np.flatnonzero(np.unpackbits(bits, count=n)))
 
 
 @dataclass(frozen=True)
