@@ -365,3 +365,13 @@ def test_gather_positions_travel_compactly():
         j = pickle.loads(pickle.dumps(i))
         assert j == i and np.array_equal(j.values, v)
     assert len(pickle.dumps(Index(np.flatnonzero(rng.random(100_000) > 0.5)))) < 13_000
+
+
+def test_joins_of_small_results_in_memory(thread_engine, mats):
+    x, a = mats["float64"]
+    y, b = mats["y"]
+    check(np.stack([b.mean(0), b.std(0)]), np.stack([y.mean(0), y.std(0)]))
+    check(np.stack([b.mean(0), b.max(0)], axis=1), np.stack([y.mean(0), y.max(0)], axis=1))
+    check(np.hstack([b.sum(0), b.min(1)]), np.hstack([y.sum(0), y.min(1)]))
+    check(np.vstack([b.sum(0), b.max(0)]), np.vstack([y.sum(0), y.max(0)]))
+    check(np.concatenate([b.sum(0), b.sum(1)]), np.concatenate([y.sum(0), y.sum(1)]))

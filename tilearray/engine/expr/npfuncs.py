@@ -125,17 +125,30 @@ def concatenate(arrays, axis=0, out=None, dtype=None, casting="same_kind"):
 
 @implements(np.hstack)
 def hstack(tup, *, dtype=None, casting="same_kind"):
-    return routines.concatenate(tup, 1, dtype)
+    tup = list(tup)
+    res = routines.join_small("hstack", tup, dtype)
+    return res if res is not None else routines.concatenate(tup, 1, dtype)
 
 
 @implements(np.vstack)
 def vstack(tup, *, dtype=None, casting="same_kind"):
-    return routines.concatenate(tup, 0, dtype)
+    tup = list(tup)
+    res = routines.join_small("vstack", tup, dtype)
+    return res if res is not None else routines.concatenate(tup, 0, dtype)
 
 
 @implements(np.stack)
 def stack(arrays, axis=0, out=None, *, dtype=None, casting="same_kind"):
-    raise TypeError("np.stack of 2-D TiledArrays makes a 3-D array; " + routines.NOT_3D)
+    """Small results (vectors) stack in memory into a matrix; 2-D TiledArrays
+    would make a 3-D array: refused."""
+    if out is not None:
+        raise TypeError("np.stack: out= is not supported on TiledArrays")
+    res = routines.join_small("stack", arrays, dtype, axis=axis)
+    if res is None:
+        raise TypeError("np.stack of 2-D TiledArrays makes a 3-D array; " + routines.NOT_3D)
+    if res.ndim > 2:
+        raise TypeError(f"np.stack gives shape {res.shape}; tilearray arrays are 1-D or 2-D")
+    return res
 
 
 @implements(np.take)

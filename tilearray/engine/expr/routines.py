@@ -28,6 +28,23 @@ def _operand(x, fn: str) -> Node:
     return _node(x)
 
 
+def join_small(how: str, arrays, dtype=None, **kw) -> ExprBase | None:
+    """``np.<how>`` (concatenate, stack, hstack, vstack) of small results
+    (reductions' vectors, 1-D arrays), in memory on a worker; None when
+    some operand is a matrix."""
+    arrays = list(arrays)
+    nodes = [_node(a) if isinstance(a, ExprBase) else a for a in arrays]
+    if not nodes or not any(isinstance(n, Node) for n in nodes) or \
+            not all(isinstance(n, Node) and n.small for n in nodes):
+        return None
+    samples = [np.zeros(n.shape, n.dtype) for n in nodes]
+    res = getattr(np, how)(samples, dtype=dtype, **kw)
+    kwargs = (("how", how),) + tuple(sorted(kw.items())) + \
+        ((("dtype", np.dtype(dtype)),) if dtype is not None else ())
+    first = next(a for a in arrays if isinstance(a, ExprBase))
+    return _like(first, Elemwise(res.shape, res.dtype, "join", tuple(nodes), kwargs))
+
+
 def concatenate(arrays, axis=0, dtype=None) -> ExprBase:
     """``np.concatenate`` of 2-D TiledArrays along axis 0 or 1: lazy, each
     piece read in place when a block of the result needs it (a task reads
@@ -36,6 +53,8 @@ def concatenate(arrays, axis=0, dtype=None) -> ExprBase:
     if not arrays:
         raise ValueError("need at least one array to concatenate")
     nodes = [_operand(a, "concatenate") for a in arrays]
+    if axis is not None and all(n.small for n in nodes):
+        return join_small("concatenate", arrays, dtype, axis=axis)
     if axis is None:
         raise TypeError("concatenate: axis=None (flatten first) is not supported; " + NOT_3D)
     if any(n.ndim != 2 or n.small for n in nodes):
