@@ -108,6 +108,12 @@ def test_concatenate_in_products_and_refusals(thread_engine, mats):
         np.hstack([a, mats["z"][1]])
     with pytest.raises(TypeError, match="from_numpy"):
         np.vstack([b, np.ones((2, 13))])
+    ones = np.ones((45, 1))  # an intercept column (NumPy), a reduction's row
+    check(np.hstack([b, ones]), np.hstack([y, ones]), exact=True)
+    check(np.hstack([ones * 2, b]).T @ np.hstack([ones * 2, b]),
+          np.hstack([ones * 2, y]).T @ np.hstack([ones * 2, y]))
+    check(np.vstack([b, b.mean(axis=0, keepdims=True)]),
+          np.vstack([y, y.mean(axis=0, keepdims=True)]))
 
 
 @HYP

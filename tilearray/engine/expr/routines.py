@@ -52,26 +52,32 @@ def concatenate(arrays, axis=0, dtype=None) -> ExprBase:
     arrays = list(arrays)
     if not arrays:
         raise ValueError("need at least one array to concatenate")
-    nodes = [_operand(a, "concatenate") for a in arrays]
-    if axis is not None and all(n.small for n in nodes):
+    nodes = [_node(a) if isinstance(a, np.ndarray) and a.ndim == 2 and
+             1 in a.shape else _operand(a, "concatenate") for a in arrays]
+    if axis is not None and all(n.small for n in nodes) and \
+            any(isinstance(a, ExprBase) for a in arrays):
         return join_small("concatenate", arrays, dtype, axis=axis)
     if axis is None:
         raise TypeError("concatenate: axis=None (flatten first) is not supported; " + NOT_3D)
-    if any(n.ndim != 2 or n.small for n in nodes):
-        raise PlanningError("concatenate: only 2-D matrices (not small results) are joined; got "
-                            f"shapes {[tuple(n.shape) for n in nodes]}")
     axis = _axis(axis, "concatenate")
     other = 1 - axis
+    # a small part is a column (m, 1) in an hstack or a row (1, n) in a vstack
+    if any(n.ndim != 2 or (n.small and n.shape[axis] != 1) for n in nodes) or \
+            all(n.small for n in nodes):
+        raise PlanningError("concatenate: 2-D matrices are joined, with columns (m, 1) along "
+                            "axis 1 or rows (1, n) along axis 0 of small results or NumPy; "
+                            f"got shapes {[tuple(n.shape) for n in nodes]}")
     if len({n.shape[other] for n in nodes}) > 1:
         raise ValueError(f"concatenate: all the input array dimensions except for the "
                          f"concatenation axis must match; got shapes "
                          f"{[tuple(n.shape) for n in nodes]} along axis {axis}")
     dt = np.dtype(dtype) if dtype is not None else np.result_type(*[n.dtype for n in nodes])
+    first = next(a for a in arrays if isinstance(a, ExprBase))
     if len(nodes) == 1:
-        return _like(arrays[0], nodes[0])
+        return _like(first, nodes[0])
     shape = [nodes[0].shape[0], nodes[0].shape[1]]
     shape[axis] = sum(n.shape[axis] for n in nodes)
-    return _like(arrays[0], Concat(tuple(shape), dt, tuple(nodes), axis))
+    return _like(first, Concat(tuple(shape), dt, tuple(nodes), axis))
 
 
 def _axis(axis, fn: str, ndim: int = 2) -> int:

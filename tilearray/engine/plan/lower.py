@@ -179,7 +179,8 @@ class Planner:
             self._depend(wait, deps)  # wait for every block of the temporary
             return read
         if isinstance(node, nd.Concat):
-            parts = tuple(tagged(self.spec(a, deps), k) for k, a in enumerate(node.args))
+            parts = tuple(tagged(self._arg(a, deps, node.shape), k)  # a small part: a Dep
+                          for k, a in enumerate(node.args))
             offsets = tuple(np.cumsum([0] + [a.shape[node.axis] for a in node.args]).tolist())
             return Concat(parts, node.axis, offsets, np.dtype(node.dtype))
         if isinstance(node, nd.Take):
