@@ -176,3 +176,25 @@ def test_bad_inputs(tmp_path, rng):
     wide = ta.from_numpy(rng.standard_normal((64, 3000)), tmp_path / "w.zarr", tile=(64, 512))
     with pytest.raises(ta.PlanningError, match="too many columns for TSQR"):
         ta.linalg.qr(wide, mode="r").plan(budget=ta.Budget("256MiB", 2, 1))
+
+
+def test_svd_factors_come_with_u_and_q_computes(thread_engine, tmp_path, rng):
+    """U.to_zarr() computes s and Vt on the way (a named output of its plan):
+    s.compute() and Vt.compute() afterwards read nothing; a changed input
+    is read again. Q can also be brought back in memory."""
+    x = _x(rng)
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(200, 37))
+    u, s, vt = ta.linalg.svd(a)
+    ua = np.asarray(u.to_zarr(tmp_path / "u.zarr"))
+    assert u.stats.bytes_read == 2 * x.nbytes
+    s_, vt_ = s.compute(), vt.compute()
+    assert s.stats.bytes_read == 0 and vt.stats.tasks == 0
+    assert_close((ua * s_) @ vt_, x, scale=np.abs(x).max() * 4)
+    q, r = ta.linalg.qr(a)
+    assert_close(np.abs(q.compute()), np.abs(np.linalg.qr(x)[0]), scale=1.0)
+    assert r.compute() is not None and r.stats.bytes_read == 0
+    ta.from_numpy(2 * x, tmp_path / "x.zarr", tile=(200, 37), overwrite=True)
+    b = ta.open(tmp_path / "x.zarr")
+    s2 = ta.linalg.svd(b, compute_uv=False)
+    assert_close(s2.compute(), 2 * s_, scale=2 * s_[0])
+    assert s2.stats.bytes_read == x.nbytes

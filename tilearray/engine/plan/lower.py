@@ -124,8 +124,8 @@ class Planner:
         stage = dataclasses.replace(stage, description=stage.description + note,
                                     work=loose + stage.work, tasks=len(loose) + stage.tasks)
         self.stages.append(stage)
-        self._stats_only += [k for o in stage.outputs.values() if o.kind == "stats"
-                             for k in o.keys]
+        self._stats_only += [k for name, o in stage.outputs.items()
+                             if o.kind == "stats" or name == "factors" for k in o.keys]
         return stage
 
     def finish(self) -> None:
@@ -372,6 +372,7 @@ def lower(node, budget, out=None, out_grid=None, skip=()) -> Plan:
 def _lower(node, budget, out, out_grid, skip) -> Plan:
     p = Planner(budget)
     p.fuse_reductions(node)
+    side = {}
     if node.small or (node.ndim != 2 and not isinstance(node, MatVec)):
         key = p.small(node)
         p.finish()
@@ -382,8 +383,10 @@ def _lower(node, budget, out, out_grid, skip) -> Plan:
         lowering = {MatMul: p.matmul, TSQR: p.tsqr, MatVec: p.matvec}.get(type(node), p.map)
         stage = lowering(node, out, out_grid, skip)
         result = stage.outputs.get("result") or stage.outputs["0"]
+        if isinstance(node, TSQR):  # R (and s, Vt) computed on the way: a named output
+            side = {"factors": p.stages[-2].outputs["factors"]}
         p.finish()
         stat_keys = p.stat_keys([])
     return Plan(str(node), tuple(node.shape), str(node.dtype), budget, tuple(p.stages),
-                str(out) if out is not None else None, {"result": result}, tuple(p.creates),
-                tuple(stat_keys))
+                str(out) if out is not None else None, {"result": result, **side},
+                tuple(p.creates), tuple(stat_keys))
