@@ -94,7 +94,7 @@ def test_argument_errors_of_budget_constructors_to_zarr_and_linalg(thread_engine
         (lambda: ta.random((8, 8), p, tile=(4, 4), shard=(6, 6)), ValueError, ta.StorageError),
         (lambda: ta.random((8, 8), p, dtype="complex128"), ValueError, ta.StorageError),
         (lambda: ta.random((8, 8), p, seed=-1), ValueError, ta.TilearrayError),
-        (lambda: ta.from_numpy(np.ones(3), p), ValueError, ta.StorageError),
+        (lambda: ta.from_numpy(np.ones((2, 2, 2)), p), ValueError, ta.StorageError),
         (lambda: ta.from_numpy(np.ones((3, 3)), p, name="/x"), ValueError, ta.StorageError),
         (lambda: ta.from_numpy(np.ones((3, 3)), p, name=5), TypeError, ta.StorageError),
         (lambda: ta.from_numpy(np.ones((3, 3)), p, dims=("r", "r")), ValueError,
@@ -283,8 +283,9 @@ def test_random_bad_seed_leaves_an_existing_array_alone(tmp_path):
     (dict(tile=4), "tile must be 2 positive integers, got 4"),               # not 'not iterable'
     (dict(tile=("a", 4)), "tile must be 2 positive integers"),
     (dict(tile=(4, 4), shard=8), "shard must be 2 positive integers, got 8"),
-    (dict(shape=(8.5, 8)), "shape must be 2 non-negative integers, got (8.5, 8)"),
-    (dict(shape=8), "shape must be 2 non-negative integers, got 8"),
+    (dict(shape=(8.5, 8)), "shape must be 2 non-negative integers (or one, for a vector), "
+                           "got (8.5, 8)"),
+    (dict(shape=8), "shape must be 2 non-negative integers (or one, for a vector), got 8"),
 ])
 def test_constructor_layout_arguments_are_checked_not_truncated(tmp_path, kw, named):
     kw = {"shape": (8, 8), "tile": (4, 4), "shard": None, **kw}

@@ -77,6 +77,11 @@ def test_x_at_w_reads_x_once(tmp_path, thread_engine, rng):
             assert plan.bytes_read == x.nbytes, str(plan)
             plan = _check(w @ X.T, x @ w, thread_engine)
             assert plan.bytes_read == x.nbytes, str(plan)
+    # the operand is held by one task of the graph, never embedded in the block tasks
+    graph = (X @ w).plan(engine=thread_engine).graph()
+    holders = [k for k, t in graph.items()
+               if any(isinstance(a, np.ndarray) and a.size == w.size for a in t[1:])]
+    assert len(holders) == 1 and str(holders[0]).startswith("const-")
 
 
 def test_an_operand_too_large_for_a_task_is_refused(tmp_path):

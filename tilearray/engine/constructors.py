@@ -22,7 +22,11 @@ from .output import source
 
 
 def open(path, name: str = "", *, allow_incomplete: bool = False) -> TiledArray:  # noqa: A001
-    """Open a stored 2-D Zarr array (format 2 or 3, sharded or not).
+    """Open a stored 2-D or 1-D Zarr array (format 2 or 3, sharded or not).
+
+    A 1-D array is read whole by one task when used (like a reduction's
+    result): it broadcasts as a row, ``v[:, None]`` as a column, and is an
+    operand of products (``x @ v``).
 
     Parameters
     ----------
@@ -42,9 +46,9 @@ def open(path, name: str = "", *, allow_incomplete: bool = False) -> TiledArray:
     Raises
     ------
     StorageError
-        A bad ``name``; nothing is there, it is a group (pass ``name``), not
-        2-D (a reduction's 1-D / 0-d output: the message says how to read it
-        with zarr or xarray), or not a bool / integer / float array.
+        A bad ``name``; nothing is there, it is a group (pass ``name``), 0-d
+        or n-D (the message says how to read it with zarr or xarray), or not
+        a bool / integer / float array.
     IncompleteOutputError
         An unfinished output: rerun its job with ``to_zarr(..., resume=True)``.
 
