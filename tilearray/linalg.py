@@ -8,7 +8,7 @@ from dask.base import tokenize
 
 from .engine.array import TiledArray
 from .engine.expr.nodes import TSQR, Constant, Elemwise
-from .engine.expr.ops import HANDLED, _elemwise, _reduce
+from .engine.expr.ops import HANDLED, build_reduction, elemwise
 from .errors import PlanningArgumentTypeError, PlanningError
 from .graphs.linalg import result_dtype
 
@@ -281,37 +281,37 @@ def norm(x: TiledArray, ord=None, axis=None, keepdims=False) -> TiledArray:
     # real data (complex is refused): |x|^2 = x*x, without an abs temporary,
     # so a norm fits wherever (x * x).sum() does
     if axis is None and ord is None:  # any ndim: the 2-norm of the flattened array
-        return _elemwise("sqrt", _reduce("sum", x * x, None, keepdims, 0))
+        return elemwise("sqrt", build_reduction("sum", x * x, None, keepdims, 0))
     axes = _norm_axes(axis, x.ndim)
     a = abs(x)
     if len(axes) == 2:  # a matrix norm over (row axis, column axis), as NumPy
         row, col = axes
         if ord in (None, "fro"):
-            return _elemwise("sqrt", _reduce("sum", x * x, None, keepdims, 0))
+            return elemwise("sqrt", build_reduction("sum", x * x, None, keepdims, 0))
         if ord in (1, -1, np.inf, -np.inf):
             # 1: the largest column sum (summed along the row axis); inf: row sums
-            sums = _reduce("sum", a, row if ord in (1, -1) else col, True, 0)
-            return _reduce("max" if ord > 0 else "min", sums, None, keepdims, 0)
+            sums = build_reduction("sum", a, row if ord in (1, -1) else col, True, 0)
+            return build_reduction("max" if ord > 0 else "min", sums, None, keepdims, 0)
         if ord in (2, -2, "nuc"):  # from the singular values (TSQR of the tall side)
             s = svd(x if x.shape[0] >= x.shape[1] else x.T, compute_uv=False)
-            s = _reduce({2: "max", -2: "min", "nuc": "sum"}[ord], s, None, False, 0)
+            s = build_reduction({2: "max", -2: "min", "nuc": "sum"}[ord], s, None, False, 0)
             if keepdims:
                 s = TiledArray(Elemwise((1, 1), s.dtype, "reshape", (s._node, (1, 1))))
             return s
         raise PlanningError(f"norm: invalid norm order {ord!r} for matrices")
     axis = axes[0]
     if ord in (None, 2):
-        return _elemwise("sqrt", _reduce("sum", x * x, axis, keepdims, 0))
+        return elemwise("sqrt", build_reduction("sum", x * x, axis, keepdims, 0))
     if ord == 1:
-        return _reduce("sum", a, axis, keepdims, 0)
+        return build_reduction("sum", a, axis, keepdims, 0)
     if ord == np.inf:
-        return _reduce("max", a, axis, keepdims, 0)
+        return build_reduction("max", a, axis, keepdims, 0)
     if ord == -np.inf:
-        return _reduce("min", a, axis, keepdims, 0)
+        return build_reduction("min", a, axis, keepdims, 0)
     if ord == 0:
-        return _reduce("sum", (x != 0).astype(x.dtype), axis, keepdims, 0)
+        return build_reduction("sum", (x != 0).astype(x.dtype), axis, keepdims, 0)
     if isinstance(ord, int | float):
-        return _elemwise("power", _reduce("sum", a**ord, axis, keepdims, 0), 1.0 / ord)
+        return elemwise("power", build_reduction("sum", a**ord, axis, keepdims, 0), 1.0 / ord)
     raise PlanningError(f"norm: invalid norm order {ord!r} for vectors")
 
 

@@ -187,22 +187,22 @@ def test_one_byte_parser_everywhere(value, nbytes):
     import argparse
 
     from tilearray._config import parse_bytes_arg
-    from tilearray.cli.options import _bytes
+    from tilearray.cli.options import byte_size_arg
     from tilearray.engine.plan import parse_memory
 
     assert parse_bytes_arg(value) == parse_memory(value) == nbytes
     assert ta.Budget(value).memory_per_worker == nbytes
     if isinstance(value, str):
-        assert _bytes(value) == nbytes
+        assert byte_size_arg(value) == nbytes
         with dask.config.set({"tilearray.map.block-bytes": value}):
             from tilearray import _config
 
             assert _config.get_bytes("map.block-bytes") == nbytes
     with pytest.raises(argparse.ArgumentTypeError) as e:
-        _bytes("lots")
+        byte_size_arg("lots")
     assert str(e.value) == "not a byte size: 'lots' (use e.g. 1GiB, 512MiB, 2e9)"
     with pytest.raises(argparse.ArgumentTypeError) as e:
-        _bytes("-1GiB")
+        byte_size_arg("-1GiB")
     assert str(e.value) == "must be positive, got '-1GiB' (use e.g. 1GiB, 512MiB, 2e9)"
 
 

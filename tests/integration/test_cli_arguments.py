@@ -92,18 +92,18 @@ def test_negative_values_after_a_space_are_the_value(work, capsys, monkeypatch, 
 
 def test_negative_looking_values_are_joined_only_after_options_that_take_one():
     from tilearray.cli.main import build_parser
-    from tilearray.cli.options import _join_option_values, value_options
+    from tilearray.cli.options import join_option_values, value_options
 
     takes = value_options(build_parser())
     assert {"--memory-per-worker", "--workers", "--ord", "--seed"} <= takes
     assert "--quiet" not in takes and "--overwrite" not in takes
-    assert _join_option_values(["--memory-per-worker", "-1GiB", "--quiet"], takes) == \
+    assert join_option_values(["--memory-per-worker", "-1GiB", "--quiet"], takes) == \
         ["--memory-per-worker=-1GiB", "--quiet"]
-    assert _join_option_values(["--ord", "-inf"], takes) == ["--ord=-inf"]
+    assert join_option_values(["--ord", "-inf"], takes) == ["--ord=-inf"]
     # a flag without a value, an option before another option, "--": untouched
-    assert _join_option_values(["--quiet", "-1"], takes) == ["--quiet", "-1"]
-    assert _join_option_values(["--name", "--quiet"], takes) == ["--name", "--quiet"]
-    assert _join_option_values(["--name", "--", "-1"], takes) == ["--name", "--", "-1"]
+    assert join_option_values(["--quiet", "-1"], takes) == ["--quiet", "-1"]
+    assert join_option_values(["--name", "--quiet"], takes) == ["--name", "--quiet"]
+    assert join_option_values(["--name", "--", "-1"], takes) == ["--name", "--", "-1"]
 
 
 def test_random_negative_seed_is_usage_and_writes_nothing(work, capsys, monkeypatch):
@@ -144,7 +144,7 @@ def test_errors_speak_cli_flags(work):
 
 
 def test_cli_words_translation():
-    from tilearray.cli import _cli_words
+    from tilearray.cli import cli_words as _cli_words
 
     assert _cli_words("pass overwrite=True to replace it (or resume=True to ...)") == \
         "pass --overwrite to replace it (or --resume to ...)"

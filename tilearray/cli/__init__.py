@@ -2,6 +2,6 @@
 :mod:`tilearray.cli.main` for the commands and exit statuses."""
 
 from .main import main
-from .options import _cli_words  # noqa: F401  (CLI wording, used by tests)
+from .options import cli_words  # noqa: F401  (CLI wording, used by tests)
 
 __all__ = ["main"]

@@ -8,15 +8,15 @@ import contextlib
 import os
 
 from tilearray.cli.common import UsageError
-from tilearray.cli.options import _cli_words
+from tilearray.cli.options import cli_words
 
 
-def _explicit_cluster(args) -> bool:
+def explicit_cluster(args) -> bool:
     return any(getattr(args, k, None) not in (None, False) for k in
                ("workers", "threads_per_worker", "memory_per_worker", "scheduler_address", "mpi"))
 
 
-def _check_cluster_args(args) -> None:
+def check_cluster_args(args) -> None:
     if args.mpi and args.scheduler_address:
         raise UsageError("--mpi and --scheduler-address cannot be used together")
     remote = "--mpi" if args.mpi else "--scheduler-address" if args.scheduler_address else None
@@ -26,7 +26,7 @@ def _check_cluster_args(args) -> None:
         raise UsageError("--threads-per-worker sizes a local cluster; it cannot be used with "
                          "--scheduler-address")
     if args.scheduler_address:
-        _check_address(args.scheduler_address)
+        check_address(args.scheduler_address)
     if args.memory_per_worker is not None:  # a worker process must fit: refused before any start
         from tilearray.engine.plan import check_worker_memory
 
@@ -34,11 +34,11 @@ def _check_cluster_args(args) -> None:
             check_worker_memory(args.memory_per_worker, args.threads_per_worker or 1,
                                 error=UsageError)
         except UsageError as e:
-            raise UsageError(_cli_words(str(e))) from None
+            raise UsageError(cli_words(str(e))) from None
 
 
 @contextlib.contextmanager
-def _engine(args):
+def engine_from_args(args):
     """The Engine for a job: dask-mpi, an existing scheduler, or a LocalCluster.
 
     Yields None on MPI ranks that are not the client (they serve the cluster).
@@ -46,7 +46,7 @@ def _engine(args):
     import tilearray as ta
     from tilearray.errors import ClusterError
 
-    _check_cluster_args(args)
+    check_cluster_args(args)
     if args.mpi:
         try:
             kw = {k: v for k, v in (("memory_per_worker", args.memory_per_worker),
@@ -64,7 +64,7 @@ def _engine(args):
         with engine:
             yield engine
     elif args.scheduler_address:
-        client = _connect(args)
+        client = connect_client(args)
         try:
             with ta.Engine(client=client, memory_per_worker=args.memory_per_worker,
                            quiet=args.quiet) as engine:
@@ -78,7 +78,7 @@ def _engine(args):
             yield engine
 
 
-def _local_budget(args):
+def local_budget(args):
     """The Budget a default local Engine would plan with, without starting it."""
     import psutil
 
@@ -96,7 +96,7 @@ def _local_budget(args):
 _ADDRESS_HINT = "use [SCHEME://]HOST:PORT, e.g. tcp://host:8786"
 
 
-def _check_address(address: str) -> None:
+def check_address(address: str) -> None:
     """Refuse a malformed scheduler address before any connection is tried
     (a usage error, exit status 2)."""
     from distributed.comm.addressing import parse_address, parse_host_port
@@ -143,7 +143,7 @@ def _refused(address: str, timeout: float) -> str | None:
         return None
 
 
-def _connect(args, *, probe: bool = False):
+def connect_client(args, *, probe: bool = False):
     """A Client for ``--scheduler-address``; a ClusterError within
     ``--connect-timeout`` when none can be had (``probe``: at once when the
     connection is refused, as a health check wants).
@@ -155,7 +155,7 @@ def _connect(args, *, probe: bool = False):
     from tilearray.errors import ClusterError
 
     address = args.scheduler_address
-    _check_address(address)
+    check_address(address)
     reason = _refused(address, args.connect_timeout) if probe else None
     if reason:
         raise ClusterError(f"could not connect to the dask scheduler at {address!r}: {reason}")

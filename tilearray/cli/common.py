@@ -9,7 +9,7 @@ import os
 import re
 import sys
 
-from tilearray.cli.options import _bytes, _pos_int
+from tilearray.cli.options import byte_size_arg, pos_int
 
 PROG = "tilearray"
 
@@ -18,11 +18,11 @@ class UsageError(Exception):
     """Bad command-line input found after argparse (exit status 2)."""
 
 
-def _open(path: str):
+def open_input(path: str):
     import tilearray as ta
     from tilearray.errors import StorageError
 
-    full = _abs(path)
+    full = abs_path(path)
     try:
         return ta.open(full)
     except StorageError as e:
@@ -61,7 +61,7 @@ def _run_summary(stats) -> str:
     return s
 
 
-def _summary(what: str, plan, stats) -> str:
+def job_summary(what: str, plan, stats) -> str:
     parts = [f"{PROG}: {what}"]
     if plan is not None:
         parts.append(_plan_summary(plan))
@@ -69,29 +69,29 @@ def _summary(what: str, plan, stats) -> str:
     return " | ".join(parts)
 
 
-def _abs(path: str) -> str:
+def abs_path(path: str) -> str:
     """Absolute path: workers of an external (or MPI) cluster may run elsewhere
     than this process's working directory."""
     return os.path.abspath(os.path.expanduser(path))
 
 
 def _same_path(a: str, b: str) -> bool:
-    return os.path.realpath(_abs(a)) == os.path.realpath(_abs(b))
+    return os.path.realpath(abs_path(a)) == os.path.realpath(abs_path(b))
 
 
-def _member(output: str, args) -> str:
+def member_arg(output: str, args) -> str:
     """The path of the output array: ``output``, or member ``--name`` inside it."""
     name = getattr(args, "name", None)
     return os.path.join(output, name) if name else output
 
 
-def _check_output(args, output: str, inputs) -> None:
+def check_output(args, output: str, inputs) -> None:
     """Refuse, before any work, outputs that exist (unless asked) or are inputs."""
-    target = _member(output, args)
+    target = member_arg(output, args)
     for p in inputs:
         if _same_path(target, p):
             raise UsageError(f"output {target!r} is also an input; write to another path")
-    if os.path.lexists(_abs(target)) and not (
+    if os.path.lexists(abs_path(target)) and not (
         getattr(args, "overwrite", False) or getattr(args, "resume", False)
     ):
         from tilearray.errors import StorageError
@@ -111,7 +111,7 @@ def _existing_output_note(output: str, args) -> str:
     from tilearray.storage.commit import existing_array
 
     try:
-        ref = ArrayRef.from_location(_abs(output), getattr(args, "name", None) or "")
+        ref = ArrayRef.from_location(abs_path(output), getattr(args, "name", None) or "")
     except Exception:  # a bad --name: reported by the job itself
         return ""
     check_unlocked(ref)
@@ -121,7 +121,7 @@ def _existing_output_note(output: str, args) -> str:
     return ""
 
 
-def _log(args, *lines) -> None:
+def log_to_stderr(args, *lines) -> None:
     if args.debug:
         for line in lines:
             print(line, file=sys.stderr)
@@ -140,12 +140,12 @@ def parents():
 
     budget = argparse.ArgumentParser(add_help=False)
     c = budget.add_argument_group("cluster")
-    c.add_argument("--memory-per-worker", type=_bytes, metavar="BYTES",
+    c.add_argument("--memory-per-worker", type=byte_size_arg, metavar="BYTES",
                    help="memory limit of each worker process, e.g. 2GiB; tasks are planned "
                         "to fit (default: tilearray.memory.default-per-worker, capped by RAM)")
-    c.add_argument("--workers", type=_pos_int, metavar="N",
+    c.add_argument("--workers", type=pos_int, metavar="N",
                    help="workers of the local cluster (default: one per core)")
-    c.add_argument("--threads-per-worker", type=_pos_int, metavar="N",
+    c.add_argument("--threads-per-worker", type=pos_int, metavar="N",
                    help="threads per worker (default 1)")
     c.add_argument("--scheduler-address", metavar="ADDR",
                    help="use the running dask cluster at this scheduler address "
@@ -177,8 +177,8 @@ def output_opts(p, resume=True):
 
 
 def layout_opts(p, what):
-    p.add_argument("--tile", type=_pos_int, nargs=2, metavar=("R", "C"),
+    p.add_argument("--tile", type=pos_int, nargs=2, metavar=("R", "C"),
                    help=f"tile (Zarr chunk) of {what}")
-    p.add_argument("--shard", type=_pos_int, nargs=2, metavar=("R", "C"),
+    p.add_argument("--shard", type=pos_int, nargs=2, metavar=("R", "C"),
                    help=f"shard (I/O unit) of {what}, a multiple of the tile")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from tilearray.cli.common import PROG, UsageError
-from tilearray.cli.options import _bytes, _pos_int
+from tilearray.cli.options import byte_size_arg, pos_int
 
 
 def cmd_k8s_spec(args) -> int:
@@ -64,14 +64,14 @@ def add_parsers(sub, common, budget, cluster) -> None:
     p.add_argument("--image", default="tilearray:latest",
                    help="image with tilearray installed, for scheduler, workers and job "
                         "(default tilearray:latest; see deploy/kubernetes/Dockerfile)")
-    p.add_argument("--workers", type=_pos_int, default=2, metavar="N",
+    p.add_argument("--workers", type=pos_int, default=2, metavar="N",
                    help="worker pods (default 2)")
-    p.add_argument("--memory-per-worker", type=_bytes, metavar="BYTES",
+    p.add_argument("--memory-per-worker", type=byte_size_arg, metavar="BYTES",
                    help="memory of each worker, e.g. 8GiB (default "
                         "tilearray.memory.default-per-worker)")
-    p.add_argument("--threads-per-worker", type=_pos_int, default=1, metavar="N",
+    p.add_argument("--threads-per-worker", type=pos_int, default=1, metavar="N",
                    help="threads = CPU cores of each worker (default 1)")
-    p.add_argument("--scheduler-memory", type=_bytes, default=2 * 2**30, metavar="BYTES",
+    p.add_argument("--scheduler-memory", type=byte_size_arg, default=2 * 2**30, metavar="BYTES",
                    help="memory of the scheduler and of the job runner (default 2GiB)")
     p.add_argument("--data-pvc", metavar="CLAIM",
                    help="PersistentVolumeClaim with the Zarr arrays (ReadWriteMany when "

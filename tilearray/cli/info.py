@@ -7,9 +7,9 @@ import contextlib
 import json
 import sys
 
-from tilearray.cli.cluster import _check_address, _connect
-from tilearray.cli.common import PROG, UsageError, _abs
-from tilearray.cli.options import _cli_words
+from tilearray.cli.cluster import check_address, connect_client
+from tilearray.cli.common import PROG, UsageError, abs_path
+from tilearray.cli.options import cli_words
 
 
 def _short_python(v) -> str:
@@ -50,7 +50,7 @@ def _print_health(h) -> None:
 def _cluster_info(args) -> int:
     from tilearray.deploy import cluster_health
 
-    client = _connect(args, probe=True)
+    client = connect_client(args, probe=True)
     try:
         h = cluster_health(client)
     finally:
@@ -79,7 +79,7 @@ def cmd_info(args) -> int:
     if not args.paths and not args.scheduler_address:
         raise UsageError("give array PATHs, or --scheduler-address for a cluster's health")
     if args.scheduler_address:
-        _check_address(args.scheduler_address)
+        check_address(args.scheduler_address)
     exit_code = 0
     failed: list[Exception] = []
     if args.scheduler_address:
@@ -87,7 +87,7 @@ def cmd_info(args) -> int:
         if args.paths and not args.json:
             print()
     for k, path in enumerate(args.paths):
-        full = _abs(path)
+        full = abs_path(path)
         other = _not_a_matrix(full)
         if other is not None:  # a reduction's vector or scalar: no TiledArray, just facts
             _info_other(path, full, other, args.json, first=not k)
@@ -136,7 +136,7 @@ def cmd_info(args) -> int:
             status = "yes" if meta else "yes (not written by tilearray)"
         else:
             what, how = unfinished(meta, g.n_units - done, g.n_units)
-            how = _cli_words(how[:1].lower() + how[1:])
+            how = cli_words(how[:1].lower() + how[1:])
             status = (f"NO: {what}; {how}" if done == g.n_units
                       else f"NO: {done} of {g.n_units} I/O units written; {how}")
         print(repr(x))

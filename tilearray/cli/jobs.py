@@ -5,21 +5,21 @@ from __future__ import annotations
 import sys
 import time
 
-from tilearray.cli.cluster import _check_cluster_args, _engine, _explicit_cluster, _local_budget
+from tilearray.cli.cluster import check_cluster_args, engine_from_args, explicit_cluster, local_budget
 from tilearray.cli.common import (
     PROG,
     UsageError,
-    _abs,
-    _check_output,
-    _log,
-    _member,
-    _open,
-    _summary,
+    abs_path,
+    check_output,
+    job_summary,
     layout_opts,
+    log_to_stderr,
+    member_arg,
+    open_input,
     output_opts,
 )
 from tilearray.cli.expr import ExpressionError, parse_expression
-from tilearray.cli.options import _axis, _dtype, _nonneg_int, _ord, _pos_int
+from tilearray.cli.options import axis_arg, dtype_arg, nonneg_int, ord_arg, pos_int
 
 REDUCTIONS = ("sum", "mean", "min", "max", "var", "std", "prod", "any", "all",
               "argmin", "argmax", "norm")
@@ -38,22 +38,22 @@ def _reductions() -> tuple[str, ...]:
 def cmd_random(args) -> int:
     import tilearray as ta
 
-    target = _member(args.path, args)
-    _check_output(args, args.path, [])
+    target = member_arg(args.path, args)
+    check_output(args, args.path, [])
     shape, tile = tuple(args.shape), tuple(args.tile)
     shard = tuple(args.shard) if args.shard else None
     t0 = time.perf_counter()
     kw = dict(tile=tile, shard=shard, dtype=args.dtype, seed=args.seed,
               overwrite=args.overwrite, name=args.name or "")
-    if _explicit_cluster(args):
-        with _engine(args) as engine:
+    if explicit_cluster(args):
+        with engine_from_args(args) as engine:
             if engine is None:
                 return 0
-            x = ta.random(shape, _abs(args.path), engine=engine, **kw)
+            x = ta.random(shape, abs_path(args.path), engine=engine, **kw)
             stats = engine.last_run
     else:  # no cluster asked for: local threads, no cluster start-up
-        _check_cluster_args(args)
-        x = ta.random(shape, _abs(args.path), **kw)
+        check_cluster_args(args)
+        x = ta.random(shape, abs_path(args.path), **kw)
         stats = None
     elapsed = time.perf_counter() - t0
     g = x.grid
@@ -67,21 +67,21 @@ def cmd_random(args) -> int:
 def cmd_plan(args) -> int:
     from tilearray.engine.array import TiledArray
 
-    _check_cluster_args(args)
+    check_cluster_args(args)
     try:
-        expr = parse_expression(args.expression, _open)
+        expr = parse_expression(args.expression, open_input)
     except ExpressionError as e:
         raise UsageError(f"bad expression {args.expression!r}: {e}") from None
     if not isinstance(expr, TiledArray):  # defensive: the parser returns arrays only
         raise UsageError(f"bad expression {args.expression!r}")
     kw = dict(tile=tuple(args.tile) if args.tile else None,
               shard=tuple(args.shard) if args.shard else None)
-    out = _abs(args.output) if args.output else None
+    out = abs_path(args.output) if args.output else None
     if args.scheduler_address:
-        with _engine(args) as engine:
+        with engine_from_args(args) as engine:
             plan = expr.plan(out, engine=engine, **kw)
     else:
-        plan = expr.plan(out, budget=_local_budget(args), **kw)
+        plan = expr.plan(out, budget=local_budget(args), **kw)
     print(plan)
     return 0
 
@@ -89,10 +89,10 @@ def cmd_plan(args) -> int:
 def cmd_matmul(args) -> int:
     import tilearray as ta
 
-    _check_cluster_args(args)
-    _check_output(args, args.output, [args.a, args.b])
-    a = _open(args.a)
-    b = _open(args.b)
+    check_cluster_args(args)
+    check_output(args, args.output, [args.a, args.b])
+    a = open_input(args.a)
+    b = open_input(args.b)
     if args.transpose_a:
         a = a.T
     if args.transpose_b:
@@ -100,18 +100,18 @@ def cmd_matmul(args) -> int:
     expr = ta.matmul(a, b)
     kw = dict(tile=tuple(args.tile) if args.tile else None,
               shard=tuple(args.shard) if args.shard else None)
-    out = _abs(args.output)
-    with _engine(args) as engine:
+    out = abs_path(args.output)
+    with engine_from_args(args) as engine:
         if engine is None:
             return 0
         plan = expr.plan(out, name=args.name or "", engine=engine, **kw)
-        _log(args, str(plan))
+        log_to_stderr(args, str(plan))
         result = expr.to_zarr(out, args.name or "", overwrite=args.overwrite,
                               resume=args.resume, engine=engine, **kw)
         stats = getattr(result, "stats", None) or expr.stats
     ta_, tb_ = (".T" if args.transpose_a else ""), (".T" if args.transpose_b else "")
     lhs = f"{args.a}{ta_} @ {args.b}{tb_}"
-    print(_summary(f"matmul {lhs} -> {_member(args.output, args)} {result.shape} "
+    print(job_summary(f"matmul {lhs} -> {member_arg(args.output, args)} {result.shape} "
                    f"{result.dtype}", plan, stats))
     return 0
 
@@ -127,7 +127,7 @@ def _reduction(x, args):
         return getattr(x, args.op)(axis=args.axis, ddof=args.ddof)
     if args.ddof:
         raise UsageError("--ddof applies to --op var and std only")
-    return x._reduce(args.op, axis=args.axis)
+    return x.build_reduction(args.op, axis=args.axis)
 
 
 def _format_values(value) -> list[str]:
@@ -138,22 +138,22 @@ def _format_values(value) -> list[str]:
 
 
 def cmd_reduce(args) -> int:
-    _check_cluster_args(args)
+    check_cluster_args(args)
     if args.name and not args.output:
         raise UsageError("--name names a member of the -o output group; give -o too")
     if args.output:
-        _check_output(args, args.output, [args.a])
-    x = _open(args.a)
+        check_output(args, args.output, [args.a])
+    x = open_input(args.a)
     expr = _reduction(x, args)
     axis = "none" if args.axis is None else args.axis
     what = f"{args.op}(axis={axis}) of {args.a}"
-    out = _abs(args.output) if args.output else None
-    with _engine(args) as engine:
+    out = abs_path(args.output) if args.output else None
+    with engine_from_args(args) as engine:
         if engine is None:
             return 0
         # the plan of what runs: with -o, the write (a worker task) is part of it
         plan = expr.plan(out, name=args.name or "", engine=engine)
-        _log(args, str(plan))
+        log_to_stderr(args, str(plan))
         if args.output:
             value = expr.to_zarr(out, args.name or "", overwrite=args.overwrite,
                                  resume=args.resume, engine=engine)
@@ -164,12 +164,12 @@ def cmd_reduce(args) -> int:
 
     v = np.asarray(value)
     if args.output:
-        print(_summary(f"{what} -> {_member(args.output, args)} {v.shape} {v.dtype}", plan,
+        print(job_summary(f"{what} -> {member_arg(args.output, args)} {v.shape} {v.dtype}", plan,
                        stats))
     else:
         print("\n".join(_format_values(v)))
         sys.stdout.flush()
-        print(_summary(f"{what} = {v.shape} {v.dtype}", plan, stats), file=sys.stderr)
+        print(job_summary(f"{what} = {v.shape} {v.dtype}", plan, stats), file=sys.stderr)
     return 0
 
 
@@ -180,13 +180,13 @@ def add_parsers(sub, common, budget, cluster) -> None:
                                    "floats). Uses local threads unless a cluster option is "
                                    "given.")
     p.add_argument("path", metavar="PATH")
-    p.add_argument("--shape", type=_nonneg_int, nargs=2, metavar=("M", "N"), required=True)
-    p.add_argument("--tile", type=_pos_int, nargs=2, metavar=("R", "C"), default=[1024, 1024],
+    p.add_argument("--shape", type=nonneg_int, nargs=2, metavar=("M", "N"), required=True)
+    p.add_argument("--tile", type=pos_int, nargs=2, metavar=("R", "C"), default=[1024, 1024],
                    help="tile (Zarr chunk), default 1024 1024")
-    p.add_argument("--shard", type=_pos_int, nargs=2, metavar=("R", "C"),
+    p.add_argument("--shard", type=pos_int, nargs=2, metavar=("R", "C"),
                    help="shard (I/O unit), a multiple of the tile (default: unsharded)")
-    p.add_argument("--dtype", type=_dtype, default="float64", help="default float64")
-    p.add_argument("--seed", type=_nonneg_int, default=0, help="0 or more (default 0)")
+    p.add_argument("--dtype", type=dtype_arg, default="float64", help="default float64")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="0 or more (default 0)")
     output_opts(p, resume=False)
     p.set_defaults(func=cmd_random, parser=p)
 
@@ -226,10 +226,10 @@ def add_parsers(sub, common, budget, cluster) -> None:
     p.add_argument("a", metavar="A")
     p.add_argument("--op", choices=_reductions(), required=True, metavar="OP",
                    help="one of: " + ", ".join(_reductions()))
-    p.add_argument("--axis", type=_axis, default=None, metavar="{0,1,none}",
+    p.add_argument("--axis", type=axis_arg, default=None, metavar="{0,1,none}",
                    help="default none")
-    p.add_argument("--ddof", type=_nonneg_int, default=0, help="for var and std (default 0)")
-    p.add_argument("--ord", type=_ord, default=None,
+    p.add_argument("--ddof", type=nonneg_int, default=0, help="for var and std (default 0)")
+    p.add_argument("--ord", type=ord_arg, default=None,
                    help="for norm: fro (default), 1, -1, inf, -inf, or p along an axis")
     p.add_argument("-o", "--output", metavar="OUT")
     output_opts(p)

@@ -37,7 +37,7 @@ import traceback
 
 from tilearray.cli import deploy, info, jobs
 from tilearray.cli.common import PROG, UsageError, parents
-from tilearray.cli.options import _cli_words, _join_option_values, value_options
+from tilearray.cli.options import cli_words, join_option_values, value_options
 
 # -- the parser -------------------------------------------------------------------------
 
@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _one_line(e: BaseException) -> str:
     from tilearray.errors import TilearrayError
 
-    msg = _cli_words(" ".join(str(e).split()))
+    msg = cli_words(" ".join(str(e).split()))
     if not isinstance(e, TilearrayError):
         msg = f"{type(e).__name__}: {msg}" if msg else type(e).__name__
     return msg or type(e).__name__
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         return mpirun_main(argv[1:], prog=f"{PROG} mpirun")
     parser = build_parser()
     try:
-        args = parser.parse_args(_join_option_values(argv, value_options(parser)))
+        args = parser.parse_args(join_option_values(argv, value_options(parser)))
     except SystemExit as e:  # --help, --version, or a usage error (already printed)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     try:

@@ -21,20 +21,20 @@ def _int_at_least(text: str, least: int, what: str) -> int:
     return v
 
 
-def _nonneg_int(text: str) -> int:
+def nonneg_int(text: str) -> int:
     return _int_at_least(text, 0, "a non-negative integer")
 
 
-def _pos_int(text: str) -> int:
+def pos_int(text: str) -> int:
     return _int_at_least(text, 1, "a positive integer")
 
 
-def _bytes(text: str) -> int:
+def byte_size_arg(text: str) -> int:
     return parse_bytes_arg(text, None, argparse.ArgumentTypeError,
                            hint="use e.g. 1GiB, 512MiB, 2e9")
 
 
-def _dtype(text: str):
+def dtype_arg(text: str):
     import numpy as np
 
     from tilearray.storage.array import SUPPORTED_KINDS
@@ -50,7 +50,7 @@ def _dtype(text: str):
     return dt
 
 
-def _axis(text: str):
+def axis_arg(text: str):
     t = text.strip().lower()
     if t in ("none", "all"):
         return None
@@ -59,7 +59,7 @@ def _axis(text: str):
     raise argparse.ArgumentTypeError(f"axis must be 0, 1 or none, got {text!r}")
 
 
-def _ord(text: str):
+def ord_arg(text: str):
     t = text.strip().lower()
     if t in ("fro", "none"):
         return None if t == "none" else "fro"
@@ -87,7 +87,7 @@ _CLI_WORDS = [
 ]
 
 
-def _cli_words(msg: str) -> str:
+def cli_words(msg: str) -> str:
     for pattern, repl in _CLI_WORDS:
         msg = re.sub(pattern, repl, msg)
     return msg
@@ -112,7 +112,7 @@ def value_options(parser: argparse.ArgumentParser) -> frozenset[str]:
     return frozenset(out)
 
 
-def _join_option_values(argv: list[str], takes_value=frozenset({"--ord"})) -> list[str]:
+def join_option_values(argv: list[str], takes_value=frozenset({"--ord"})) -> list[str]:
     """``--memory-per-worker -1GiB`` as ``--memory-per-worker=-1GiB``: argparse
     takes a value that starts with ``-`` (other than a plain negative number)
     for an option, and says "expected one argument" instead of checking the

@@ -26,10 +26,10 @@ from .. import _config
 from ..errors import IncompleteOutputError, StorageArgumentError, StorageError
 from .geometry import Grid, int_pair
 from .groups import (  # noqa: F401  (re-exported: callers use storage.array's names)
-    _node_at,
     check_parents,
     choose_dims,
     dims_of,
+    node_at,
     prepare_member,
     refresh_consolidated,
     sibling_dims,
@@ -140,7 +140,7 @@ def open_array(
 def _is_group(ref: ArrayRef) -> bool:
     """True when a Zarr group (format 2 or 3) is stored at ``ref``."""
     try:
-        return _node_at(ref.store, ref.path)[0] == "group"
+        return node_at(ref.store, ref.path)[0] == "group"
     except Exception:  # an unreadable store: report what zarr said
         return False
 

@@ -122,7 +122,7 @@ def choose_dims(ref: ArrayRef, shape: tuple, dims=None, derived=None,
     return fallback
 
 
-def _node_at(store: Store, path: str) -> tuple[str | None, int | None]:
+def node_at(store: Store, path: str) -> tuple[str | None, int | None]:
     """``(node type, Zarr format)`` of what is stored at ``path``: ("group", 2),
     ("array", 3), ...; (None, None) when nothing is there. A format-2 group key
     wins over a format-3 one: such a group still has format-2 readers."""
@@ -200,7 +200,7 @@ def check_parents(ref: ArrayRef) -> None:
         return
     for parent in reversed(_parents(ref.path)):  # outermost first
         try:
-            kind, fmt = _node_at(ref.store, parent)
+            kind, fmt = node_at(ref.store, parent)
         except Exception:  # an unreadable parent: let the write itself report it
             return
         where = describe(ref.store, parent)
@@ -281,7 +281,7 @@ def prepare_member(ref: ArrayRef, replacing: bool = True) -> None:
             return
         for parent in reversed(parents):  # outermost first
             try:
-                if _node_at(ref.store, parent)[0] is None:
+                if node_at(ref.store, parent)[0] is None:
                     zarr.open_group(ref.store, path=parent or None, mode="a", zarr_format=3)
             except Exception:  # not creatable here: the create itself reports it
                 return

@@ -13,11 +13,11 @@ from ...storage import Grid
 from . import routines
 from .nodes import Elemwise, SliceNode, Source, Transpose, derive_dims
 from .ops import (
-    _DTYPE_OPS,
+    DTYPE_OPS,
     HANDLED,
     ExprBase,
-    _elemwise,
-    _reduce,
+    build_reduction,
+    elemwise,
     matmul,
     reduce_as,
 )
@@ -25,10 +25,10 @@ from .ops import (
 
 def _binary(name):
     def op(self, other):
-        return _elemwise(name, self, other)
+        return elemwise(name, self, other)
 
     def rop(self, other):
-        return _elemwise(name, other, self)
+        return elemwise(name, other, self)
 
     return op, rop
 
@@ -59,7 +59,7 @@ def _reduction(op: str, summary: str):
         ``axis`` out of bounds{empty}.
     """
     dtype_doc = ""
-    if op in _DTYPE_OPS:
+    if op in DTYPE_OPS:
         dtype_doc = ("\n    dtype : dtype-like, optional (keyword)\n        As NumPy's ``dtype=``: the "
                      "elements are cast to it and the result has it"
                      + (" (floating-point only)" if op in ("var", "std") else "") + ".")
@@ -67,13 +67,13 @@ def _reduction(op: str, summary: str):
         def method(self, axis=None, ddof=0, keepdims=False, *, dtype=None):
             return reduce_as(op, self, axis, keepdims, ddof, dtype)
         ddof_doc = "\n    ddof : int\n        Delta degrees of freedom: divide by ``N - ddof``."
-    elif op in _DTYPE_OPS:
+    elif op in DTYPE_OPS:
         def method(self, axis=None, keepdims=False, *, dtype=None):
             return reduce_as(op, self, axis, keepdims, 0, dtype)
         ddof_doc = ""
     else:
         def method(self, axis=None, keepdims=False):
-            return self._reduce(op, axis, keepdims)
+            return self.build_reduction(op, axis, keepdims)
         ddof_doc = ""
     empty = ", or a zero-size reduction without identity" if op in NO_IDENTITY else ""
     method.__name__ = method.__qualname__ = op
@@ -139,8 +139,8 @@ class LazyArray(ExprBase):
     def __pow__(self, other):
         if type(other) is int and other == 2:
             # ndarray ** 2 is np.square: bool ** 2 is int8 there, np.power's int64
-            return _elemwise("square", self)
-        return _elemwise("power", self, other)
+            return elemwise("square", self)
+        return elemwise("power", self, other)
 
     __mod__, __rmod__ = _binary("mod")
     __lt__, _ = _binary("less")
@@ -155,23 +155,23 @@ class LazyArray(ExprBase):
     __hash__ = object.__hash__
 
     def __neg__(self):
-        return _elemwise("negative", self)
+        return elemwise("negative", self)
 
     def __pos__(self):
         return self
 
     def __abs__(self):
-        return _elemwise("absolute", self)
+        return elemwise("absolute", self)
 
     def __invert__(self):
-        return _elemwise("invert", self)
+        return elemwise("invert", self)
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         if method != "__call__" or kwargs.get("out") is not None or ufunc.nout != 1:
             return NotImplemented
         if ufunc is np.matmul:
             return matmul(*inputs)
-        return _elemwise(ufunc.__name__, *inputs, **kwargs)
+        return elemwise(ufunc.__name__, *inputs, **kwargs)
 
     def __matmul__(self, other) -> LazyArray:
         return matmul(self, other)
@@ -217,10 +217,10 @@ class LazyArray(ExprBase):
         if min is None and max is None:
             raise TypeError("clip: one of min or max must be given")
         if min is None:
-            return _elemwise("minimum", self, max)
+            return elemwise("minimum", self, max)
         if max is None:
-            return _elemwise("maximum", self, min)
-        return _elemwise("clip", self, min, max)
+            return elemwise("maximum", self, min)
+        return elemwise("clip", self, min, max)
 
     def __getitem__(self, key) -> LazyArray:
         """Lazy basic slicing with positive steps, e.g. ``a[:100, ::2]``,
@@ -287,8 +287,8 @@ class LazyArray(ExprBase):
         return type(self)(Elemwise(shape, n.dtype, "getitem", (n,), (("key", key),)))
 
     # -- reductions -------------------------------------------------------------------
-    def _reduce(self, op, axis=None, keepdims=False, ddof=0) -> LazyArray:
-        return _reduce(op, self, axis, keepdims, ddof)
+    def build_reduction(self, op, axis=None, keepdims=False, ddof=0) -> LazyArray:
+        return build_reduction(op, self, axis, keepdims, ddof)
 
     sum = _reduction("sum", "Sum of the elements")
     prod = _reduction("prod", "Product of the elements")

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import routines, statistics
 from .lazy import LazyArray
-from .ops import HANDLED, _elemwise, matmul, reduce_as
+from .ops import HANDLED, elemwise, matmul, reduce_as
 
 
 def implements(*funcs):
@@ -89,7 +89,7 @@ def where(condition, x=None, y=None):
     if x is None or y is None:
         raise TypeError("np.where(condition) (the indices of non-zero entries) is not "
                         "supported on TiledArrays; use np.where(condition, x, y)")
-    return _elemwise("where", condition, x, y)
+    return elemwise("where", condition, x, y)
 
 
 @implements(np.shape)

@@ -18,7 +18,7 @@ from .nodes import Constant, Elemwise, MatMul, MatVec, Node, Reduce
 
 
 class ExprBase:
-    """A lazy array: the wrapper of one expression node (``_node``)."""
+    """A lazy array: the wrapper of one expression node (``as_node``)."""
 
     __array_priority__ = 100
 
@@ -26,7 +26,7 @@ class ExprBase:
         self._node = node
 
 
-def _like(x, node: Node):
+def wrap_like(x, node: Node):
     """``node`` wrapped like the lazy array ``x`` (the same type)."""
     return type(x)(node)
 
@@ -35,19 +35,19 @@ def _wrap(args, node: Node):
     """``node`` wrapped like the first lazy array among ``args``."""
     for a in args:
         if isinstance(a, ExprBase):
-            return _like(a, node)
+            return wrap_like(a, node)
     raise TypeError("an expression needs at least one TiledArray operand")
 
 
-def _node(x):
+def as_node(x):
     if isinstance(x, ExprBase):
         return x._node
     if isinstance(x, np.ndarray):
-        return _constant(x)
+        return as_constant(x)
     return x
 
 
-def _constant(x: np.ndarray):
+def as_constant(x: np.ndarray):
     """A NumPy operand: a 0-d array is a scalar; a row or column vector is
     broadcast like a reduction's result; a whole matrix must be stored."""
     if x.ndim == 0:
@@ -71,8 +71,8 @@ def _sample(x):
     return x
 
 
-def _elemwise(name: str, *args, **kwargs) -> ExprBase:
-    nodes = [_node(a) for a in args]
+def elemwise(name: str, *args, **kwargs) -> ExprBase:
+    nodes = [as_node(a) for a in args]
     for a in nodes:
         _check_operand(a, name)
         if isinstance(a, complex | np.complexfloating):
@@ -120,7 +120,7 @@ HANDLED: dict = {}
 (filled by :mod:`.npfuncs` and ``tilearray.linalg``)."""
 
 
-_DTYPE_OPS = frozenset({"sum", "prod", "mean", "var", "std", "nansum", "nanmean"})
+DTYPE_OPS = frozenset({"sum", "prod", "mean", "var", "std", "nansum", "nanmean"})
 """Reductions that take NumPy's ``dtype=`` (the accumulator and result type)."""
 
 
@@ -129,8 +129,8 @@ def reduce_as(op, x, axis=None, keepdims=False, ddof=0, dtype=None) -> ExprBase:
     ``dtype`` and the result is of ``dtype`` (``mean(dtype=int)`` truncates,
     ``sum(dtype=int8)`` wraps, like NumPy)."""
     if dtype is None:
-        return _reduce(op, x, axis, keepdims, ddof)
-    if op not in _DTYPE_OPS:
+        return build_reduction(op, x, axis, keepdims, ddof)
+    if op not in DTYPE_OPS:
         raise PlanningError(f"{op}: dtype= is not an argument of numpy.{op}")
     try:
         dt = np.dtype(dtype)
@@ -142,23 +142,23 @@ def reduce_as(op, x, axis=None, keepdims=False, ddof=0, dtype=None) -> ExprBase:
     if op in ("var", "std") and dt.kind != "f":
         raise PlanningError(f"{op}: dtype={dt} is not supported; use a floating-point dtype "
                             "(NumPy computes integer variances from truncated means)")
-    if op == "nanmean" and dt.kind != "f" and _node(x).dtype.kind == "f":
+    if op == "nanmean" and dt.kind != "f" and as_node(x).dtype.kind == "f":
         raise PlanningError(f"nanmean: dtype={dt} is not floating-point while the input is "
-                            f"{_node(x).dtype} (NumPy refuses it too)")
+                            f"{as_node(x).dtype} (NumPy refuses it too)")
     if op in ("mean", "nanmean") and dt.kind != "f":
         # NumPy: the sum accumulates in dtype (wrapping), then is divided and cast back
         total = reduce_as("sum", x, axis, keepdims, 0, dt)
-        count = int(np.prod(_node(x).shape)) // max(int(np.prod(total.shape)), 1)
+        count = int(np.prod(as_node(x).shape)) // max(int(np.prod(total.shape)), 1)
         if not count:
             raise PlanningError(f"{op}: mean of an empty selection with dtype={dt} (NumPy "
                                 "gives NaN, which dtype cannot hold)")
         return (total / count).astype(dt)
-    res = _reduce(op, _like(x, _node(x)).astype(dt), axis, keepdims, ddof)
+    res = build_reduction(op, wrap_like(x, as_node(x)).astype(dt), axis, keepdims, ddof)
     return res if res.dtype == dt else res.astype(dt)
 
 
-def _reduce(op, x, axis, keepdims, ddof) -> ExprBase:
-    n = _node(x)
+def build_reduction(op, x, axis, keepdims, ddof) -> ExprBase:
+    n = as_node(x)
     if op not in OPS:
         raise PlanningError(f"unknown reduction {op!r}; choose from {', '.join(OPS)}")
     if n.ndim == 0 and isinstance(axis, int | np.integer) and not isinstance(axis, bool) \
@@ -198,7 +198,7 @@ def _reduce(op, x, axis, keepdims, ddof) -> ExprBase:
     else:
         shape = tuple(1 if i == axis else s for i, s in enumerate(n.shape)) if keepdims else \
             tuple(s for i, s in enumerate(n.shape) if i != axis)
-    return _like(x, Reduce(shape, res.dtype, op, n, axis, bool(keepdims), int(ddof)))
+    return wrap_like(x, Reduce(shape, res.dtype, op, n, axis, bool(keepdims), int(ddof)))
 
 
 def matmul(a, b) -> ExprBase:

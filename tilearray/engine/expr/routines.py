@@ -13,7 +13,7 @@ from dask.base import tokenize
 
 from ...errors import PlanningError
 from .nodes import Concat, Diagonal, Elemwise, Node, Scan, Take
-from .ops import ExprBase, _like, _node, _reduce
+from .ops import ExprBase, as_node, build_reduction, wrap_like
 
 NOT_3D = ("tilearray matrices are 2-D; use np.concatenate, np.hstack or np.vstack for a "
           "2-D result")
@@ -25,7 +25,7 @@ def _operand(x, fn: str) -> Node:
                         "it with ta.from_numpy(x, path) first")
     if not isinstance(x, ExprBase):
         raise TypeError(f"{fn}: operands must be TiledArrays, got {type(x).__name__}")
-    return _node(x)
+    return as_node(x)
 
 
 def join_small(how: str, arrays, dtype=None, **kw) -> ExprBase | None:
@@ -33,7 +33,7 @@ def join_small(how: str, arrays, dtype=None, **kw) -> ExprBase | None:
     (reductions' vectors, 1-D arrays), in memory on a worker; None when
     some operand is a matrix."""
     arrays = list(arrays)
-    nodes = [_node(a) if isinstance(a, ExprBase) else a for a in arrays]
+    nodes = [as_node(a) if isinstance(a, ExprBase) else a for a in arrays]
     if not nodes or not any(isinstance(n, Node) for n in nodes) or \
             not all(isinstance(n, Node) and n.small for n in nodes):
         return None
@@ -42,7 +42,7 @@ def join_small(how: str, arrays, dtype=None, **kw) -> ExprBase | None:
     kwargs = (("how", how),) + tuple(sorted(kw.items())) + \
         ((("dtype", np.dtype(dtype)),) if dtype is not None else ())
     first = next(a for a in arrays if isinstance(a, ExprBase))
-    return _like(first, Elemwise(res.shape, res.dtype, "join", tuple(nodes), kwargs))
+    return wrap_like(first, Elemwise(res.shape, res.dtype, "join", tuple(nodes), kwargs))
 
 
 def concatenate(arrays, axis=0, dtype=None) -> ExprBase:
@@ -52,7 +52,7 @@ def concatenate(arrays, axis=0, dtype=None) -> ExprBase:
     arrays = list(arrays)
     if not arrays:
         raise ValueError("need at least one array to concatenate")
-    nodes = [_node(a) if isinstance(a, np.ndarray) and a.ndim == 2 and
+    nodes = [as_node(a) if isinstance(a, np.ndarray) and a.ndim == 2 and
              1 in a.shape else _operand(a, "concatenate") for a in arrays]
     if axis is not None and all(n.small for n in nodes) and \
             any(isinstance(a, ExprBase) for a in arrays):
@@ -74,10 +74,10 @@ def concatenate(arrays, axis=0, dtype=None) -> ExprBase:
     dt = np.dtype(dtype) if dtype is not None else np.result_type(*[n.dtype for n in nodes])
     first = next(a for a in arrays if isinstance(a, ExprBase))
     if len(nodes) == 1:
-        return _like(first, nodes[0])
+        return wrap_like(first, nodes[0])
     shape = [nodes[0].shape[0], nodes[0].shape[1]]
     shape[axis] = sum(n.shape[axis] for n in nodes)
-    return _like(first, Concat(tuple(shape), dt, tuple(nodes), axis))
+    return wrap_like(first, Concat(tuple(shape), dt, tuple(nodes), axis))
 
 
 def _axis(axis, fn: str, ndim: int = 2) -> int:
@@ -120,9 +120,9 @@ def take(a, indices, axis=None) -> ExprBase:
     idx.flags.writeable = False
     shape = list(n.shape)
     shape[axis] = len(idx)
-    out = _like(a, Take(tuple(shape), n.dtype, n, axis, idx, tokenize(idx)))
+    out = wrap_like(a, Take(tuple(shape), n.dtype, n, axis, idx, tokenize(idx)))
     if scalar:  # one line: a small 1-D result (max over one element is that element)
-        return _reduce("max", out, axis, False, 0)
+        return build_reduction("max", out, axis, False, 0)
     return out
 
 
@@ -130,7 +130,7 @@ def mask_positions(mask, size: int, axis: int) -> np.ndarray:
     """Positions of a boolean mask along an axis of length ``size``: a NumPy
     mask, or a lazy one (computed now: one pass over what it reads)."""
     if isinstance(mask, ExprBase):
-        m = _node(mask)
+        m = as_node(mask)
         if m.ndim != 1 and not (m.ndim == 2 and 1 in m.shape):
             raise IndexError(f"a boolean index must be 1-D, got shape {m.shape}")
         mask = np.asarray(mask.compute())
@@ -152,13 +152,13 @@ def diagonal(a, offset=0, axis1=0, axis2=1) -> ExprBase:
     if ax1 == ax2:
         raise ValueError("diagonal: axis1 and axis2 cannot be the same")
     if (ax1, ax2) == (1, 0):
-        n = _node(_like(a, n).T)
+        n = as_node(wrap_like(a, n).T)
     offset = operator.index(offset)
     m, k = n.shape
     length = max(0, min(m, k - offset) if offset >= 0 else min(m + offset, k))
     if n.small:
-        return _like(a, Elemwise((length,), n.dtype, "diagonal", (n,), (("offset", offset),)))
-    return _like(a, Diagonal((length,), n.dtype, n, offset))
+        return wrap_like(a, Elemwise((length,), n.dtype, "diagonal", (n,), (("offset", offset),)))
+    return wrap_like(a, Diagonal((length,), n.dtype, n, offset))
 
 
 def diag(v, k=0) -> ExprBase:
@@ -169,7 +169,7 @@ def diag(v, k=0) -> ExprBase:
         return diagonal(v, k)
     if n.ndim == 1 and n.small:
         size = n.shape[0] + abs(operator.index(k))
-        return _like(v, Elemwise((size, size), n.dtype, "diag", (n,), (("k", k),)))
+        return wrap_like(v, Elemwise((size, size), n.dtype, "diag", (n,), (("k", k),)))
     raise PlanningError(f"diag: a 1-D or 2-D input is needed, got shape {n.shape}")
 
 
@@ -189,13 +189,13 @@ def scan(op: str, a, axis=None, dtype=None) -> ExprBase:
     if axis is None and n.ndim > 1:
         raise TypeError(f"{op}: axis=None (a scan of the flattened array) is not supported; "
                         "give axis=0 or axis=1")
-    x = _like(a, n) if dtype is None else _like(a, n).astype(dtype)
-    n = _node(x)
+    x = wrap_like(a, n) if dtype is None else wrap_like(a, n).astype(dtype)
+    n = as_node(x)
     axis = _axis(0 if axis is None else axis, op, n.ndim)
     out_dtype = getattr(np, op)(np.ones((1,) * n.ndim, n.dtype), axis=axis).dtype
     if n.small:
-        return _like(a, Elemwise(n.shape, out_dtype, op, (n,), (("axis", axis),)))
-    return _like(a, Scan(n.shape, out_dtype, op, n, axis))
+        return wrap_like(a, Elemwise(n.shape, out_dtype, op, (n,), (("axis", axis),)))
+    return wrap_like(a, Scan(n.shape, out_dtype, op, n, axis))
 
 
 def index(a, key: tuple) -> ExprBase:
@@ -207,7 +207,7 @@ def index(a, key: tuple) -> ExprBase:
     for ax, k in enumerate(key):
         if isinstance(k, slice):
             continue
-        if isinstance(k, ExprBase) and _node(k).dtype.kind != "b":
+        if isinstance(k, ExprBase) and as_node(k).dtype.kind != "b":
             k = np.asarray(k.compute())
         if isinstance(k, ExprBase) or np.asarray(k).dtype.kind == "b":
             lists.append((ax, mask_positions(k, x.shape[ax], ax)))
@@ -225,5 +225,5 @@ def index(a, key: tuple) -> ExprBase:
         x = take(x, [k], ax)
     if scalars:
         axis = None if len(scalars) == 2 else scalars[0][0]
-        return _reduce("max", x, axis, False, 0)
+        return build_reduction("max", x, axis, False, 0)
     return x

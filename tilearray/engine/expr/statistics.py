@@ -12,7 +12,7 @@ import numpy as np
 from ...errors import PlanningError
 from . import routines
 from .nodes import Full, Outer, Quantile
-from .ops import ExprBase, _constant, _elemwise, _like, _node
+from .ops import ExprBase, as_constant, as_node, elemwise, wrap_like
 
 
 def cov(m, y=None, rowvar=True, bias=False, ddof=None, fweights=None, aweights=None,
@@ -32,7 +32,7 @@ def cov(m, y=None, rowvar=True, bias=False, ddof=None, fweights=None, aweights=N
     x = m if not rowvar else _T(m, "cov")
     if y is not None:
         x = routines.concatenate([x, y if not rowvar else _T(y, "cov")], axis=1)
-    n = _node(x)
+    n = as_node(x)
     if n.ndim != 2 or n.small:
         raise PlanningError(f"cov: a 2-D TiledArray is needed, got shape {n.shape}")
     obs, nvar = n.shape
@@ -43,7 +43,7 @@ def cov(m, y=None, rowvar=True, bias=False, ddof=None, fweights=None, aweights=N
     ddof = operator.index(ddof)
     dt = np.result_type(n.dtype, np.float64) if dtype is None else np.dtype(dtype)
     xf = x.astype(dt)
-    ones = _like(x, Full((obs, 1), dt, 1))
+    ones = wrap_like(x, Full((obs, 1), dt, 1))
     y_aug = routines.concatenate([xf - xf[0], ones], axis=1)
     gram = y_aug.T @ y_aug
     colsum = gram[:nvar, nvar]  # a small vector: the last column's units only
@@ -74,11 +74,11 @@ def outer(a, b) -> ExprBase:
     else:
         raise TypeError("np.outer: one operand must be a TiledArray")
     dtype = np.result_type(na.dtype, nb.dtype)
-    return _like(like, Outer((na.shape[0], nb.shape[0]), dtype, na, nb))
+    return wrap_like(like, Outer((na.shape[0], nb.shape[0]), dtype, na, nb))
 
 
 def _vector(v):
-    n = _node(v) if isinstance(v, ExprBase) else _constant(np.asarray(v).reshape(-1))
+    n = as_node(v) if isinstance(v, ExprBase) else as_constant(np.asarray(v).reshape(-1))
     if not getattr(n, "small", False) or n.ndim != 1:
         raise PlanningError(f"np.outer: the operands must be vectors (small 1-D results or "
                             f"NumPy vectors), got shape {n.shape}")
@@ -89,20 +89,20 @@ def isclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False) -> ExprBase:
     """``np.isclose``: where both are finite ``|a - b| <= atol + rtol * |b|``,
     elsewhere ``a == b`` (infinities equal only themselves); NaNs equal each
     other when ``equal_nan``. Lazy and elementwise, fused into the reads."""
-    absb = _elemwise("absolute", b) if isinstance(b, ExprBase) else np.abs(b)
-    near = _elemwise("less_equal", _elemwise("absolute", _elemwise("subtract", a, b)),
+    absb = elemwise("absolute", b) if isinstance(b, ExprBase) else np.abs(b)
+    near = elemwise("less_equal", elemwise("absolute", elemwise("subtract", a, b)),
                      atol + rtol * absb)
-    finite = _elemwise("logical_and", _u("isfinite", a), _u("isfinite", b))
-    close = _elemwise("where", finite, near, _elemwise("equal", a, b))
+    finite = elemwise("logical_and", _u("isfinite", a), _u("isfinite", b))
+    close = elemwise("where", finite, near, elemwise("equal", a, b))
     if equal_nan:
-        both = _elemwise("logical_and", _u("isnan", a), _u("isnan", b))
-        close = _elemwise("logical_or", close, both)
+        both = elemwise("logical_and", _u("isnan", a), _u("isnan", b))
+        close = elemwise("logical_or", close, both)
     return close
 
 
 def _u(name: str, v):
     """A unary ufunc of a TiledArray (lazy) or of a scalar / NumPy operand (now)."""
-    return _elemwise(name, v) if isinstance(v, ExprBase) else getattr(np, name)(v)
+    return elemwise(name, v) if isinstance(v, ExprBase) else getattr(np, name)(v)
 
 
 def allclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False) -> ExprBase:
@@ -143,7 +143,7 @@ def quantile(op: str, a, q, axis=None, method="linear", keepdims=False,
     ``N * (3 * itemsize + 16)`` bytes for N rows) in bands as wide as fit the
     budget; refused when one line does not fit. ``axis=None`` (the whole
     array at once) is refused."""
-    n = _node(a)
+    n = as_node(a)
     if axis is None:
         raise TypeError(f"np.{op}: axis=None (all elements at once) is not supported on "
                         "TiledArrays; give axis=0 or axis=1")
@@ -162,4 +162,4 @@ def quantile(op: str, a, q, axis=None, method="linear", keepdims=False,
     if dtype is None:
         dtype = np.asarray(np.quantile(np.ones((2, 2), n.dtype), q, axis=0, method=method)).dtype
     node = Quantile(shape, np.dtype(dtype), op, n, ax, qs, scalar, method)
-    return _like(a, node)
+    return wrap_like(a, node)

@@ -18,7 +18,7 @@ from ...errors import ClusterError
 from ..plan.types import Budget
 from . import context
 from .gather import gather
-from .local import _restore_environ, check_alive, check_arguments, start_local
+from .local import check_alive, check_arguments, restore_environ, start_local
 from .stats import RunStats
 
 log = logging.getLogger("tilearray")
@@ -190,7 +190,7 @@ class Engine:
             finally:
                 quiet.setLevel(level)
             if getattr(self, "_environ", None) is not None:
-                _restore_environ(self._environ)
+                restore_environ(self._environ)
         self._owns = False
 
     def __repr__(self) -> str:

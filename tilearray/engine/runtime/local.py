@@ -13,7 +13,7 @@ import psutil
 from ... import _config
 from ...errors import ClusterArgumentError, ClusterArgumentTypeError, ClusterError
 from ..plan.types import Budget, check_worker_memory
-from .spawn import _GUARD, _choose_processes
+from .spawn import GUARD, choose_processes
 
 
 def check_arguments(n_workers, threads_per_worker, memory_per_worker, client, processes,
@@ -60,7 +60,7 @@ def start_local(n_workers, threads, memory_per_worker, processes, adaptive, span
     n = int(n_workers or max(cores // threads, 1))
     if adaptive is not None:
         n = hi if n_workers is None else int(n_workers)
-    processes = _choose_processes(processes, n)
+    processes = choose_processes(processes, n)
     mem = memory_per_worker if memory_per_worker is not None else default_memory(n)
     blas = max(cores // (n * threads), 1)
     # distributed's nanny writes its pre-spawn settings (OMP/MKL/OPENBLAS
@@ -92,7 +92,7 @@ def start_local(n_workers, threads, memory_per_worker, processes, adaptive, span
         hint = ""
         if processes and "Nanny failed" in str(e):
             hint = (f" (worker processes re-run the main script: if it starts the engine "
-                    f"outside {_GUARD!r}, add the guard, or pass processes=False)")
+                    f"outside {GUARD!r}, add the guard, or pass processes=False)")
         raise ClusterError(f"could not start a LocalCluster ({n} x {threads}): "
                            f"{e}{hint}") from e
     if processes:
@@ -104,7 +104,7 @@ def start_local(n_workers, threads, memory_per_worker, processes, adaptive, span
     client.register_plugin(BlasLimit(blas), name=BlasLimit.name)
     if processes:
         client.register_plugin(IgnoreInterrupt(), name=IgnoreInterrupt.name)
-    _restore_environ(environ)
+    restore_environ(environ)
     return cluster, client, (mem, threads, n), blas, environ
 
 
@@ -163,7 +163,7 @@ def default_budget() -> Budget:
     return Budget.from_config(default_memory(n), n, 1)
 
 
-def _restore_environ(saved: dict) -> None:
+def restore_environ(saved: dict) -> None:
     for k in set(os.environ) - set(saved):
         del os.environ[k]
     os.environ.update(saved)

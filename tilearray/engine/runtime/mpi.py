@@ -78,21 +78,21 @@ import time
 from ...errors import ClusterArgumentError, ClusterError
 from . import context
 from .mpi_ranks import (
-    _barrier,
-    _deadline,
-    _flush,
-    _ignore_sigusr1,
-    _in_spawned_child,
-    _local_facts,
-    _main_hidden,
-    _quiet_logs,
-    _seconds,
-    _shutdown,
+    deadline_after,
+    flush_streams,
+    ignore_sigusr1,
+    in_spawned_child,
+    local_facts,
+    main_hidden,
+    quiet_logs,
+    rank_barrier,
+    seconds_arg,
+    shutdown_ranks,
 )
 from .mpirun import (  # noqa: F401  (the launcher's public names live here too)
-    _SHELL_WRAPPER,
     CLIENT_RANK,
     FINALIZE_ENV,
+    SHELL_WRAPPER,
     STATUS_ENV,
     await_client,
     find_mpiexec,
@@ -137,7 +137,7 @@ def _finalize(wait: float | None) -> None:
         if not done.wait(wait):
             sys.stderr.write(f"tilearray.mpi: MPI_Finalize did not return within {wait:.0f} s "
                              "(a rank died?); exiting\n")
-            _flush()
+            flush_streams()
             os._exit(code)
 
     threading.Thread(target=watchdog, daemon=True, name="tilearray-finalize").start()
@@ -165,7 +165,7 @@ def dask_setup(scheduler) -> None:
 
         nannies = [ws.nanny for ws in scheduler.workers.values() if ws.nanny]
 
-        async def one(addr):  # as in _shutdown: Nannies stop their workers first
+        async def one(addr):  # as in shutdown_ranks: Nannies stop their workers first
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(scheduler.rpc(addr).terminate(reason=reason), cfg["grace"])
 
@@ -236,19 +236,19 @@ class _ClientExit:
         if self._closed or self.engine is None:
             return
         self._closed = True
-        _shutdown(self.engine.client, self.timeout)
+        shutdown_ranks(self.engine.client, self.timeout)
 
     def at_exit(self) -> None:
         code = 0 if self.code is None else self.code
         if self.status_path:  # first: the cluster's shutdown may end this process
             write_status(self.status_path, code)
         self.shutdown_cluster()
-        _flush()
+        flush_streams()
         if os.environ.get(FINALIZE_ENV) == "skip" and not _finalize_disabled:
             # mpi4py was imported before us and would MPI_Finalize (and hang
             # on a dead rank) after this handler: leave now
             logging.shutdown()
-            _flush()
+            flush_streams()
             os._exit(code)
         _finalize(None)
 
@@ -324,12 +324,12 @@ def start(engine_cls, memory_per_worker=None, threads_per_worker=1, nanny=True,
             return _client_exit.engine  # already booted: the same engine
         raise ClusterError("this job's MPI cluster was already shut down; Engine.mpi() boots "
                            "one cluster per mpiexec job")
-    if _in_spawned_child():
+    if in_spawned_child():
         raise ClusterError(
             "tilearray.Engine.mpi() was called in a multiprocessing child process that is "
             "re-importing the main script. Put the script's work under "
             "`if __name__ == \"__main__\":` so that importing it has no side effects.")
-    wait = _seconds(timeout, 60)
+    wait = seconds_arg(timeout, 60)
     threads = int(threads_per_worker or 1)
     # under the launcher: out of hydra's reach when a rank's wrapper is killed
     leave_launcher_group(os.environ.get(STATUS_ENV))
@@ -339,10 +339,10 @@ def start(engine_cls, memory_per_worker=None, threads_per_worker=1, nanny=True,
     if "mpi4py.MPI" not in sys.modules and os.environ.get(FINALIZE_ENV) == "skip":
         mpi4py.rc.finalize = False
         _finalize_disabled = True
-    with _deadline(wait, "MPI_Init (it waits for every rank)"):
+    with deadline_after(wait, "MPI_Init (it waits for every rank)"):
         from mpi4py import MPI  # MPI_Init: MPICH installs a SIGUSR1 handler, which spawned
 
-    _ignore_sigusr1()  # children would reset to "terminate": ignore it instead
+    ignore_sigusr1()  # children would reset to "terminate": ignore it instead
     comm = MPI.COMM_WORLD
     size, rank = comm.Get_size(), comm.Get_rank()
     if size < 3:
@@ -351,9 +351,9 @@ def start(engine_cls, memory_per_worker=None, threads_per_worker=1, nanny=True,
             f"got {size}; run with e.g. `mpiexec -n 4 python script.py`")
     import distributed  # noqa: F401  (configures its logging at import: quiet it after)
 
-    _quiet_logs(log_level)
-    _barrier(comm, wait, "tilearray.Engine.mpi()")
-    local_workers, blas = _local_facts(comm, rank, threads)
+    quiet_logs(log_level)
+    rank_barrier(comm, wait, "tilearray.Engine.mpi()")
+    local_workers, blas = local_facts(comm, rank, threads)
 
     import dask
     from dask_mpi import initialize
@@ -391,7 +391,7 @@ def start(engine_cls, memory_per_worker=None, threads_per_worker=1, nanny=True,
         exit=False,
     )
     if rank != CLIENT_RANK:
-        hide = _main_hidden() if (nanny and rank != SCHEDULER_RANK) else contextlib.nullcontext()
+        hide = main_hidden() if (nanny and rank != SCHEDULER_RANK) else contextlib.nullcontext()
         try:
             with hide:
                 initialize(**kwargs)
@@ -399,12 +399,12 @@ def start(engine_cls, memory_per_worker=None, threads_per_worker=1, nanny=True,
             role = "scheduler" if rank == SCHEDULER_RANK else "worker"
             sys.stderr.write(f"tilearray.mpi: the {role} on rank {rank} failed: "
                              f"{type(e).__name__}: {e}\n")
-            _flush()
+            flush_streams()
             if rank == SCHEDULER_RANK:  # every other rank waits for the scheduler's address
                 mark_abort(os.environ.get(STATUS_ENV))
                 comm.Abort(1)
             os._exit(1)
-        _flush()
+        flush_streams()
         if not exit:
             return None
         # under the launcher: leave only once the client rank has reported its
@@ -412,7 +412,7 @@ def start(engine_cls, memory_per_worker=None, threads_per_worker=1, nanny=True,
         await_client(os.environ.get(STATUS_ENV), stale=max(wait, 10.0))
         if os.environ.get(FINALIZE_ENV) == "skip":
             if not _finalize_disabled:
-                _flush()
+                flush_streams()
                 os._exit(0)  # mpi4py would MPI_Finalize at exit, and wait for a dead rank
         else:
             _finalize(None)

