@@ -35,6 +35,7 @@ from ..expr.nodes import (
     TSQR,
     Constant,
     Elemwise,
+    Factor,
     MatMul,
     Node,
     Reduce,
@@ -42,6 +43,13 @@ from ..expr.nodes import (
     Source,
     Transpose,
     structure,
+)
+from .cholesky import (
+    cholesky_tile,
+    lower_cholesky,
+    lower_incore,
+    lower_logdiag,
+    lower_trsolve,
 )
 from .map import lower_map
 from .matmul import lower_matmul
@@ -145,7 +153,7 @@ class Planner:
         if isinstance(node, Elemwise) and not node.small:
             return Op(node.name, tuple(self._arg(a, deps, node.shape) for a in node.args),
                       node.kwargs)
-        if isinstance(node, MatMul | TSQR):
+        if isinstance(node, MatMul | TSQR | Factor):
             read, wait = self._materialise(node)
             self._depend(wait, deps)  # wait for every block of the temporary
             return read
@@ -165,26 +173,35 @@ class Planner:
             return self.spec(a, deps)
         return Dep(self._depend(self.small(a), deps), _dep_kind(a.shape, shape))
 
-    def _materialise(self, node: MatMul | TSQR) -> tuple:
-        """A matmul (or a TSQR's Q / U) inside another expression: computed
-        into a temporary array first; returns its ``Read`` and the key of the
-        barrier after its blocks."""
+    def _materialise(self, node: MatMul | TSQR | Factor) -> tuple:
+        """A matmul (or a TSQR's Q / U, a Cholesky factor) inside another
+        expression: computed into a temporary array first; returns its
+        ``Read`` and the key of the barrier after its blocks."""
         if id(node) in self._temps:
             return self._temps[id(node)]
-        # unique per run: concurrent runs never share (or delete) a temporary
-        token = tokenize(structure(node), self.run_id)
-        base = _config.get("temporary-directory") or tempfile.gettempdir()
-        ref = ArrayRef.from_location(os.path.join(base, f"tilearray-tmp-{token}.zarr"))
         if isinstance(node, MatMul):
             tile = (leaf_tile(node.a, 0), leaf_tile(node.b, 1))
+        elif isinstance(node, Factor):  # square tiles the planner picks under the budget
+            b = cholesky_tile(node, self.spec(node.x, []), self.budget)
+            tile = (b, b)
         else:
             tile = (leaf_tile(node.x, 0), max(node.shape[1], 1))
-        self.creates.append(Create(ref, node.shape, node.dtype, tile, None, temporary=True))
-        grid = Grid.regular(node.shape, tile)
-        stage = (self.matmul if isinstance(node, MatMul) else self.tsqr)(node, ref, grid)
+        ref, grid = self._temporary(node, tile)
+        lowering = {MatMul: self.matmul, TSQR: self.tsqr, Factor: self.factor}[type(node)]
+        stage = lowering(node, ref, grid)
+        token = tokenize(structure(node), self.run_id)
         wait = self._loose.add("barrier-" + token, barrier, *stage.outputs["result"].keys)
         self._temps[id(node)] = (Read(ref, grid, np.dtype(node.dtype)), wait)
         return self._temps[id(node)]
+
+    def _temporary(self, node: Node, tile: tuple) -> tuple:
+        """A temporary array for ``node`` (unique per run: concurrent runs
+        never share or delete one), created by the run: ``(ref, grid)``."""
+        token = tokenize(structure(node), self.run_id)
+        base = _config.get("temporary-directory") or tempfile.gettempdir()
+        ref = ArrayRef.from_location(os.path.join(base, f"tilearray-tmp-{token}.zarr"))
+        self.creates.append(Create(ref, node.shape, node.dtype, tile, None, temporary=True))
+        return ref, Grid.regular(node.shape, tile)
 
     # -- the operations -----------------------------------------------------------
     def matmul(self, node: MatMul, out=None, out_grid=None, skip=frozenset()) -> Stage:
@@ -206,6 +223,33 @@ class Planner:
         for stage in lower_tsqr(node, specs, widths, deps, self.budget, out, out_grid, skip):
             last = self.add(stage)
         return last
+
+    def factor(self, node: Factor, out=None, out_grid=None, skip=frozenset()) -> Stage:
+        """The stages of a Cholesky factor ("L": into ``out``, or a temporary
+        whose tiles ``compute()`` gathers), a triangular solve, a slogdet
+        from a factor's diagonal or a one-task dense routine; returns the last."""
+        deps: list = []
+        spec = self.spec(node.x, deps)
+        if node.part == "L":
+            if out is None:
+                b = cholesky_tile(node, spec, self.budget)
+                out, out_grid = self._temporary(node, (b, b))
+                return self.add(lower_cholesky(node, spec, deps, self.budget, b, out, out_grid,
+                                               keep=True))
+            b = _square_unit(node, out_grid)
+            return self.add(lower_cholesky(node, spec, deps, self.budget, b, out, out_grid,
+                                           skip))
+        if node.part == "logdiag":
+            return self.add(lower_logdiag(node, spec, deps))
+        rhs, y_spec = None, None
+        if node.y is not None and node.y.small:
+            rhs = self.small(node.y)
+            y_spec = Dep(self._depend(rhs, deps), "block")
+        elif node.y is not None:
+            y_spec = self.spec(node.y, deps)
+        if node.part == "trsolve":
+            return self.add(lower_trsolve(node, spec, y_spec, deps, self.budget))
+        return self.add(lower_incore(node, spec, y_spec, deps, self.budget))
 
     def map(self, node: Node, out=None, out_grid=None, skip=frozenset()) -> Stage:
         deps: list = []
@@ -250,6 +294,8 @@ class Planner:
             key = self._reduce(self._unshifted(node))
         elif isinstance(node, TSQR):
             key = self.tsqr(node).outputs["R"].keys[0]
+        elif isinstance(node, Factor):
+            key = self.factor(node).outputs["0"].keys[0]
         else:
             key = self.add(self._small_op(node)).outputs["0"].keys[0]
         self._small[id(node)] = key
@@ -292,6 +338,16 @@ class Planner:
         return [d for d in todo
                 if not any(d in self._covers.get(e, ()) for e in todo if e != d)] + [
             k for k in self._stats_only if k not in covered and k not in todo]
+
+
+def _square_unit(node: Factor, grid) -> int:
+    """The Cholesky tile of an output grid: its I/O unit, which must be square."""
+    u = grid.unit
+    if u[0] != u[1]:
+        raise PlanningError(
+            f"{node}: a Cholesky factor is written in square tiles, but the output's I/O unit "
+            f"is {u[0]} x {u[1]}; pass tile=(b, b) (and a square shard, if any)")
+    return u[0]
 
 
 def _dep_kind(small_shape: tuple, shape: tuple) -> str:
@@ -340,7 +396,7 @@ def _lower(node, budget, out, out_grid, skip) -> Plan:
         last = p.add(lower_store_small(node, key, out) if out is not None else result_stage(node))
         result = last.outputs.get("result", Output("value", (key,)))
     else:
-        lowering = {MatMul: p.matmul, TSQR: p.tsqr}.get(type(node), p.map)
+        lowering = {MatMul: p.matmul, TSQR: p.tsqr, Factor: p.factor}.get(type(node), p.map)
         result = lowering(node, out, out_grid, skip).outputs["result"]
         p.finish()
         stat_keys = p.stat_keys([])

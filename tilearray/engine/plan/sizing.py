@@ -13,6 +13,7 @@ from ...storage import Grid, int_pair
 from ..expr.nodes import (
     TSQR,
     Elemwise,
+    Factor,
     MatMul,
     Node,
     SliceNode,
@@ -128,8 +129,23 @@ def leaf_tile(node, axis: int, default: int = 1024) -> int:
         return leaf_tile(node.a if axis == 0 else node.b, axis, default)
     if isinstance(node, TSQR):  # Q, U: the rows of X, every column in one tile
         return leaf_tile(node.x, 0, default) if axis == 0 else max(node.shape[1], 1)
+    if isinstance(node, Factor):  # a Cholesky factor: square tiles
+        return factor_tile(node, default)
     if isinstance(node, Elemwise):
         for a in node.args:
             if isinstance(a, Node) and not a.small:
                 return leaf_tile(a, axis, default)
     return default
+
+
+def factor_tile(node, default: int = 1024) -> int:
+    """Default square tile of a stored Cholesky factor (``to_zarr`` without
+    ``tile=``): a multiple of the input's larger tile of at least ``default``
+    elements, at most :data:`MAX_INHERITED_TILE` bytes, within ``n``."""
+    n = max(node.shape[0], 1)
+    t_in = max(leaf_tile(node.x, 0, default), leaf_tile(node.x, 1, default), 1)
+    cap = max(int((MAX_INHERITED_TILE // np.dtype(node.dtype).itemsize) ** 0.5), 1)
+    b = t_in * -(-default // t_in) if t_in < default else t_in
+    if b > cap:
+        b = cap // t_in * t_in if t_in <= cap else cap
+    return max(min(b, n), 1)
