@@ -75,12 +75,24 @@ def fit_tile(n: int, align: int, cap: int, peak_of, budget: Budget) -> int:
 
 
 def cholesky_tile(node, spec, budget: Budget) -> int:
-    """``b`` for a Cholesky whose output tiling is the planner's choice:
-    the largest that fits, at most ``n / (2 threads)`` (work for every
-    thread) but never under :data:`MIN_TILE`."""
+    """``b`` for a Cholesky whose output tiling is the planner's choice: the
+    largest that fits, at most ``n / (2 threads)`` (work for every thread)
+    but never under :data:`MIN_TILE`; aligned to A's I/O unit only when that
+    reads less (A is read about once, the L tiles ``n / (3 b)`` times)."""
     n, item = node.shape[0], np.dtype(node.dtype).itemsize
     cap = max(MIN_TILE, -(-n // (2 * budget.total_threads)))
-    return fit_tile(n, _align(spec), cap, lambda b: chol_peak(spec, b, n, item), budget)
+    align = _align(spec)
+
+    def peak(b):
+        return chol_peak(spec, b, n, item)
+
+    aligned = fit_tile(n, align, cap, peak, budget)
+    free = fit_tile(n, 1, cap, peak, budget)
+
+    def reads(b):
+        return (-(-n // b)) ** 2 / 2 * _a_read(spec, b, n) + item * n**3 / (3 * b)
+
+    return min((aligned, free), key=lambda b: (reads(b), -b))
 
 
 def io_bound(n: int, itemsize: int, budget: Budget) -> int:
