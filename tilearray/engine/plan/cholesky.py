@@ -39,8 +39,10 @@ MIN_TILE = 256
 
 def _fetched(b: int, unit: int, n: int) -> int:
     """Rows (or columns) a read of ``b`` of them fetches: whole units."""
-    if b % unit == 0 or unit >= n:
-        return min(b if b % unit == 0 else unit, n)
+    if b % unit == 0:
+        return min(b, n)
+    if unit % b == 0 or unit >= n:  # tiles on multiples of b: inside one unit
+        return min(unit, n)
     return min((-(-b // unit) + 1) * unit, n)
 
 
