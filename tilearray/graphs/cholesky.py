@@ -32,9 +32,10 @@ def _c(spec, rows, cols, deps, stats, dtype) -> np.ndarray:
     return np.asfortranarray(evaluate(spec, rows, cols, list(deps), stats), dtype=dtype)
 
 
-def tile(a_spec, a_deps, l_ref, edges, i: int, j: int, dtype, keep: bool, *after):
-    """``L_ij`` of the Cholesky factor, written whole into ``l_ref``. Returns the
-    tile (``keep``), else the diagonal of ``L_jj`` (``i == j``) or None.
+def tile(a_spec, a_deps, l_ref, edges, i: int, j: int, dtype, *after):
+    """``L_ij`` of the Cholesky factor, written whole into ``l_ref``. Returns
+    the diagonal of ``L_jj`` (``i == j``) or None: results stay small, as
+    every later task of its row and column receives them.
     ``after``: the tasks that wrote the L tiles it reads (their results unused)."""
     buffers.release(blocks_only=True)
     stats = IOStats()
@@ -55,21 +56,25 @@ def tile(a_spec, a_deps, l_ref, edges, i: int, j: int, dtype, keep: bool, *after
         out = kern.trsm(read_region(l_ref, cols, cols, stats), c)
     del c
     write_block(l_ref, rows, cols, np.ascontiguousarray(out, dtype=dtype), stats)
-    value = out if keep else (np.diagonal(out).copy() if i == j else None)
+    value = np.diagonal(out).copy() if i == j else None
     return value, counted(stats.as_dict())
 
 
-def zeros(l_ref, edges, i: int, cols: tuple, dtype, keep: bool):
+def zeros(l_ref, edges, i: int, cols: tuple, dtype):
     """Row tile ``i``'s tiles above the diagonal (column tiles ``cols``), written as zeros."""
     stats = IOStats()
     rows = edges[i]
     for j in cols:
         c0, c1 = edges[j]
         write_block(l_ref, rows, (c0, c1), np.zeros((rows[1] - rows[0], c1 - c0), dtype), stats)
-    value = None
-    if keep:
-        value = np.zeros((rows[1] - rows[0], edges[-1][1] - edges[cols[0]][0]), dtype)
-    return value, counted(stats.as_dict())
+    return None, counted(stats.as_dict())
+
+
+def read_back(l_ref, rows: tuple, cols: tuple, after=None):
+    """Tile ``rows x cols`` of a finished factor read back (``compute()``)."""
+    stats = IOStats()
+    block = np.asarray(read_region(l_ref, rows, cols, stats))
+    return block, counted(stats.as_dict())
 
 
 def _t_tile(t_spec, t_deps, rows, cols, trans, stats, dtype):

@@ -108,7 +108,8 @@ def lower_cholesky(node, spec, deps: list, budget: Budget, b: int, out, l_grid,
     """The Cholesky tile tasks of ``node`` (``A`` read as ``spec``) into ``out``
     (a ``b x b`` tiled grid ``l_grid``, units in ``skip`` done): each tile
     task, and per row one task writing the tiles above the diagonal as zeros.
-    ``keep``: tasks return their tiles (``compute()``; output "blocks")."""
+    ``keep``: each block row is read back by a task (``compute()``; output
+    "blocks"), after every tile task (their figures: output "stats")."""
     n, dtype = node.shape[0], np.dtype(node.dtype)
     peak = chol_peak(spec, b, n, dtype.itemsize)
     check_fits("cholesky", peak, f"{short(node)} in {b} x {b} tiles", budget)
@@ -117,7 +118,7 @@ def lower_cholesky(node, spec, deps: list, budget: Budget, b: int, out, l_grid,
     name = "cholesky-" + tokenize(spec, deps, edges, str(out), keep, sorted(skip))
     a_costs = layout.BlockCosts(spec, [0, *(e[1] for e in edges)], [0, *(e[1] for e in edges)])
     l_costs = layout.BlockCosts(Read(out, l_grid, dtype), a_costs.row_edges, a_costs.col_edges)
-    work, keys, blocks = Tasks(), [], []
+    work, keys = Tasks(), []
     nbytes = nreq = gets = written = 0
     for j in range(nt):
         for i in range(j, nt):
@@ -127,27 +128,37 @@ def lower_cholesky(node, spec, deps: list, budget: Budget, b: int, out, l_grid,
             reads += [(j, j)] if i > j else []
             after = [(name, r, c) for r, c in reads if (r, c) not in skip]
             keys.append(work.add((name, i, j), gch.tile, spec, deps, out, edges, i, j, dtype,
-                                 keep, *after))
-            blocks.append((edges[i], edges[j]))
+                                 *after))
             for cost in [a_costs.at(i, j)] + [l_costs.at(r, c) for r, c in reads]:
                 nbytes, nreq, gets = nbytes + cost[0], nreq + cost[1], gets + cost[2]
             written += (edges[i][1] - edges[i][0]) * (edges[j][1] - edges[j][0]) * dtype.itemsize
     for i in range(nt - 1):
         cols = tuple(j for j in range(i + 1, nt) if (i, j) not in skip)
         if cols:
-            keys.append(work.add((name, "zeros", i), gch.zeros, out, edges, i, cols, dtype, keep))
-            blocks.append((edges[i], (edges[cols[0]][0], n)))
+            keys.append(work.add((name, "zeros", i), gch.zeros, out, edges, i, cols, dtype))
             written += (edges[i][1] - edges[i][0]) * (n - edges[cols[0]][0]) * dtype.itemsize
     bound = io_bound(n, dtype.itemsize, budget)
+    outputs = {"result": Output("store", tuple(keys))}
+    back = ""
+    if keep:  # compute(): each tile read back once its writer is done
+        blocks = [(i, j) for i in range(nt) for j in range(nt)]
+        back_keys = [work.add((name, "back", i, j), gch.read_back, out, edges[i], edges[j],
+                              (name, i, j) if j <= i else (name, "zeros", i))
+                     for i, j in blocks]
+        for i, j in blocks:
+            cost = l_costs.at(i, j)
+            nbytes, nreq, gets = nbytes + cost[0], nreq + cost[1], gets + cost[2]
+        outputs = {"result": Output("blocks", tuple(back_keys),
+                                    tuple((edges[i], edges[j]) for i, j in blocks)),
+                   "tiles": Output("stats", tuple(keys))}
+        back = "; the factor is read back tile by tile for compute()"
     return Stage(
         "cholesky", f"{short(node)}: left-looking by {b} x {b} tiles ({nt} x {nt}; "
-        f"{len(keys)} tasks, each writing its tiles whole); each task streams the L tiles to its left back from the output; reads "
-        f"{format_bytes(nbytes)} vs the I/O lower bound n^3/(3 sqrt(M)) = "
-        f"{format_bytes(bound)} ({nbytes / max(bound, 1):.2f}x)",
-        len(work), peak, nbytes, written, flops=n**3 // 3, io_lower_bound=bound, reads=nreq,
-        store_gets=gets, work=work.freeze(),
-        outputs={"result": Output("blocks" if keep else "store", tuple(keys),
-                                  tuple(blocks) if keep else ())})
+        f"{len(keys)} tasks, each writing its tiles whole); each task streams the L tiles "
+        f"to its left back from the output; reads {format_bytes(nbytes)} vs the I/O lower "
+        f"bound n^3/(3 sqrt(M)) = {format_bytes(bound)} ({nbytes / max(bound, 1):.2f}x)"
+        + back, len(work), peak, nbytes, written, flops=n**3 // 3, io_lower_bound=bound,
+        reads=nreq, store_gets=gets, work=work.freeze(), outputs=outputs)
 
 
 def trsolve_tile(n: int, ncols: int, t_spec, itemsize: int, budget: Budget) -> int:
