@@ -224,12 +224,9 @@ def lower_logdiag(node, l_spec, deps: list) -> Stage:
                  outputs={"0": Output("value", (key,))})
 
 
-def lower_incore(node, x_spec, y_spec, deps: list, budget: Budget) -> Stage:
-    """One task reading the whole matrix (and right-hand sides): refused with
-    the sizes when it cannot hold them."""
+def incore_need(node, x_spec, y_spec) -> tuple:
+    """``(peak, bytes, requests, store gets)`` of one task reading the whole matrix."""
     n = node.x.shape[0]
-    opts = dict(node.options)
-    op = opts["op"]
     ycols = node.y.shape[1] if node.y is not None else 0
     cuts = [0, n]
     costs = [layout.BlockCosts(x_spec, cuts, cuts).at(0, 0)]
@@ -237,7 +234,16 @@ def lower_incore(node, x_spec, y_spec, deps: list, budget: Budget) -> Stage:
         costs.append(layout.BlockCosts(y_spec, cuts, [0, ycols]).at(0, 0))
     nbytes, nreq, gets = (int(v) for v in np.sum(costs, axis=0))
     item = np.dtype(node.dtype).itemsize
-    peak = incore_peak(nbytes, n, item, 4) + as_cols(n, ycols, item)
+    return incore_peak(nbytes, n, item, 4) + as_cols(n, ycols, item), nbytes, nreq, gets
+
+
+def lower_incore(node, x_spec, y_spec, deps: list, budget: Budget) -> Stage:
+    """One task reading the whole matrix (and right-hand sides): refused with
+    the sizes when it cannot hold them."""
+    n = node.x.shape[0]
+    op = dict(node.options)["op"]
+    ycols = node.y.shape[1] if node.y is not None else 0
+    peak, nbytes, nreq, gets = incore_need(node, x_spec, y_spec)
     if peak > budget.task_memory:
         raise PlanningError(
             f"{short(node)}: {op} reads the whole {n} x {n} matrix into one task, which needs "

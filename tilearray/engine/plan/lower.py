@@ -46,11 +46,13 @@ from ..expr.nodes import (
 )
 from .cholesky import (
     cholesky_tile,
+    incore_need,
     lower_cholesky,
     lower_incore,
     lower_logdiag,
     lower_trsolve,
 )
+from .lu import lower_lu, lower_lu_forward, lower_lu_slogdet, lu_width
 from .map import lower_map
 from .matmul import lower_matmul
 from .reduce import fusable_groups, lower_empty_reduce, lower_reduce, unshifted
@@ -194,14 +196,16 @@ class Planner:
         self._temps[id(node)] = (Read(ref, grid, np.dtype(node.dtype)), wait)
         return self._temps[id(node)]
 
-    def _temporary(self, node: Node, tile: tuple) -> tuple:
-        """A temporary array for ``node`` (unique per run: concurrent runs
-        never share or delete one), created by the run: ``(ref, grid)``."""
-        token = tokenize(structure(node), self.run_id)
+    def _temporary(self, node: Node, tile: tuple, part: str = "", shape=None) -> tuple:
+        """A temporary array for ``node`` (or its ``part`` of ``shape``; unique
+        per run: concurrent runs never share or delete one), created by the
+        run: ``(ref, grid)``."""
+        shape = tuple(node.shape if shape is None else shape)
+        token = tokenize(structure(node), self.run_id, part)
         base = _config.get("temporary-directory") or tempfile.gettempdir()
         ref = ArrayRef.from_location(os.path.join(base, f"tilearray-tmp-{token}.zarr"))
-        self.creates.append(Create(ref, node.shape, node.dtype, tile, None, temporary=True))
-        return ref, Grid.regular(node.shape, tile)
+        self.creates.append(Create(ref, shape, node.dtype, tile, None, temporary=True))
+        return ref, Grid.regular(shape, tile)
 
     # -- the operations -----------------------------------------------------------
     def matmul(self, node: MatMul, out=None, out_grid=None, skip=frozenset()) -> Stage:
@@ -249,7 +253,29 @@ class Planner:
             y_spec = self.spec(node.y, deps)
         if node.part == "trsolve":
             return self.add(lower_trsolve(node, spec, y_spec, deps, self.budget))
+        if dict(node.options)["op"] in ("solve", "slogdet") and \
+                incore_need(node, spec, y_spec)[0] > self.budget.task_memory:
+            return self._lu(node, spec, y_spec, deps)
         return self.add(lower_incore(node, spec, y_spec, deps, self.budget))
+
+    def _lu(self, node: Factor, spec, y_spec, deps: list) -> Stage:
+        """A general solve or slogdet too large for one task: LU by column
+        panels into two temporaries (L, U), then ``L y = P b`` and ``U x = y``."""
+        b = lu_width(node, spec, self.budget)
+        l_ref, grid = self._temporary(node, (b, b), "L", node.x.shape)
+        u_ref, _ = self._temporary(node, (b, b), "U", node.x.shape)
+        panels = self.add(lower_lu(node, spec, deps, self.budget, b, l_ref, u_ref, grid))
+        keys = panels.outputs["panels"].keys
+        if dict(node.options)["op"] == "slogdet":
+            return self.add(lower_lu_slogdet(node, keys))
+        fwd = self.add(lower_lu_forward(node, y_spec, deps, l_ref, grid, keys, b))
+        opts = {"lower": False, "trans": False, "unit": False,
+                "vector": bool(dict(node.options).get("vector"))}
+        back = Factor(node.shape, node.dtype, node.x, "trsolve", node.y,
+                      tuple(sorted(opts.items())))
+        tdeps = [keys[-1], fwd.outputs["last"].keys[0]]
+        return self.add(lower_trsolve(back, Read(u_ref, grid, np.dtype(node.dtype)),
+                                      Dep(1, "block"), tdeps, self.budget))
 
     def map(self, node: Node, out=None, out_grid=None, skip=frozenset()) -> Stage:
         deps: list = []
