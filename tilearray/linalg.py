@@ -280,11 +280,12 @@ def solve(a: TiledArray, b, assume_a: str = "gen"):
     ``assume_a="pos"`` (symmetric positive definite, any size): the tiled
     Cholesky of :func:`cholesky` into a temporary, then forward and backward
     blocked substitution (each reads L's lower triangle once). The default
-    ``"gen"`` (general A) reads the whole matrix into one task and calls
-    LAPACK's LU (``gesv``): a tiled LU with pivoting is not implemented out
-    of core yet, so a general A larger than a task holds is refused (a
-    :class:`PlanningError` saying so). Runs now; the plan is
-    ``solve_plan(a, b, assume_a).plan()``.
+    ``"gen"`` (general A): a matrix one task holds is read whole into one
+    task (LAPACK ``gesv``); a larger one is factored out of core by
+    left-looking LU with partial pivoting over column panels (each panel
+    task holds ``n x b``; the panels run one after another, reading about
+    ``n^3 / (2 b)`` elements), then ``L y = P b`` and ``U x = y`` over the
+    stored factors. Runs now; the plan is ``solve_plan(a, b, assume_a).plan()``.
 
     Parameters
     ----------
@@ -297,7 +298,9 @@ def solve(a: TiledArray, b, assume_a: str = "gen"):
     Raises
     ------
     SingularMatrixError
-        A general A is singular (exactly zero pivot).
+        A general A is singular (exactly zero pivot): names the column.
+    PlanningError
+        A panel of ``n x 256`` columns (or the Cholesky tile) does not fit a task.
     NotPositiveDefiniteError
         ``assume_a="pos"`` and A is not positive definite (names the tile and column).
     """
@@ -342,8 +345,9 @@ def slogdet(a: TiledArray, assume_a: str = "gen"):
     """Sign and log of the absolute determinant, like :func:`numpy.linalg.slogdet`.
 
     ``assume_a="pos"``: from the diagonal of the tiled Cholesky factor (any
-    size; sign 1). Default: LU of the whole matrix in one task (refused,
-    saying so, beyond what a task holds). Runs now."""
+    size; sign 1). Default: LU with partial pivoting, of the whole matrix in
+    one task when it fits, else by column panels out of core (as
+    :func:`solve`): the pivots' parity and U's diagonal. Runs now."""
     a = _square(a, "slogdet")
     if assume_a == "pos":
         low = Factor(tuple(a.shape), result_dtype(a.dtype), a._node, "L")

@@ -25,14 +25,18 @@ from .matmul import counted
 from .spec import evaluate
 
 
-def panel(a_spec, a_deps, l_ref, u_ref, edges, j: int, n: int, dtype, prev=None):
-    """Column panel ``j`` of ``A[perm] = L U``: returns ``((perm, diag of U_jj), stats)``."""
+def panel(a_spec, a_deps, l_ref, u_ref, edges, j: int, n: int, band: int, dtype, prev=None):
+    """Column panel ``j`` of ``A[perm] = L U`` (A's panel read ``band`` rows at
+    a time): returns ``((perm, diag of U_jj), stats)``."""
     stats = IOStats()
     perm = np.arange(n) if prev is None else prev[0][0].copy()
     c0, c1 = edges[j]
     w = c1 - c0
-    a = np.asarray(evaluate(a_spec, (0, n), (c0, c1), list(a_deps), stats))
-    col = np.asfortranarray(a[perm], dtype=dtype)
+    a = np.empty((n, w), dtype)
+    for r0 in range(0, n, band):
+        r1 = min(r0 + band, n)
+        a[r0:r1] = evaluate(a_spec, (r0, r1), (c0, c1), list(a_deps), stats)
+    col = np.asfortranarray(a[perm])
     del a
     for k0, k1 in edges[:j]:
         lk = np.asarray(read_region(l_ref, (0, n), (k0, k1), stats))[perm[k0:]]

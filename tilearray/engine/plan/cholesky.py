@@ -35,6 +35,8 @@ from .types import Budget, Output, Stage
 
 MIN_TILE = 256
 """Elements: Cholesky tiles narrower than this waste BLAS efficiency."""
+MIN_FIT = 64
+"""Elements: the narrowest tile or panel the planner tries under a tight budget."""
 
 
 def _fetched(b: int, unit: int, n: int) -> int:
@@ -64,10 +66,10 @@ def chol_peak(spec, b: int, n: int, itemsize: int) -> int:
 def fit_tile(n: int, align: int, cap: int, peak_of, budget: Budget) -> int:
     """The largest square tile ``<= cap`` whose task fits ``budget``: a
     multiple of ``align`` (the input's I/O unit) when one fits, else a
-    multiple of 64 (at least 1); the smallest candidate if none fits (the
-    caller refuses it with its peak)."""
+    multiple of 64; :data:`MIN_FIT` if none fits (the caller refuses it with
+    its peak: thinner tiles would only multiply tasks and reads)."""
     cap = max(min(cap, n), 1)
-    lo, hi = 1, cap
+    lo, hi = min(MIN_FIT, cap), cap  # never below MIN_FIT: the caller refuses it instead
     while lo < hi:  # peaks grow with b: the largest b that fits
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if peak_of(mid) <= budget.task_memory else (lo, mid - 1)
@@ -263,9 +265,5 @@ def as_cols(n: int, ycols: int, itemsize: int) -> int:
 
 
 def _beyond(op: str) -> str:
-    if op in ("eigh", "eigvalsh"):
-        return ("eigh is computed only for a matrix one task can hold (a covariance, a "
-                "Gram): give workers more memory (memory_per_worker)")
-    return ("a general (LU) factorization is not implemented out of core yet: for a "
-            "symmetric positive definite A pass assume_a='pos' (tiled Cholesky, any size), "
-            "or give workers more memory")
+    return ("it is computed only for a matrix one task can hold (a covariance, a Gram): "
+            "give workers more memory (memory_per_worker)")

@@ -26,18 +26,26 @@ from .types import Budget, Output, Stage
 
 
 def lu_panel_peak(n: int, b: int, a_read: int, flight: int, itemsize: int) -> int:
-    """A panel task: A's panel read (compressed and decoded, zarr's buffers)
-    and gathered; then the panel, one L panel read and gathered (and its
+    """A panel task: A's panel read band by band (``a_read``: one band
+    compressed and decoded, zarr's buffers) into the panel, then gathered; then the panel, one L panel read and gathered (and its
     next read); then the panel, getrf's copy and one L/U panel being written."""
     nb = n * b * itemsize
-    reading = 2 * a_read + min(flight, a_read) + nb
+    reading = 2 * a_read + min(flight, a_read) + 2 * nb
     updating = nb + 4 * nb
     factoring = 2 * nb + 2 * nb + 2 * b * b * itemsize
     return as_rss(max(reading, updating, factoring))
 
 
+def band_rows(spec, n: int) -> int:
+    """Rows of A read at a time into a panel: the tallest I/O unit of its arrays."""
+    return max(min(max((lf.grid.unit[0] for lf in leaves(spec)), default=n), n), 1)
+
+
 def _a_read(spec, n, b):
-    return sum(n * _fetched(b, lf.grid.unit[1], n) * lf.dtype.itemsize for lf in leaves(spec))
+    """Bytes one band of A's panel fetches (whole units), at most."""
+    rows = band_rows(spec, n)
+    return sum(_fetched(rows, lf.grid.unit[0], n) * _fetched(b, lf.grid.unit[1], n)
+               * lf.dtype.itemsize for lf in leaves(spec))
 
 
 def lu_width(node, spec, budget: Budget) -> int:
@@ -57,14 +65,16 @@ def lower_lu(node, spec, deps: list, budget: Budget, b: int, l_ref, u_ref, grid)
     check_fits("LU panel", peak, f"{short(node)} in panels of {b} columns", budget)
     edges = tuple(tile_edges(n, b))
     cuts = [0, *(e[1] for e in edges)]
-    a_costs = layout.BlockCosts(spec, [0, n], cuts)
+    band = band_rows(spec, n)
+    a_costs = layout.BlockCosts(spec, [*range(0, n, band), n], cuts)
     l_costs = layout.BlockCosts(Read(l_ref, grid, dtype), [0, n], cuts)
     name = "lu-" + tokenize(spec, deps, edges, str(l_ref), str(u_ref))
     work, prev, nbytes, nreq, gets = Tasks(), None, 0, 0, 0
     for j in range(len(edges)):
-        args = (spec, deps, l_ref, u_ref, edges, j, n, dtype) + ((prev,) if prev else ())
+        args = (spec, deps, l_ref, u_ref, edges, j, n, band, dtype) + ((prev,) if prev else ())
         prev = work.add((name, j), glu.panel, *args)
-        for cost in [a_costs.at(0, j)] + [l_costs.at(0, k) for k in range(j)]:
+        a_reads = [a_costs.at(r, j) for r in range(a_costs.shape[0])]
+        for cost in a_reads + [l_costs.at(0, k) for k in range(j)]:
             nbytes, nreq, gets = nbytes + cost[0], nreq + cost[1], gets + cost[2]
     keys = tuple(t.key for t in work.freeze())
     return Stage(
