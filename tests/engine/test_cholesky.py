@@ -9,10 +9,10 @@ import scipy.linalg as sla
 import zarr
 
 import tilearray as ta
+from tilearray.errors import NotPositiveDefiniteError, SingularMatrixError
 from tilearray.storage import ArrayRef
 from tilearray.storage.array import done_units
 from tilearray.storage.ref import unit_done_key
-from tilearray.errors import NotPositiveDefiniteError, SingularMatrixError
 from tilearray.testing import assert_close
 
 MiB = 2**20

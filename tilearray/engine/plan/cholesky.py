@@ -29,7 +29,8 @@ from ...graphs.linalg import tile_edges
 from ...graphs.spec import Read, leaves
 from . import layout
 from .map import check_fits
-from .memory import cholesky_peak, incore_peak, read_flight as zarr_flight, trsolve_peak
+from .memory import cholesky_peak, incore_peak, trsolve_peak
+from .memory import read_flight as zarr_flight
 from .sizing import short
 from .types import Budget, Output, Stage
 

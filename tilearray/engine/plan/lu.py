@@ -27,8 +27,9 @@ from .types import Budget, Output, Stage
 
 def lu_panel_peak(n: int, b: int, a_read: int, flight: int, itemsize: int) -> int:
     """A panel task: A's panel read band by band (``a_read``: one band
-    compressed and decoded, zarr's buffers) into the panel, then gathered; then the panel, one L panel read and gathered (and its
-    next read); then the panel, getrf's copy and one L/U panel being written."""
+    compressed and decoded, zarr's buffers) into the panel, then gathered;
+    then the panel, one L panel read and gathered (and its next read); then
+    the panel, getrf's copy and one L/U panel being written."""
     nb = n * b * itemsize
     reading = 2 * a_read + min(flight, a_read) + 2 * nb
     updating = nb + 4 * nb
