@@ -212,6 +212,7 @@ def test_resume_recomputes_only_missing_tiles(eng, tmp_path, rng):
     assert_close(again.compute(), np.linalg.cholesky(x))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_worker_memory_under_budget_for_a_matrix_several_times_it(tmp_path):
     """n = 3000 float64 (72 MB, 2.2x a task's budget) on 2 x 180 MiB process
@@ -289,3 +290,28 @@ def test_tiled_lu_singular_names_the_column(small_eng, tmp_path, rng):
     with pytest.raises(SingularMatrixError) as err:
         ta.linalg.solve(a, np.ones(n))
     assert err.value.column == 700 and isinstance(err.value, np.linalg.LinAlgError)
+
+
+def test_planning_makes_zero_store_calls(tmp_path, rng):
+    """Every lowering here is pure: plans of the factorization, the solves and
+    the one-task routines read nothing (only the opened arrays' metadata)."""
+    from zarr.storage import LocalStore
+
+    from tilearray.engine.expr.nodes import Source
+    from tilearray.testing import CountingStore, counts, reset_counts
+
+    n, name = 300, f"plan-chol-{tmp_path.name}"
+    ta.from_numpy(spd(rng, n), tmp_path / "a.zarr", tile=(64, 64))
+    ref = ArrayRef(CountingStore(LocalStore(str(tmp_path / "a.zarr")), name))
+    opened = ta.open(ref.store)
+    a = ta.TiledArray(Source(opened.shape, opened.dtype, ref, opened.grid))
+    budget = ta.Budget.from_config("160MiB", 2, 1)
+    reset_counts(name)
+    b = np.ones(n)
+    for lazy in [ta.linalg.cholesky(a), ta.linalg.solve_plan(a, b, assume_a="pos"),
+                 ta.linalg.solve_plan(a, b), ta.linalg._incore(a, "eigh", ())]:
+        plan = lazy.plan(budget=budget)
+        assert plan.tasks > 0 and plan.bytes_read > 0
+    tight = ta.Budget.from_config("145MiB", 2, 1)  # ~3 MiB per task: the tiled LU
+    assert "partial pivoting" in str(ta.linalg.solve_plan(a, b).plan(budget=tight))
+    assert counts(name)["gets"] == 0 and counts(name).get("sets", 0) == 0
