@@ -1,5 +1,8 @@
 """``tilearray.linalg``: norms built from fused elementwise ops and reductions,
-and the QR, thin SVD and least squares of tall-skinny matrices by TSQR."""
+the QR, thin SVD and least squares of tall-skinny matrices by TSQR, and for
+square matrices a tiled out-of-core Cholesky with the solves, inverse and
+determinants built on it (plus one-task dense routines for matrices a task
+holds: general solve, eigh)."""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ import numpy as np
 from dask.base import tokenize
 
 from .engine.array import TiledArray
-from .engine.expr.nodes import TSQR, Constant, Elemwise
+from .engine.expr.nodes import TSQR, Constant, Elemwise, Factor
 from .engine.expr.ops import HANDLED, build_reduction, elemwise
 from .errors import PlanningArgumentTypeError, PlanningError
 from .graphs.linalg import result_dtype
@@ -239,6 +242,207 @@ def lstsq_plan(x: TiledArray, y, rcond=None) -> TiledArray:
 
 
 
+# -- square matrices: tiled Cholesky, solves, determinants, eigh ------------------------------
+
+
+def _square(a, what: str) -> TiledArray:
+    a = _tall(a, what)
+    if a.shape[0] != a.shape[1]:
+        raise np.linalg.LinAlgError(f"{what}: expected a square matrix, got shape {a.shape}")
+    return a
+
+
+def cholesky(a: TiledArray, upper: bool = False) -> TiledArray:
+    """Cholesky factor of a symmetric positive definite matrix, like
+    :func:`numpy.linalg.cholesky` (lazy; any size, out of core).
+
+    Left-looking by square tiles kept in Zarr: the task of tile ``(i, j)``
+    (``i >= j``) reads ``A_ij`` and streams the finished L tiles ``(i, k)``,
+    ``(j, k)``, ``k < j``, back from the output (one pair held at a time),
+    then ``potrf`` (diagonal) or ``trsm`` with ``L_jj``, and writes ``L_ij``
+    whole; the tiles above the diagonal are written as zeros. Only A's lower
+    triangle is read. ``L.to_zarr(path, tile=(b, b))`` sets the tile (by
+    default a multiple of A's tile of at least 1024, at most 64 MiB);
+    ``compute()`` and the solves use the largest tile a task holds under the
+    budget. Reads are about ``n^3 / (3 b)`` elements (``plan()`` shows them
+    against the ``n^3 / (3 sqrt(M))`` lower bound); ``n^2`` are written.
+    Resume (``to_zarr(..., resume=True)``) recomputes only the tiles
+    without their done marker, reading the done ones back.
+
+    Parameters
+    ----------
+    a : TiledArray
+        ``n x n``, symmetric positive definite (float32, float64; integers in float64).
+    upper : bool
+        Return ``L.T`` (as NumPy's ``upper=True``).
+
+    Returns
+    -------
+    TiledArray
+        L, lower triangular (``L @ L.T == a``).
+
+    Raises
+    ------
+    NotPositiveDefiniteError
+        When run: a pivot is not positive; names the diagonal tile and the
+        column. The output is left incomplete.
+    """
+    a = _square(a, "cholesky")
+    low = TiledArray(Factor(tuple(a.shape), result_dtype(a.dtype), a._node, "L"))
+    return low.T if upper else low
+
+
+def _rhs(b, n: int, what: str):
+    """The right-hand sides as a node (``n x k``) and whether they were a vector."""
+    if isinstance(b, TiledArray):
+        if b.ndim != 2 or b.shape[0] != n:
+            raise ValueError(f"{what}: b of shape {b.shape} does not match a {n} x {n} matrix "
+                             "(a stored b must be n x k)")
+        return b._node, False
+    arr = np.asarray(b)
+    if arr.ndim not in (1, 2) or arr.shape[0] != n:
+        raise ValueError(f"{what}: b of shape {arr.shape} does not match a {n} x {n} matrix "
+                         "(b must be (n,) or (n, k))")
+    if arr.dtype.kind not in "biuf":
+        raise TypeError(f"{what}: b of dtype {arr.dtype} is not supported")
+    vector = arr.ndim == 1
+    arr = np.array(arr.reshape(n, -1), copy=True)
+    return Constant(tuple(arr.shape), arr.dtype, arr, tokenize(arr)), vector
+
+
+def _trsolve(t_node, ynode, dtype, *, lower: bool, trans: bool, unit=False, vector=False):
+    n, k = ynode.shape
+    opts = {"lower": bool(lower), "trans": bool(trans), "unit": bool(unit),
+            "vector": bool(vector)}
+    shape = (n,) if vector else (n, k)
+    return Factor(shape, dtype, t_node, "trsolve", ynode, tuple(sorted(opts.items())))
+
+
+def _incore(a: TiledArray, op: str, shape, y=None, **options) -> TiledArray:
+    dtype = result_dtype(a.dtype if y is None else np.result_type(a.dtype, y.dtype))
+    return TiledArray(Factor(tuple(shape), dtype, a._node, "incore", y,
+                             tuple(sorted({"op": op, **options}.items()))))
+
+
+def solve_plan(a: TiledArray, b, assume_a: str = "gen") -> TiledArray:
+    """The lazy form of :func:`solve`: ``.plan()`` shows its stages, ``.compute()`` runs it."""
+    a = _square(a, "solve")
+    n = a.shape[0]
+    ynode, vector = _rhs(b, n, "solve")
+    dtype = result_dtype(np.result_type(a.dtype, ynode.dtype))
+    if assume_a == "pos":
+        low = Factor(tuple(a.shape), result_dtype(a.dtype), a._node, "L")
+        y = _trsolve(low, ynode, dtype, lower=True, trans=False)
+        return TiledArray(_trsolve(low, y, dtype, lower=True, trans=True, vector=vector))
+    if assume_a not in ("gen", "general", "sym", "symmetric"):
+        raise ValueError(f"solve: assume_a={assume_a!r} is not supported ('gen' or 'pos')")
+    shape = (n,) if vector else tuple(ynode.shape)
+    return _incore(a, "solve", shape, ynode, vector=bool(vector))
+
+
+def solve(a: TiledArray, b, assume_a: str = "gen"):
+    """Solve ``a x = b``, like :func:`numpy.linalg.solve` / :func:`scipy.linalg.solve`.
+
+    ``assume_a="pos"`` (symmetric positive definite, any size): the tiled
+    Cholesky of :func:`cholesky` into a temporary, then forward and backward
+    blocked substitution (each reads L's lower triangle once). The default
+    ``"gen"`` (general A): a matrix one task holds is read whole into one
+    task (LAPACK ``gesv``); a larger one is factored out of core by
+    left-looking LU with partial pivoting over column panels (each panel
+    task holds ``n x b``; the panels run one after another, reading about
+    ``n^3 / (2 b)`` elements), then ``L y = P b`` and ``U x = y`` over the
+    stored factors. Runs now; the plan is ``solve_plan(a, b, assume_a).plan()``.
+
+    Parameters
+    ----------
+    a : TiledArray
+        ``n x n``.
+    b : numpy.ndarray or TiledArray
+        ``(n,)`` or ``(n, k)``; the result is returned in memory (as NumPy).
+    assume_a : {"gen", "pos"}
+
+    Raises
+    ------
+    SingularMatrixError
+        A general A is singular (exactly zero pivot): names the column.
+    PlanningError
+        A panel of ``n x 256`` columns (or the Cholesky tile) does not fit a task.
+    NotPositiveDefiniteError
+        ``assume_a="pos"`` and A is not positive definite (names the tile and column).
+    """
+    return solve_plan(a, b, assume_a).compute()
+
+
+def solve_triangular(a: TiledArray, b, lower: bool = False, trans=0,
+                     unit_diagonal: bool = False):
+    """Solve ``a x = b`` (``a.T x = b`` with ``trans``) for triangular ``a``, like
+    :func:`scipy.linalg.solve_triangular`: blocked substitution over row
+    tiles (each task reads its row of tiles of ``a`` once, only on ``a``'s
+    triangle), any size of ``a``; ``b`` ``(n,)`` or ``(n, k)``, the result in
+    memory. Runs now."""
+    a = _square(a, "solve_triangular")
+    ynode, vector = _rhs(b, a.shape[0], "solve_triangular")
+    t = {0: False, "N": False, 1: True, "T": True, 2: True, "C": True}.get(trans)
+    if t is None:
+        raise ValueError(f"solve_triangular: trans={trans!r} is not 0/'N', 1/'T' or 2/'C'")
+    dtype = result_dtype(np.result_type(a.dtype, ynode.dtype))
+    return TiledArray(_trsolve(a._node, ynode, dtype, lower=lower, trans=t,
+                               unit=unit_diagonal, vector=vector)).compute()
+
+
+def inv(a: TiledArray, assume_a: str = "gen") -> np.ndarray:
+    """Inverse, like :func:`numpy.linalg.inv`: :func:`solve` with the identity,
+    so only when the ``n x n`` result fits ``tilearray.compute.max-result-size``
+    (it is returned in memory); ``assume_a="pos"`` for an SPD matrix of any
+    size whose inverse fits."""
+    from . import _config
+
+    a = _square(a, "inv")
+    n = a.shape[0]
+    nbytes = n * n * result_dtype(a.dtype).itemsize
+    if nbytes > _config.get_bytes("compute.max-result-size"):
+        raise PlanningError(f"inv: the {n} x {n} inverse would be {nbytes} bytes, over "
+                            "tilearray.compute.max-result-size; solve for the right-hand "
+                            "sides you need with ta.linalg.solve instead")
+    return solve(a, np.eye(n, dtype=result_dtype(a.dtype)), assume_a)
+
+
+def slogdet(a: TiledArray, assume_a: str = "gen"):
+    """Sign and log of the absolute determinant, like :func:`numpy.linalg.slogdet`.
+
+    ``assume_a="pos"``: from the diagonal of the tiled Cholesky factor (any
+    size; sign 1). Default: LU with partial pivoting, of the whole matrix in
+    one task when it fits, else by column panels out of core (as
+    :func:`solve`): the pivots' parity and U's diagonal. Runs now."""
+    a = _square(a, "slogdet")
+    if assume_a == "pos":
+        low = Factor(tuple(a.shape), result_dtype(a.dtype), a._node, "L")
+        return TiledArray(Factor((), low.dtype, low, "logdiag")).compute()
+    return _incore(a, "slogdet", ()).compute()
+
+
+def det(a: TiledArray, assume_a: str = "gen"):
+    """Determinant, like :func:`numpy.linalg.det`, from :func:`slogdet`."""
+    sign, logabs = slogdet(a, assume_a)
+    return sign * np.exp(logabs)
+
+
+def eigh(a: TiledArray, UPLO: str = "L"):
+    """Eigenvalues and eigenvectors of a symmetric matrix one task can hold (a
+    covariance, a Gram), like :func:`numpy.linalg.eigh`: the matrix is read
+    whole into one task; a larger one is refused with a PlanningError
+    naming the sizes. Runs now."""
+    a = _square(a, "eigh")
+    return _incore(a, "eigh", (), UPLO=UPLO).compute()
+
+
+def eigvalsh(a: TiledArray, UPLO: str = "L"):
+    """Eigenvalues of a symmetric matrix one task can hold, like
+    :func:`numpy.linalg.eigvalsh` (see :func:`eigh`)."""
+    a = _square(a, "eigvalsh")
+    return _incore(a, "eigvalsh", (a.shape[0],), UPLO=UPLO).compute()
+
+
 def norm(x: TiledArray, ord=None, axis=None, keepdims=False) -> TiledArray:
     """Matrix or vector norm, like :func:`numpy.linalg.norm` (lazy).
 
@@ -341,3 +545,10 @@ HANDLED[np.linalg.norm] = norm  # np.linalg.norm(a) on a TiledArray
 HANDLED[np.linalg.qr] = qr
 HANDLED[np.linalg.svd] = svd
 HANDLED[np.linalg.lstsq] = lstsq
+HANDLED[np.linalg.cholesky] = cholesky
+HANDLED[np.linalg.solve] = solve
+HANDLED[np.linalg.inv] = inv
+HANDLED[np.linalg.det] = det
+HANDLED[np.linalg.slogdet] = slogdet
+HANDLED[np.linalg.eigh] = eigh
+HANDLED[np.linalg.eigvalsh] = eigvalsh

@@ -181,6 +181,39 @@ class TSQR(Node):
         return what % arg
 
 
+@dataclass(frozen=True, eq=False)
+class Factor(Node):
+    """A result about a square ``x`` from its tiled factorization or a
+    triangular solve: ``part`` "L" (the Cholesky factor of an SPD ``x``,
+    stored), "trsolve" (``x`` triangular, ``y`` the right-hand sides: small,
+    ``options`` ``lower`` / ``trans`` / ``unit`` / ``vector``), "logdiag"
+    (``x`` a stored Cholesky factor: NumPy's ``slogdet`` of ``x @ x.T``) or
+    "incore" (``options`` ``op``: a NumPy/SciPy routine on the whole ``x``,
+    and ``y``, in one task). Every part but "L" is small (in memory)."""
+
+    x: Node = None
+    part: str = "L"
+    y: Node | None = None
+    options: tuple = ()
+    """Sorted ``(name, value)`` pairs."""
+
+    @property
+    def small(self) -> bool:
+        return self.part != "L"
+
+    def __str__(self) -> str:
+        opts = dict(self.options)
+        if self.part == "L":
+            return f"cholesky({self.x})"
+        if self.part == "trsolve":
+            t = f"{self.x}.T" if opts.get("trans") else str(self.x)
+            return f"solve_triangular({t}, {self.y}, lower={opts.get('lower') != opts.get('trans')})"
+        if self.part == "logdiag":
+            return f"slogdet({self.x} @ {self.x}.T)"
+        arg = str(self.x) if self.y is None else f"{self.x}, {self.y}"
+        return f"{opts.get('op')}({arg})"
+
+
 _SYMBOLS = {
     "add": "+", "subtract": "-", "multiply": "*", "true_divide": "/", "divide": "/",
     "floor_divide": "//", "power": "**", "mod": "%", "less": "<", "less_equal": "<=",

@@ -49,6 +49,7 @@ from ..expr.nodes import (
     TSQR,
     Constant,
     Elemwise,
+    Factor,
     MatMul,
     MatVec,
     Node,
@@ -58,6 +59,15 @@ from ..expr.nodes import (
     Transpose,
     structure,
 )
+from .cholesky import (
+    cholesky_tile,
+    incore_need,
+    lower_cholesky,
+    lower_incore,
+    lower_logdiag,
+    lower_trsolve,
+)
+from .lu import lower_lu, lower_lu_forward, lower_lu_slogdet, lu_width
 from .map import lower_map
 from .matmul import lower_matmul
 from .matvec import lower_matvec, oriented
@@ -174,7 +184,8 @@ class Planner:
         if isinstance(node, Elemwise) and not node.small:
             return Op(node.name, tuple(self._arg(a, deps, node.shape) for a in node.args),
                       node.kwargs)
-        if isinstance(node, MatMul | TSQR | nd.Scan) or (isinstance(node, MatVec) and node.ndim == 2):
+        if isinstance(node, MatMul | TSQR | nd.Scan | Factor) or (isinstance(node, MatVec)
+                                                                and node.ndim == 2):
             read, wait = self._materialise(node)
             self._depend(wait, deps)  # wait for every block of the temporary
             return read
@@ -208,31 +219,42 @@ class Planner:
             return self.spec(a, deps)
         return Dep(self._depend(self.small(a), deps), _dep_kind(a.shape, shape))
 
-    def _materialise(self, node: MatMul | TSQR) -> tuple:
-        """A matmul (or a TSQR's Q / U) inside another expression: computed
-        into a temporary array first; returns its ``Read`` and the key of the
-        barrier after its blocks."""
+    def _materialise(self, node: MatMul | TSQR | Factor) -> tuple:
+        """A matmul (or a TSQR's Q / U, a Cholesky factor) inside another
+        expression: computed into a temporary array first; returns its
+        ``Read`` and the key of the barrier after its blocks."""
         if id(node) in self._temps:
             return self._temps[id(node)]
-        # unique per run: concurrent runs never share (or delete) a temporary
-        token = tokenize(structure(node), self.run_id)
-        base = _config.get("temporary-directory") or tempfile.gettempdir()
-        ref = ArrayRef.from_location(os.path.join(base, f"tilearray-tmp-{token}.zarr"))
         if isinstance(node, MatMul):
             tile = (leaf_tile(node.a, 0), leaf_tile(node.b, 1))
         elif isinstance(node, MatVec):
             tile = (leaf_tile(node.a, 0), max(node.shape[1], 1))
         elif isinstance(node, nd.Scan):
             tile = (leaf_tile(node, 0), leaf_tile(node, 1))
+        elif isinstance(node, Factor):  # square tiles the planner picks under the budget
+            b = cholesky_tile(node, self.spec(node.x, []), self.budget)
+            tile = (b, b)
         else:
             tile = (leaf_tile(node.x, 0), max(node.shape[1], 1))
-        self.creates.append(Create(ref, node.shape, node.dtype, tile, None, temporary=True))
-        grid = Grid.regular(node.shape, tile)
-        lowering = {MatMul: self.matmul, MatVec: self.matvec, nd.Scan: self.scan}.get(type(node), self.tsqr)
+        ref, grid = self._temporary(node, tile)
+        lowering = {MatMul: self.matmul, MatVec: self.matvec, nd.Scan: self.scan,
+                    Factor: self.factor}.get(type(node), self.tsqr)
         stage = lowering(node, ref, grid)
+        token = tokenize(structure(node), self.run_id)
         wait = self._loose.add("barrier-" + token, barrier, *stage.outputs["result"].keys)
         self._temps[id(node)] = (Read(ref, grid, np.dtype(node.dtype)), wait)
         return self._temps[id(node)]
+
+    def _temporary(self, node: Node, tile: tuple, part: str = "", shape=None) -> tuple:
+        """A temporary array for ``node`` (or its ``part`` of ``shape``; unique
+        per run: concurrent runs never share or delete one), created by the
+        run: ``(ref, grid)``."""
+        shape = tuple(node.shape if shape is None else shape)
+        token = tokenize(structure(node), self.run_id, *([part] if part else []))
+        base = _config.get("temporary-directory") or tempfile.gettempdir()
+        ref = ArrayRef.from_location(os.path.join(base, f"tilearray-tmp-{token}.zarr"))
+        self.creates.append(Create(ref, shape, node.dtype, tile, None, temporary=True))
+        return ref, Grid.regular(shape, tile)
 
     # -- the operations -----------------------------------------------------------
     def matmul(self, node: MatMul, out=None, out_grid=None, skip=frozenset()) -> Stage:
@@ -271,6 +293,55 @@ class Planner:
         for stage in lower_tsqr(node, specs, widths, deps, self.budget, out, out_grid, skip):
             last = self.add(stage)
         return last
+
+    def factor(self, node: Factor, out=None, out_grid=None, skip=frozenset()) -> Stage:
+        """The stages of a Cholesky factor ("L": into ``out``, or a temporary
+        whose tiles ``compute()`` gathers), a triangular solve, a slogdet
+        from a factor's diagonal or a one-task dense routine; returns the last."""
+        deps: list = []
+        spec = self.spec(node.x, deps)
+        if node.part == "L":
+            if out is None:
+                b = cholesky_tile(node, spec, self.budget)
+                out, out_grid = self._temporary(node, (b, b))
+                return self.add(lower_cholesky(node, spec, deps, self.budget, b, out, out_grid,
+                                               keep=True))
+            b = _square_unit(node, out_grid)
+            return self.add(lower_cholesky(node, spec, deps, self.budget, b, out, out_grid,
+                                           skip))
+        if node.part == "logdiag":
+            return self.add(lower_logdiag(node, spec, deps))
+        rhs, y_spec = None, None
+        if node.y is not None and node.y.small:
+            rhs = self.small(node.y)
+            y_spec = Dep(self._depend(rhs, deps), "block")
+        elif node.y is not None:
+            y_spec = self.spec(node.y, deps)
+        if node.part == "trsolve":
+            return self.add(lower_trsolve(node, spec, y_spec, deps, self.budget))
+        if dict(node.options)["op"] in ("solve", "slogdet") and \
+                incore_need(node, spec, y_spec)[0] > self.budget.task_memory:
+            return self._lu(node, spec, y_spec, deps)
+        return self.add(lower_incore(node, spec, y_spec, deps, self.budget))
+
+    def _lu(self, node: Factor, spec, y_spec, deps: list) -> Stage:
+        """A general solve or slogdet too large for one task: LU by column
+        panels into two temporaries (L, U), then ``L y = P b`` and ``U x = y``."""
+        b = lu_width(node, spec, self.budget)
+        l_ref, grid = self._temporary(node, (b, b), "L", node.x.shape)
+        u_ref, _ = self._temporary(node, (b, b), "U", node.x.shape)
+        panels = self.add(lower_lu(node, spec, deps, self.budget, b, l_ref, u_ref, grid))
+        keys = panels.outputs["panels"].keys
+        if dict(node.options)["op"] == "slogdet":
+            return self.add(lower_lu_slogdet(node, keys))
+        fwd = self.add(lower_lu_forward(node, y_spec, deps, l_ref, grid, keys, b))
+        opts = {"lower": False, "trans": False, "unit": False,
+                "vector": bool(dict(node.options).get("vector"))}
+        back = Factor(node.shape, node.dtype, node.x, "trsolve", node.y,
+                      tuple(sorted(opts.items())))
+        tdeps = [keys[-1], fwd.outputs["last"].keys[0]]
+        return self.add(lower_trsolve(back, Read(u_ref, grid, np.dtype(node.dtype)),
+                                      Dep(1, "block"), tdeps, self.budget))
 
     def map(self, node: Node, out=None, out_grid=None, skip=frozenset()) -> Stage:
         deps: list = []
@@ -334,6 +405,8 @@ class Planner:
             key = self._reduce(self._unshifted(node))
         elif isinstance(node, TSQR):
             key = self.tsqr(node).outputs["R"].keys[0]
+        elif isinstance(node, Factor):
+            key = self.factor(node).outputs["0"].keys[0]
         elif isinstance(node, MatVec):
             key = self.matvec(node, value=True).outputs["0"].keys[0]
             self._covers[key] = {key}  # its tasks' stats, not its operand's
@@ -392,6 +465,16 @@ class Planner:
             k for k in self._stats_only if k not in covered and k not in todo]
 
 
+def _square_unit(node: Factor, grid) -> int:
+    """The Cholesky tile of an output grid: its I/O unit, which must be square."""
+    u = grid.unit
+    if u[0] != u[1]:
+        raise PlanningError(
+            f"{node}: a Cholesky factor is written in square tiles, but the output's I/O unit "
+            f"is {u[0]} x {u[1]}; pass tile=(b, b) (and a square shard, if any)")
+    return u[0]
+
+
 def _dep_kind(small_shape: tuple, shape: tuple) -> str:
     if len(small_shape) == 0 or small_shape == (1, 1):
         return "scalar"
@@ -440,7 +523,7 @@ def _lower(node, budget, out, out_grid, skip) -> Plan:
         result = last.outputs.get("result", Output("value", (key,)))
     else:
         lowering = {MatMul: p.matmul, TSQR: p.tsqr, MatVec: p.matvec,
-                    nd.Scan: p.scan}.get(type(node), p.map)
+                    nd.Scan: p.scan, Factor: p.factor}.get(type(node), p.map)
         stage = lowering(node, out, out_grid, skip)
         result = stage.outputs.get("result") or stage.outputs["0"]
         if isinstance(node, TSQR):  # R (and s, Vt) computed on the way: a named output

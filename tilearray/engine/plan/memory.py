@@ -173,3 +173,31 @@ def tsqr_combine_peak(width: int, fan_in: int, itemsize: int) -> int:
     """A TSQR combine or root: ``fan_in`` R factors, their stack (which
     becomes the Q pieces) and R, or the SVDs of a root (``~9 n^2``)."""
     return as_rss((2 * fan_in * width * width + 9 * width * width) * itemsize)
+
+
+def cholesky_peak(b: int, a_read: int, a_flight: int, itemsize: int, l_itemsize: int) -> int:
+    """A left-looking Cholesky tile task over ``b x b`` tiles, the largest of
+    its three phases: reading ``A_ij`` (``a_read`` bytes held compressed and
+    decoded, zarr's buffers in flight, copied into C in the computing dtype
+    ``itemsize``); the updates (C, one ``L_ik`` and one ``L_jk`` of
+    ``l_itemsize``, the next read held compressed and decoded); the factor
+    (C, ``L_jj``, the result and one output unit copied and encoded)."""
+    tile, ltile = b * b * itemsize, b * b * l_itemsize
+    reading = 2 * a_read + min(a_flight, a_read) + tile
+    updating = tile + 2 * ltile + 2 * ltile
+    factoring = 2 * tile + ltile + 2 * ltile
+    return as_rss(max(reading, updating, factoring))
+
+
+def trsolve_peak(b: int, rhs_cols: int, n: int, t_read: int, itemsize: int) -> int:
+    """A blocked triangular-substitution task: one ``b x b`` tile of T (read
+    held compressed and decoded, then in the computing dtype), its right-hand
+    side rows (``b x rhs_cols``) and every solved row tile before it (at most
+    ``n x rhs_cols``, the small result)."""
+    return as_rss(2 * t_read + b * b * itemsize + (2 * b + n) * rhs_cols * itemsize)
+
+
+def incore_peak(read_bytes: int, n: int, itemsize: int, work: int = 4) -> int:
+    """One task holding a whole ``n x n`` matrix: its read held compressed and
+    decoded, and ``work`` matrices of LAPACK copies, workspace and results."""
+    return as_rss(2 * read_bytes + work * n * n * max(itemsize, 8))

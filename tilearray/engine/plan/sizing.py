@@ -13,6 +13,7 @@ from ...storage import Grid, int_pair
 from ..expr.nodes import (
     TSQR,
     Elemwise,
+    Factor,
     MatMul,
     MatVec,
     Node,
@@ -167,6 +168,8 @@ def leaf_tile(node, axis: int, default: int = 1024) -> int:
         return leaf_tile(node.a, axis, default) if axis == 0 else default
     if isinstance(node, TSQR):  # Q, U: the rows of X, every column in one tile
         return leaf_tile(node.x, 0, default) if axis == 0 else max(node.shape[1], 1)
+    if isinstance(node, Factor):  # a Cholesky factor: square tiles
+        return factor_tile(node, default)
     if isinstance(node, Elemwise) or hasattr(node, "args"):  # also a concatenation
         for a in node.args:
             if isinstance(a, Node) and not a.small:
@@ -174,3 +177,16 @@ def leaf_tile(node, axis: int, default: int = 1024) -> int:
     if isinstance(getattr(node, "x", None), Node) and not node.x.small:  # take, cumsum
         return leaf_tile(node.x, axis, default)
     return default
+
+
+def factor_tile(node, default: int = 1024) -> int:
+    """Default square tile of a stored Cholesky factor (``to_zarr`` without
+    ``tile=``): a multiple of the input's larger tile of at least ``default``
+    elements, at most :data:`MAX_INHERITED_TILE` bytes, within ``n``."""
+    n = max(node.shape[0], 1)
+    t_in = max(leaf_tile(node.x, 0, default), leaf_tile(node.x, 1, default), 1)
+    cap = max(int((MAX_INHERITED_TILE // np.dtype(node.dtype).itemsize) ** 0.5), 1)
+    b = t_in * -(-default // t_in) if t_in < default else t_in
+    if b > cap:
+        b = cap // t_in * t_in if t_in <= cap else cap
+    return max(min(b, n), 1)

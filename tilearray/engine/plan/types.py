@@ -154,7 +154,8 @@ class Stage:
     bytes_written: int = 0
     flops: int = 0
     io_lower_bound: int | None = None
-    """Hong-Kung lower bound on bytes read (matmul), in bytes."""
+    """Lower bound on bytes read, in bytes: Hong-Kung (matmul), Ballard et al.
+    (Cholesky, :func:`~.cholesky.io_bound`)."""
     reads: int = 0
     """Planned read requests (whole I/O units or runs of them)."""
     store_gets: int = 0
@@ -314,8 +315,13 @@ class Plan:
         )
         if self.io_lower_bound:
             mm = sum(s.bytes_read for s in self.stages if s.io_lower_bound)
+            what = {"matmul": "matmul I/O lower bound max(2mnk/sqrt(M/itemsize), inputs once)",
+                    "cholesky": "Cholesky I/O lower bound max(n^3/(3 sqrt(M/itemsize)), "
+                                "lower triangle once)"}
+            label = " + ".join(what.get(k, f"{k} I/O lower bound") for k in
+                               sorted({s.kind for s in self.stages if s.io_lower_bound}))
             out.append(
-                f"  matmul I/O lower bound max(2mnk/sqrt(M/itemsize), inputs once): "
+                f"  {label}: "
                 f"{format_bytes(self.io_lower_bound)}; planned reads are "
                 f"{mm / self.io_lower_bound:.2f}x that"
             )

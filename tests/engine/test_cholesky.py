@@ -1,0 +1,319 @@
+"""Tiled out-of-core Cholesky, SPD solve, triangular solves, determinants and
+one-task dense routines against NumPy / SciPy; plan figures against measured
+RunStats; failure, resume and worker memory."""
+
+import os
+
+import numpy as np
+import psutil
+import pytest
+import scipy.linalg as sla
+import zarr
+
+import tilearray as ta
+from tilearray.errors import NotPositiveDefiniteError, SingularMatrixError
+from tilearray.storage import ArrayRef
+from tilearray.storage.array import done_units
+from tilearray.storage.ref import unit_done_key
+from tilearray.testing import assert_close
+
+MiB = 2**20
+
+
+@pytest.fixture(scope="module")
+def eng():
+    with ta.Engine(n_workers=1, threads_per_worker=2, memory_per_worker="1GiB",
+                   processes=False, quiet=True) as e:
+        yield e
+
+
+def spd(rng, n, dtype="float64"):
+    m = rng.uniform(-1, 1, (n, n))
+    return ((m + m.T) / 2 + n * np.eye(n)).astype(dtype)  # diagonally dominant
+
+
+def close(got, want, dtype="float64", rtol=None):
+    """Equal up to rounding relative to the largest entry (a factorization's error)."""
+    r = rtol or (2e-3 if np.dtype(dtype) == np.float32 else 1e-9)
+    np.testing.assert_allclose(got, want, rtol=r, atol=r * np.max(np.abs(want)))
+
+
+def stored(tmp_path, name, x, tile):
+    z = zarr.create_array(tmp_path / name, shape=x.shape, chunks=tile, dtype=x.dtype)
+    z[...] = x
+    return ta.open(tmp_path / name)
+
+
+def same_figures(plan, stats):
+    assert stats.tasks == plan.tasks, (stats, plan)
+    assert stats.bytes_read == plan.bytes_read, (stats, plan)
+    assert stats.bytes_written == plan.bytes_written, (stats, plan)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("n, in_tile, out_tile", [
+    (203, (50, 50), (64, 64)),   # ragged n, input chunks misaligned with the tile
+    (130, (37, 61), (40, 40)),   # non-square input chunks
+    (90, (90, 90), (90, 90)),    # one tile
+])
+def test_cholesky_matches_numpy(eng, tmp_path, rng, dtype, n, in_tile, out_tile):
+    x = spd(rng, n, dtype)
+    a = stored(tmp_path, "a.zarr", x, in_tile)
+    want = np.linalg.cholesky(x)
+    low = ta.linalg.cholesky(a)
+    assert low.shape == (n, n) and low.dtype == np.dtype(dtype)
+    plan = low.plan()
+    got = low.compute()
+    close(got, want, dtype)
+    same_figures(plan, low.stats)
+    plan = low.plan(tmp_path / "l.zarr", tile=out_tile)
+    out = low.to_zarr(tmp_path / "l.zarr", tile=out_tile)
+    same_figures(plan, out.stats)
+    assert out.grid.tile == out_tile
+    close(out.compute(), want, dtype)
+    assert np.all(np.triu(out.compute(), 1) == 0)
+    close(np.linalg.cholesky(a).compute(), want, dtype)  # NumPy dispatch
+
+
+def test_plan_reports_io_against_the_lower_bound(tmp_path):
+    """Planned on metadata alone: tile chosen under the budget, reads near
+    n^3 / (3 b) and reported against n^3 / (3 sqrt(M))."""
+    zarr.create_array(tmp_path / "a.zarr", shape=(32768, 32768), chunks=(2048, 2048), dtype="f8")
+    a = ta.open(tmp_path / "a.zarr")
+    budget = ta.Budget.from_config("1GiB", 2, 1)
+    plan = ta.linalg.cholesky(a).plan(tmp_path / "l.zarr", tile=(2048, 2048), budget=budget)
+    st = plan.stages[0]
+    n, b = 32768, 2048
+    assert st.peak_task_memory <= budget.task_memory
+    assert st.bytes_written == n * n * 8
+    assert abs(st.bytes_read - 8 * n**3 / (3 * b)) < 0.1 * 8 * n**3 / (3 * b)
+    assert plan.io_lower_bound and "Cholesky I/O lower bound" in str(plan)
+    # with 4 GiB workers the planner's own tile (an SPD solve's factor) is 8192:
+    # reads 3.6x the bound
+    solve = ta.linalg.solve_plan(a, np.ones(n), assume_a="pos")
+    chosen = solve.plan(budget=ta.Budget.from_config("4GiB", 2, 1)).stages[0]
+    assert "by 8192 x 8192 tiles" in chosen.description, chosen
+    assert 1 < chosen.bytes_read / chosen.io_lower_bound < 4
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_spd_solve(eng, tmp_path, rng, dtype):
+    n = 157
+    x = spd(rng, n, dtype)
+    a = stored(tmp_path, "a.zarr", x, (40, 30))
+    b1 = rng.standard_normal(n).astype(dtype)
+    b2 = rng.standard_normal((n, 3)).astype(dtype)
+    got = ta.linalg.solve(a, b1, assume_a="pos")
+    assert got.shape == (n,)
+    close(got, np.linalg.solve(x, b1), dtype)
+    lazy = ta.linalg.solve_plan(a, b2, assume_a="pos")
+    plan = lazy.plan()
+    close(lazy.compute(), np.linalg.solve(x, b2), dtype)
+    same_figures(plan, lazy.stats)
+    bs = stored(tmp_path, "b.zarr", b2, (25, 3))  # stored right-hand sides
+    close(ta.linalg.solve(a, bs, assume_a="pos"), np.linalg.solve(x, b2), dtype)
+
+
+def test_triangular_solves(eng, tmp_path, rng):
+    n = 111
+    t = np.tril(rng.standard_normal((n, n))) + 5 * np.eye(n)
+    lo = stored(tmp_path, "t.zarr", t, (30, 30))
+    up = stored(tmp_path, "u.zarr", t.T.copy(), (30, 30))
+    b = rng.standard_normal((n, 2))
+    for a, x, lower in ((lo, t, True), (up, t.T, False)):
+        for trans in (0, 1):
+            want = sla.solve_triangular(x, b, lower=lower, trans=trans)
+            assert_close(ta.linalg.solve_triangular(a, b, lower=lower, trans=trans), want)
+    want = sla.solve_triangular(t, b[:, 0], lower=True, unit_diagonal=True)
+    assert_close(ta.linalg.solve_triangular(lo, b[:, 0], lower=True, unit_diagonal=True), want)
+
+
+def test_determinants_inverse_eigh(eng, tmp_path, rng):
+    n = 77
+    x = spd(rng, n)
+    a = stored(tmp_path, "a.zarr", x, (20, 20))
+    sign, logdet = ta.linalg.slogdet(a, assume_a="pos")
+    assert sign == 1 and logdet == pytest.approx(np.linalg.slogdet(x)[1], rel=1e-12)
+    assert np.linalg.slogdet(a)[1] == pytest.approx(np.linalg.slogdet(x)[1], rel=1e-12)
+    assert np.linalg.det(a) == pytest.approx(np.linalg.det(x), rel=1e-9)
+    assert ta.linalg.det(a, assume_a="pos") == pytest.approx(np.linalg.det(x), rel=1e-9)
+    assert_close(np.linalg.inv(a), np.linalg.inv(x))
+    assert_close(ta.linalg.inv(a, assume_a="pos"), np.linalg.inv(x))
+    w, v = np.linalg.eigh(a)
+    assert_close(w, np.linalg.eigvalsh(x))
+    close(np.abs(v.T @ x @ v), np.abs(np.diag(w)))
+    assert_close(np.linalg.eigvalsh(a), np.linalg.eigvalsh(x))
+    g = rng.standard_normal((n, n))  # a general matrix: one-task LU
+    ga = stored(tmp_path, "g.zarr", g, (20, 20))
+    b = rng.standard_normal(n)
+    assert_close(np.linalg.solve(ga, b), np.linalg.solve(g, b))
+    assert np.linalg.det(ga) == pytest.approx(np.linalg.det(g), rel=1e-9)
+
+
+def test_singular_and_too_large_are_refused(eng, tmp_path, rng):
+    n = 40
+    s = rng.standard_normal((n, n))
+    s[:, 7] = 0.0  # exactly singular: LAPACK finds no pivot in column 7
+    a = stored(tmp_path, "s.zarr", s, (16, 16))
+    with pytest.raises(SingularMatrixError) as err:
+        ta.linalg.solve(a, np.ones(n))
+    assert isinstance(err.value, np.linalg.LinAlgError) and err.value.column == 7
+    assert tuple(np.linalg.slogdet(a)) == (0.0, -np.inf)
+    assert np.linalg.det(a) == 0.0
+    zarr.create_array(tmp_path / "big.zarr", shape=(20000, 20000), chunks=(2000, 2000),
+                      dtype="f8")
+    big = ta.open(tmp_path / "big.zarr")
+    budget = ta.Budget.from_config("1GiB", 2, 1)
+    with pytest.raises(ta.PlanningError, match="one task"):
+        ta.linalg._incore(big, "eigh", ()).plan(budget=budget)
+    # a general solve of it is planned as a tiled LU
+    assert "partial pivoting" in str(ta.linalg.solve_plan(big, np.ones(20000)).plan(budget=budget))
+    # an SPD solve of the same matrix plans (tiled)
+    assert ta.linalg.solve_plan(big, np.ones(20000), assume_a="pos").plan(budget=budget)
+
+
+def test_not_positive_definite_names_tile_and_column(eng, tmp_path, rng):
+    n = 150
+    x = spd(rng, n)
+    x[100, 100] = -5.0  # the leading minor of order 101 is not positive
+    a = stored(tmp_path, "a.zarr", x, (50, 50))
+    low = ta.linalg.cholesky(a)
+    with pytest.raises(NotPositiveDefiniteError) as err:
+        low.to_zarr(tmp_path / "l.zarr", tile=(40, 40))
+    assert err.value.tile == (2, 2) and err.value.column == 100
+    assert "column 100" in str(err.value) and "(2, 2)" in str(err.value)
+    meta = zarr.open_array(tmp_path / "l.zarr").attrs["tilearray"]
+    assert meta.get("complete") is not True
+    with pytest.raises(NotPositiveDefiniteError):
+        ta.linalg.solve(a, np.ones(n), assume_a="pos")
+
+
+def test_resume_recomputes_only_missing_tiles(eng, tmp_path, rng):
+    """A driver killed mid-run leaves some tiles without their done marker:
+    resume recomputes those alone, reading the done tiles back."""
+    n, b = 200, 40
+    x = spd(rng, n)
+    a = stored(tmp_path, "a.zarr", x, (50, 50))
+    low = ta.linalg.cholesky(a)
+    out = tmp_path / "l.zarr"
+    first = low.to_zarr(out, tile=(b, b))
+    assert first.stats.tasks == 15 + 4  # lower tiles + a zeros task per row
+    # as if killed: not complete, and tiles (2, 1), (4, 3), (4, 4), (0, 3) lost
+    ref = ArrayRef.from_location(out)
+    z = zarr.open_array(out, mode="r+")
+    meta = dict(z.attrs["tilearray"])
+    meta["complete"] = False
+    z.attrs["tilearray"] = meta
+    for i, j in [(2, 1), (4, 3), (4, 4), (0, 3)]:
+        z[i * b:(i + 1) * b, j * b:(j + 1) * b] = np.nan
+        os.remove(out / unit_done_key(i, j))  # a local store: the marker is a file
+    assert len(done_units(ref)) == 25 - 4
+    again = low.to_zarr(out, resume=True)
+    assert again.stats.tasks == 3 + 1  # three lower tiles, one zeros task (row 0)
+    assert again.stats.bytes_written == 4 * b * b * 8
+    assert_close(again.compute(), np.linalg.cholesky(x))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_worker_memory_under_budget_for_a_matrix_several_times_it(tmp_path):
+    """n = 3000 float64 (72 MB, 2.2x a task's budget) on 2 x 180 MiB process
+    workers (33 MiB per task): each worker's RSS stays under its limit and
+    within its baseline plus the planned task; the factor is right (checked
+    through L L^T v)."""
+    rng = np.random.default_rng(3)
+    n = 3000
+    x = spd(rng, n)
+    a = stored(tmp_path, "a.zarr", x, (500, 500))
+    v = rng.standard_normal(n)
+    want = x @ v
+    del x
+    with ta.Engine(n_workers=2, threads_per_worker=1, memory_per_worker="180MiB",
+                   quiet=True) as e:
+        idle = max(e.client.run(lambda: psutil.Process().memory_info().rss).values())
+        low = ta.linalg.cholesky(a)
+        plan = low.plan(tmp_path / "l.zarr", tile=(500, 500))
+        assert n * n * 8 > 2 * e.budget().task_memory
+        assert plan.peak_task_memory <= e.budget().task_memory
+        out = low.to_zarr(tmp_path / "l.zarr", tile=(500, 500))
+        same_figures(plan, out.stats)
+        assert 0 < out.stats.peak_worker_memory <= e.budget().memory_per_worker, out.stats
+        # the planner's contract: a worker holds its baseline plus the planned task (the
+        # first run also loads code, e.g. LAPACK and the codecs: the baseline covers it)
+        assert out.stats.peak_worker_memory <= e.budget().baseline + plan.peak_task_memory, \
+            (out.stats, idle, plan)
+    lv = zarr.open_array(tmp_path / "l.zarr")[...]
+    close(lv @ (lv.T @ v), want)
+
+
+@pytest.fixture(scope="module")
+def small_eng():
+    """16 MiB per task: a 1000 x 1000 float64 matrix (8 MB) does not fit one
+    task's LAPACK call, so general solves take the tiled LU."""
+    with ta.Engine(n_workers=1, threads_per_worker=1, memory_per_worker="160MiB",
+                   processes=False, quiet=True) as e:
+        yield e
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_tiled_lu_solve_needs_and_does_pivoting(small_eng, tmp_path, rng, dtype):
+    """A zero and a tiny leading pivot (LU without pivoting breaks down or loses
+    every digit), ragged panels, chunks misaligned with them."""
+    n = 1000
+    g = rng.standard_normal((n, n))
+    g[0, 0], g[1, 1] = 0.0, 1e-20
+    g = g.astype(dtype)
+    a = stored(tmp_path, "g.zarr", g, (96, 96))
+    b = rng.standard_normal((n, 2)).astype(dtype)
+    lazy = ta.linalg.solve_plan(a, b)
+    plan = lazy.plan()
+    assert "partial pivoting" in str(plan), plan
+    assert plan.peak_task_memory <= small_eng.budget().task_memory
+    got = lazy.compute()
+    same_figures(plan, lazy.stats)
+    want = np.linalg.solve(g.astype("f8"), b.astype("f8"))
+    if dtype == "float64":
+        close(got, want)
+    else:  # f32: the residual, not the solution, is what LU keeps small
+        r = g.astype("f8") @ got.astype("f8") - b
+        assert np.abs(r).max() < 1e-2 * np.abs(b).max()
+    v = ta.linalg.solve(a, b[:, 0])
+    assert v.shape == (n,)
+    sign, logabs = np.linalg.slogdet(a)
+    want_sign, want_log = np.linalg.slogdet(g.astype("f8"))
+    assert sign == want_sign and logabs == pytest.approx(want_log, rel=1e-4)
+
+
+def test_tiled_lu_singular_names_the_column(small_eng, tmp_path, rng):
+    n = 1000
+    g = rng.standard_normal((n, n))
+    g[:, 700] = 0.0
+    a = stored(tmp_path, "g.zarr", g, (128, 128))
+    with pytest.raises(SingularMatrixError) as err:
+        ta.linalg.solve(a, np.ones(n))
+    assert err.value.column == 700 and isinstance(err.value, np.linalg.LinAlgError)
+
+
+def test_planning_makes_zero_store_calls(tmp_path, rng):
+    """Every lowering here is pure: plans of the factorization, the solves and
+    the one-task routines read nothing (only the opened arrays' metadata)."""
+    from zarr.storage import LocalStore
+
+    from tilearray.engine.expr.nodes import Source
+    from tilearray.testing import CountingStore, counts, reset_counts
+
+    n, name = 300, f"plan-chol-{tmp_path.name}"
+    ta.from_numpy(spd(rng, n), tmp_path / "a.zarr", tile=(64, 64))
+    ref = ArrayRef(CountingStore(LocalStore(str(tmp_path / "a.zarr")), name))
+    opened = ta.open(ref.store)
+    a = ta.TiledArray(Source(opened.shape, opened.dtype, ref, opened.grid))
+    budget = ta.Budget.from_config("160MiB", 2, 1)
+    reset_counts(name)
+    b = np.ones(n)
+    for lazy in [ta.linalg.cholesky(a), ta.linalg.solve_plan(a, b, assume_a="pos"),
+                 ta.linalg.solve_plan(a, b), ta.linalg._incore(a, "eigh", ())]:
+        plan = lazy.plan(budget=budget)
+        assert plan.tasks > 0 and plan.bytes_read > 0
+    tight = ta.Budget.from_config("145MiB", 2, 1)  # ~3 MiB per task: the tiled LU
+    assert "partial pivoting" in str(ta.linalg.solve_plan(a, b).plan(budget=tight))
+    assert counts(name)["gets"] == 0 and counts(name).get("sets", 0) == 0

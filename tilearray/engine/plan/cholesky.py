@@ -1,0 +1,270 @@
+"""Lowering a tiled Cholesky factorization, blocked triangular solves and
+one-task dense routines (:mod:`tilearray.graphs.cholesky` tasks). Pure:
+node, specs and budget in, :class:`~.types.Stage` records out.
+
+Cholesky is left-looking by square tile ``b``: task ``(i, j)``, ``i >= j``,
+reads ``A_ij`` and the L tiles ``(i, k)``, ``(j, k)`` for ``k < j`` (and
+``L_jj``) from the output array, which the tasks that wrote them precede,
+and writes ``L_ij`` whole. ``b`` is the output's I/O unit when the output
+is given (``to_zarr(tile=...)``), else the largest tile a task holds under
+the budget. Reads are about ``n^3 / (3 b)`` elements; the I/O lower bound
+reported is ``n^3 / (3 sqrt(M))`` words (Ballard, Demmel, Holtz, Schwartz
+2010: Omega(n^3 / sqrt(M)); this constant is the order, not the proven one),
+``M`` the task's memory in elements, or A's lower triangle read once if
+more.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from dask.base import tokenize
+from dask.utils import format_bytes
+
+from ...errors import PlanningError
+from ...graphs import cholesky as gch
+from ...graphs.emit import Tasks
+from ...graphs.linalg import tile_edges
+from ...graphs.spec import Read, leaves
+from . import layout
+from .map import check_fits
+from .memory import cholesky_peak, incore_peak, trsolve_peak
+from .memory import read_flight as zarr_flight
+from .sizing import short
+from .types import Budget, Output, Stage
+
+MIN_TILE = 256
+"""Elements: Cholesky tiles narrower than this waste BLAS efficiency."""
+MIN_FIT = 64
+"""Elements: the narrowest tile or panel the planner tries under a tight budget."""
+
+
+def fetched_bytes(b: int, unit: int, n: int) -> int:
+    """Rows (or columns) a read of ``b`` of them fetches: whole units."""
+    if b % unit == 0:
+        return min(b, n)
+    if unit % b == 0 or unit >= n:  # tiles on multiples of b: inside one unit
+        return min(unit, n)
+    return min((-(-b // unit) + 1) * unit, n)
+
+
+def _a_read(spec, b: int, n: int) -> int:
+    """Bytes a read of one ``b x b`` tile of ``spec`` fetches, at most."""
+    return sum(fetched_bytes(b, lf.grid.unit[0], n) * fetched_bytes(b, lf.grid.unit[1], n)
+               * lf.dtype.itemsize for lf in leaves(spec))
+
+
+def input_tile_edges(spec) -> int:
+    units = [u for lf in leaves(spec) for u in lf.grid.unit]
+    return min(units) if units else 1
+
+
+def chol_peak(spec, b: int, n: int, itemsize: int) -> int:
+    return cholesky_peak(b, _a_read(spec, b, n), zarr_flight(spec), itemsize, itemsize)
+
+
+def fit_tile(n: int, align: int, cap: int, peak_of, budget: Budget) -> int:
+    """The largest square tile ``<= cap`` whose task fits ``budget``: a
+    multiple of ``align`` (the input's I/O unit) when one fits, else a
+    multiple of 64; :data:`MIN_FIT` if none fits (the caller refuses it with
+    its peak: thinner tiles would only multiply tasks and reads)."""
+    cap = max(min(cap, n), 1)
+    lo, hi = min(MIN_FIT, cap), cap  # never below MIN_FIT: the caller refuses it instead
+    while lo < hi:  # peaks grow with b: the largest b that fits
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if peak_of(mid) <= budget.task_memory else (lo, mid - 1)
+    if lo >= align and align > 1:
+        return lo // align * align
+    return lo if lo < 64 or lo == cap else lo // 64 * 64
+
+
+def cholesky_tile(node, spec, budget: Budget) -> int:
+    """``b`` for a Cholesky whose output tiling is the planner's choice: the
+    largest that fits, at most ``n / (2 threads)`` (work for every thread)
+    but never under :data:`MIN_TILE`; aligned to A's I/O unit only when that
+    reads less (A is read about once, the L tiles ``n / (3 b)`` times)."""
+    n, item = node.shape[0], np.dtype(node.dtype).itemsize
+    cap = max(MIN_TILE, -(-n // (2 * budget.total_threads)))
+    align = input_tile_edges(spec)
+
+    def peak(b):
+        return chol_peak(spec, b, n, item)
+
+    aligned = fit_tile(n, align, cap, peak, budget)
+    free = fit_tile(n, 1, cap, peak, budget)
+
+    def reads(b):
+        return (-(-n // b)) ** 2 / 2 * _a_read(spec, b, n) + item * n**3 / (3 * b)
+
+    return min((aligned, free), key=lambda b: (reads(b), -b))
+
+
+def io_bound(n: int, itemsize: int, budget: Budget) -> int:
+    """Bytes read at least: ``n^3 / (3 sqrt(M))`` words, or A's lower triangle once."""
+    m_words = max(budget.task_memory // itemsize, 1)
+    return int(itemsize * max(n**3 / (3 * math.sqrt(m_words)), n * (n + 1) / 2))
+
+
+def lower_cholesky(node, spec, deps: list, budget: Budget, b: int, out, l_grid,
+                   skip=frozenset(), keep=False) -> Stage:
+    """The Cholesky tile tasks of ``node`` (``A`` read as ``spec``) into ``out``
+    (a ``b x b`` tiled grid ``l_grid``, units in ``skip`` done): each tile
+    task, and per row one task writing the tiles above the diagonal as zeros.
+    ``keep``: each block row is read back by a task (``compute()``; output
+    "blocks"), after every tile task (their figures: output "stats")."""
+    n, dtype = node.shape[0], np.dtype(node.dtype)
+    peak = chol_peak(spec, b, n, dtype.itemsize)
+    check_fits("cholesky", peak, f"{short(node)} in {b} x {b} tiles", budget)
+    edges = tuple(tile_edges(n, b))
+    nt = len(edges)
+    name = "cholesky-" + tokenize(spec, deps, edges, str(out), keep, sorted(skip))
+    a_costs = layout.BlockCosts(spec, [0, *(e[1] for e in edges)], [0, *(e[1] for e in edges)])
+    l_costs = layout.BlockCosts(Read(out, l_grid, dtype), a_costs.row_edges, a_costs.col_edges)
+    work, keys = Tasks(), []
+    nbytes = nreq = gets = written = 0
+    for j in range(nt):
+        for i in range(j, nt):
+            if (i, j) in skip:
+                continue
+            reads = [(i, k) for k in range(j)] + ([(j, k) for k in range(j)] if i > j else [])
+            reads += [(j, j)] if i > j else []
+            after = [(name, r, c) for r, c in reads if (r, c) not in skip]
+            keys.append(work.add((name, i, j), gch.tile, spec, deps, out, edges, i, j, dtype,
+                                 *after))
+            for cost in [a_costs.at(i, j)] + [l_costs.at(r, c) for r, c in reads]:
+                nbytes, nreq, gets = nbytes + cost[0], nreq + cost[1], gets + cost[2]
+            written += (edges[i][1] - edges[i][0]) * (edges[j][1] - edges[j][0]) * dtype.itemsize
+    for i in range(nt - 1):
+        cols = tuple(j for j in range(i + 1, nt) if (i, j) not in skip)
+        if cols:
+            keys.append(work.add((name, "zeros", i), gch.zeros, out, edges, i, cols, dtype))
+            written += (edges[i][1] - edges[i][0]) * (n - edges[cols[0]][0]) * dtype.itemsize
+    bound = io_bound(n, dtype.itemsize, budget)
+    outputs = {"result": Output("store", tuple(keys))}
+    back = ""
+    if keep:  # compute(): each tile read back once its writer is done
+        blocks = [(i, j) for i in range(nt) for j in range(nt)]
+        back_keys = [work.add((name, "back", i, j), gch.read_back, out, edges[i], edges[j],
+                              (name, i, j) if j <= i else (name, "zeros", i))
+                     for i, j in blocks]
+        for i, j in blocks:
+            cost = l_costs.at(i, j)
+            nbytes, nreq, gets = nbytes + cost[0], nreq + cost[1], gets + cost[2]
+        outputs = {"result": Output("blocks", tuple(back_keys),
+                                    tuple((edges[i], edges[j]) for i, j in blocks)),
+                   "tiles": Output("stats", tuple(keys))}
+        back = "; the factor is read back tile by tile for compute()"
+    return Stage(
+        "cholesky", f"{short(node)}: left-looking by {b} x {b} tiles ({nt} x {nt}; "
+        f"{len(keys)} tasks, each writing its tiles whole); each task streams the L tiles "
+        f"to its left back from the output; reads {format_bytes(nbytes)} vs the I/O lower "
+        f"bound n^3/(3 sqrt(M)) = {format_bytes(bound)} ({nbytes / max(bound, 1):.2f}x)"
+        + back, len(work), peak, nbytes, written, flops=n**3 // 3, io_lower_bound=bound,
+        reads=nreq, store_gets=gets, work=work.freeze(), outputs=outputs)
+
+
+def trsolve_tile(n: int, ncols: int, t_spec, itemsize: int, budget: Budget) -> int:
+    """The row tile of a substitution: the stored T's tile when T is a
+    planner-tiled factor, else the largest that fits."""
+    align = input_tile_edges(t_spec)
+    if isinstance(t_spec, Read) and t_spec.grid.tile[0] == t_spec.grid.tile[1]:
+        b = t_spec.grid.tile[0]
+        if trsolve_peak(b, ncols, n, _a_read(t_spec, b, n), itemsize) <= budget.task_memory:
+            return b
+    return fit_tile(n, align, n, lambda b: trsolve_peak(b, ncols, n, _a_read(t_spec, b, n),
+                                                        itemsize), budget)
+
+
+def lower_trsolve(node, t_spec, b_spec, deps: list, budget: Budget) -> Stage:
+    """Blocked substitution ``T X = B`` (``node.options``: ``lower`` of the stored
+    S, ``trans``: T = S^T, ``unit``, ``vector``): one task per row tile, in
+    order, then a gather task whose value is X."""
+    n, ncols = node.x.shape[0], node.y.shape[1]
+    dtype = np.dtype(node.dtype)
+    opts = dict(node.options)
+    b = trsolve_tile(n, ncols, t_spec, dtype.itemsize, budget)
+    peak = trsolve_peak(b, ncols, n, _a_read(t_spec, b, n), dtype.itemsize)
+    check_fits("triangular solve", peak, short(node), budget)
+    edges = tuple(tile_edges(n, b))
+    cuts = [0, *(e[1] for e in edges)]
+    t_costs = layout.BlockCosts(t_spec, cuts, cuts)
+    b_costs = layout.BlockCosts(b_spec, cuts, [0, ncols])
+    forward = bool(opts["lower"]) != bool(opts["trans"])
+    order = range(len(edges)) if forward else range(len(edges) - 1, -1, -1)
+    name = "trsolve-" + tokenize(t_spec, b_spec, deps, edges, node.options)
+    work, done, nbytes, nreq, gets = Tasks(), [], 0, 0, 0
+    for i in order:
+        work.add((name, i), gch.substitute, t_spec, deps, b_spec, deps, edges, i, ncols,
+                 node.options, dtype, tuple(done), *[(name, k) for k in done])
+        tiles = [((k, i) if opts["trans"] else (i, k)) for k in done] + [(i, i)]
+        for cost in [b_costs.at(i, 0)] + [t_costs.at(r, c) for r, c in tiles]:
+            nbytes, nreq, gets = nbytes + cost[0], nreq + cost[1], gets + cost[2]
+        done.append(i)
+    key = work.add(name + "-gather", gch.gather, bool(opts.get("vector")),
+                   *[(name, i) for i in range(len(edges))])
+    return Stage(
+        "trsolve", f"{short(node)}: {'forward' if forward else 'backward'} substitution by "
+        f"{len(edges)} row tiles of {b} (each reads its row of T once)", len(work), peak,
+        nbytes, flops=n * n * ncols, reads=nreq, store_gets=gets, work=work.freeze(),
+        outputs={"0": Output("value", (key,))})
+
+
+def lower_logdiag(node, l_spec, deps: list) -> Stage:
+    """One task: NumPy's ``slogdet`` from the diagonal tiles of a stored Cholesky factor."""
+    n = node.x.shape[0]
+    b = l_spec.grid.tile[0]
+    edges = tuple(tile_edges(n, b))
+    cuts = [0, *(e[1] for e in edges)]
+    costs = layout.BlockCosts(l_spec, cuts, cuts)
+    figures = np.sum([costs.at(i, i) for i in range(len(edges))], axis=0)
+    key = "logdiag-" + tokenize(l_spec, deps, edges)
+    work = Tasks()
+    work.add(key, gch.logdiag, l_spec, deps, edges, np.dtype(node.dtype))
+    return Stage("small", f"slogdet from the {len(edges)} diagonal tiles of the Cholesky "
+                 "factor", 1, 0, int(figures[0]), reads=int(figures[1]),
+                 store_gets=int(figures[2]), work=work.freeze(),
+                 outputs={"0": Output("value", (key,))})
+
+
+def incore_need(node, x_spec, y_spec) -> tuple:
+    """``(peak, bytes, requests, store gets)`` of one task reading the whole matrix."""
+    n = node.x.shape[0]
+    ycols = node.y.shape[1] if node.y is not None else 0
+    cuts = [0, n]
+    costs = [layout.BlockCosts(x_spec, cuts, cuts).at(0, 0)]
+    if y_spec is not None:
+        costs.append(layout.BlockCosts(y_spec, cuts, [0, ycols]).at(0, 0))
+    nbytes, nreq, gets = (int(v) for v in np.sum(costs, axis=0))
+    item = np.dtype(node.dtype).itemsize
+    return incore_peak(nbytes, n, item, 4) + as_cols(n, ycols, item), nbytes, nreq, gets
+
+
+def lower_incore(node, x_spec, y_spec, deps: list, budget: Budget) -> Stage:
+    """One task reading the whole matrix (and right-hand sides): refused with
+    the sizes when it cannot hold them."""
+    n = node.x.shape[0]
+    op = dict(node.options)["op"]
+    ycols = node.y.shape[1] if node.y is not None else 0
+    peak, nbytes, nreq, gets = incore_need(node, x_spec, y_spec)
+    if peak > budget.task_memory:
+        raise PlanningError(
+            f"{short(node)}: {op} reads the whole {n} x {n} matrix into one task, which needs "
+            f"{format_bytes(peak)} but the budget allows {format_bytes(budget.task_memory)} "
+            f"per task; {_beyond(op)}")
+    key = "incore-" + tokenize(op, x_spec, y_spec, deps, node.options)
+    work = Tasks()
+    work.add(key, gch.incore, op, node.options, x_spec, deps, n, y_spec, deps, ycols,
+             np.dtype(node.dtype))
+    return Stage("incore", f"{op} of the whole {n} x {n} matrix in one task", 1, peak, nbytes,
+                 flops=4 * n**3, reads=nreq, store_gets=gets, work=work.freeze(),
+                 outputs={"0": Output("value", (key,))})
+
+
+def as_cols(n: int, ycols: int, itemsize: int) -> int:
+    return 3 * n * ycols * max(itemsize, 8)
+
+
+def _beyond(op: str) -> str:
+    return ("it is computed only for a matrix one task can hold (a covariance, a Gram): "
+            "give workers more memory (memory_per_worker)")

@@ -1,0 +1,160 @@
+"""Tiled Cholesky, triangular solves and one-task dense routines, as tasks.
+
+Cholesky is left-looking by tile: task ``(i, j)`` (``i >= j``) reads
+``A_ij``, subtracts ``L_ik L_jk^T`` for ``k < j`` streaming one pair of L
+tiles at a time (read back from the output array, written earlier by the
+tasks it depends on), then factors (``potrf``, ``i == j``) or solves with
+``L_jj`` (``trsm``, ``i > j``) and writes ``L_ij`` whole, with its done
+marker. Each row's tiles above the diagonal are written as zeros by one task.
+
+Triangular solves (``T X = B``) are blocked substitution: task ``i`` reads
+row tile ``i`` of T (the tiles left of the diagonal, or right of it going
+backwards), the right-hand sides' rows and the solved row tiles before it.
+
+Stats: every task counts itself once; a substitution's gather task merges
+its row tasks' figures (a small right-hand side's are gathered by the plan
+on their own), the tile tasks report only their own.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..storage import IOStats, buffers, read_region, write_block
+from . import linalg as kern
+from .matmul import counted, merge_stats
+from .spec import evaluate
+
+SlogdetResult = type(np.linalg.slogdet(np.eye(1)))
+
+
+def _c(spec, rows, cols, deps, stats, dtype) -> np.ndarray:
+    return np.asfortranarray(evaluate(spec, rows, cols, list(deps), stats), dtype=dtype)
+
+
+def tile(a_spec, a_deps, l_ref, edges, i: int, j: int, dtype, *after):
+    """``L_ij`` of the Cholesky factor, written whole into ``l_ref``. Returns
+    the diagonal of ``L_jj`` (``i == j``) or None: results stay small, as
+    every later task of its row and column receives them.
+    ``after``: the tasks that wrote the L tiles it reads (their results unused)."""
+    buffers.release(blocks_only=True)
+    stats = IOStats()
+    rows, cols = edges[i], edges[j]
+    c = _c(a_spec, rows, cols, a_deps, stats, dtype)
+    for k in range(j):
+        lik = read_region(l_ref, rows, edges[k], stats)
+        if i == j:
+            c = kern.syrk_update(c, lik)
+        else:
+            ljk = read_region(l_ref, cols, edges[k], stats)
+            c = kern.gemm_update(c, lik, ljk, trans_b=True)
+            del ljk
+        del lik
+    if i == j:
+        out = kern.potrf(c, tile=(i, j), col0=cols[0])
+    else:
+        out = kern.trsm(read_region(l_ref, cols, cols, stats), c)
+    del c
+    write_block(l_ref, rows, cols, np.ascontiguousarray(out, dtype=dtype), stats)
+    value = np.diagonal(out).copy() if i == j else None
+    return value, counted(stats.as_dict())
+
+
+def zeros(l_ref, edges, i: int, cols: tuple, dtype):
+    """Row tile ``i``'s tiles above the diagonal (column tiles ``cols``), written as zeros."""
+    stats = IOStats()
+    rows = edges[i]
+    for j in cols:
+        c0, c1 = edges[j]
+        write_block(l_ref, rows, (c0, c1), np.zeros((rows[1] - rows[0], c1 - c0), dtype), stats)
+    return None, counted(stats.as_dict())
+
+
+def read_back(l_ref, rows: tuple, cols: tuple, after=None):
+    """Tile ``rows x cols`` of a finished factor read back (``compute()``)."""
+    stats = IOStats()
+    block = np.asarray(read_region(l_ref, rows, cols, stats))
+    return block, counted(stats.as_dict())
+
+
+def _t_tile(t_spec, t_deps, rows, cols, trans, stats, dtype):
+    """Tile ``rows x cols`` of T = S (or S^T with ``trans``)."""
+    if trans:
+        return _c(t_spec, cols, rows, t_deps, stats, dtype).T
+    return _c(t_spec, rows, cols, t_deps, stats, dtype)
+
+
+def substitute(t_spec, t_deps, b_spec, b_deps, edges, i: int, ncols: int, options: tuple,
+               dtype, done: tuple, *solved):
+    """Row tile ``i`` of X in ``T X = B``: ``B_i - sum_k T_ik X_k`` over the
+    row tiles ``done`` (their values ``solved``, in order), then the diagonal
+    tile's triangular solve. ``options``: ``lower`` (of the stored S),
+    ``trans`` (T = S^T), ``unit`` (unit diagonal)."""
+    opts = dict(options)
+    stats = IOStats()
+    rows = edges[i]
+    c = _c(b_spec, rows, (0, ncols), b_deps, stats, dtype)
+    for k, (x_k, _) in zip(done, solved, strict=True):
+        t_ik = _t_tile(t_spec, t_deps, rows, edges[k], opts["trans"], stats, dtype)
+        c = kern.gemm_update(c, t_ik, x_k)
+        del t_ik
+    s_ii = _c(t_spec, rows, rows, t_deps, stats, dtype)
+    solve = kern.trsm_left_lower if opts["lower"] else kern.trsm_left_upper
+    x = solve(s_ii, c, trans=bool(opts["trans"]), unit_diagonal=bool(opts.get("unit")))
+    return np.asarray(x), counted(stats.as_dict())
+
+
+def gather(vector: bool, *parts):
+    """The solved row tiles stacked (``n`` or ``n x k``); merges their stats
+    (a small right-hand side's are gathered by the plan on their own)."""
+    stats: dict = {}
+    for _, st in parts:
+        stats = merge_stats(stats, st)
+    x = np.vstack([p for p, _ in parts])
+    return (x[:, 0] if vector else x), counted(stats)
+
+
+def logdiag(l_spec, l_deps, edges, dtype):
+    """NumPy's ``slogdet`` of ``L @ L.T`` from the diagonal tiles of a stored
+    Cholesky factor L: ``(1, 2 sum log diag(L))``."""
+    stats = IOStats()
+    total = 0.0
+    for r in edges:
+        d = np.diagonal(np.asarray(evaluate(l_spec, r, r, list(l_deps), stats)))
+        total += float(np.sum(np.log(d.astype(np.float64))))
+    t = np.dtype(dtype).type
+    return SlogdetResult(t(1.0), t(2.0 * total)), counted(stats.as_dict())
+
+
+def incore(op: str, options: tuple, x_spec, x_deps, n: int, y_spec=None, y_deps=(),
+           ycols: int = 0, dtype=np.float64):
+    """NumPy / SciPy ``op`` on the whole ``n x n`` matrix (and right-hand
+    sides ``y``) read into this one task."""
+    stats = IOStats()
+    a = _c(x_spec, (0, n), (0, n), x_deps, stats, dtype)
+    opts = dict(options)
+    with kern.one_blas_thread():
+        if op == "eigh":
+            value = np.linalg.eigh(a, UPLO=opts.get("UPLO", "L"))
+        elif op == "eigvalsh":
+            value = np.linalg.eigvalsh(a, UPLO=opts.get("UPLO", "L"))
+        elif op == "slogdet":
+            value = np.linalg.slogdet(a)
+        else:  # "solve"
+            b = _c(y_spec, (0, n), (0, ycols), y_deps, stats, dtype)
+            try:
+                value = np.linalg.solve(a, b)
+            except np.linalg.LinAlgError:
+                from ..errors import SingularMatrixError
+
+                raise SingularMatrixError(_zero_pivot(a)) from None
+            value = value[:, 0] if opts.get("vector") else value
+    return value, counted(stats.as_dict())
+
+
+def _zero_pivot(a: np.ndarray) -> int:
+    """The first column LAPACK's ``getrf`` finds no nonzero pivot in."""
+    from scipy.linalg import lapack
+
+    _, _, info = lapack.get_lapack_funcs("getrf", (a,))(a)
+    return max(int(info) - 1, 0)
