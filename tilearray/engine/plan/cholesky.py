@@ -55,7 +55,8 @@ def _a_read(spec, b: int, n: int) -> int:
                * lf.dtype.itemsize for lf in leaves(spec))
 
 
-def input_tile_edges(spec) -> int:
+def input_unit_side(spec) -> int:
+    """The smallest I/O unit side of the stored arrays ``spec`` reads (1 without any)."""
     units = [u for lf in leaves(spec) for u in lf.grid.unit]
     return min(units) if units else 1
 
@@ -86,7 +87,7 @@ def cholesky_tile(node, spec, budget: Budget) -> int:
     reads less (A is read about once, the L tiles ``n / (3 b)`` times)."""
     n, item = node.shape[0], np.dtype(node.dtype).itemsize
     cap = max(MIN_TILE, -(-n // (2 * budget.total_threads)))
-    align = input_tile_edges(spec)
+    align = input_unit_side(spec)
 
     def peak(b):
         return chol_peak(spec, b, n, item)
@@ -167,7 +168,7 @@ def lower_cholesky(node, spec, deps: list, budget: Budget, b: int, out, l_grid,
 def trsolve_tile(n: int, ncols: int, t_spec, itemsize: int, budget: Budget) -> int:
     """The row tile of a substitution: the stored T's tile when T is a
     planner-tiled factor, else the largest that fits."""
-    align = input_tile_edges(t_spec)
+    align = input_unit_side(t_spec)
     if isinstance(t_spec, Read) and t_spec.grid.tile[0] == t_spec.grid.tile[1]:
         b = t_spec.grid.tile[0]
         if trsolve_peak(b, ncols, n, _a_read(t_spec, b, n), itemsize) <= budget.task_memory:

@@ -17,7 +17,7 @@ from ...graphs.emit import Tasks
 from ...graphs.linalg import tile_edges
 from ...graphs.spec import Read, leaves
 from . import layout
-from .cholesky import MIN_TILE, input_tile_edges, fetched_bytes, fit_tile
+from .cholesky import MIN_TILE, fetched_bytes, fit_tile, input_unit_side
 from .map import check_fits
 from .memory import as_rss
 from .memory import read_flight as zarr_flight
@@ -55,7 +55,7 @@ def lu_width(node, spec, budget: Budget) -> int:
     n, item = node.x.shape[0], np.dtype(node.dtype).itemsize
     cap = max(MIN_TILE, -(-n // 4))
     flight = zarr_flight(spec)
-    return fit_tile(n, input_tile_edges(spec), cap,
+    return fit_tile(n, input_unit_side(spec), cap,
                     lambda b: lu_panel_peak(n, b, _a_read(spec, n, b), flight, item), budget)
 
 
