@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import sys
 import time
 
 from .stats import RunStats
@@ -23,6 +22,7 @@ def gather(client, graph: dict, keys: list, *, description: str, quiet: bool, pl
     from distributed import wait
 
     from .metrics import job_event
+    from .progress import Bar
 
     t0 = time.perf_counter()
     _worker_peaks(client)  # reset the in-worker peaks (PeakMemory plugin)
@@ -39,11 +39,8 @@ def gather(client, graph: dict, keys: list, *, description: str, quiet: bool, pl
         seen: set = set()
         for f in futures:
             (keep if f.key in seen else seen).add(f.key)
-        if not quiet:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=len(seen), desc=description, unit="block",
-                       file=sys.stderr, leave=True, dynamic_ncols=True)
+        # finished results plus running tasks' fractions (progress events)
+        bar = Bar(client, seen, description, quiet)
         index: dict = {}
         for i, f in enumerate(futures):
             index.setdefault(f.key, []).append(i)
@@ -56,7 +53,7 @@ def gather(client, graph: dict, keys: list, *, description: str, quiet: bool, pl
         pending = {f.key: f for f in futures}
         while pending:
             with contextlib.suppress(TimeoutError), client.as_current():
-                wait(list(itertools.islice(pending.values(), 1000)), timeout=2,
+                wait(list(itertools.islice(pending.values(), 1000)), timeout=1,
                      return_when="FIRST_COMPLETED")
             if alive is not None:
                 alive()
@@ -65,12 +62,12 @@ def gather(client, graph: dict, keys: list, *, description: str, quiet: bool, pl
                 for i in index[fut.key]:
                     values[i] = value
                 del pending[fut.key]
-                if bar is not None:
-                    bar.update(1)
+                bar.finished(fut.key)
                 if fut.key not in keep and value[0] is not None:
                     # a data-carrying result (a compute() block): free it on the
                     # worker now; stats-only results stay until retries are counted
                     fut.release()
+            bar.refresh()
         ok = True
     except BaseException:
         if futures:
@@ -83,6 +80,8 @@ def gather(client, graph: dict, keys: list, *, description: str, quiet: bool, pl
         peaks = {addr: rss for addr, rss in _worker_peaks(client).items()
                  if isinstance(rss, int)}
     stats = RunStats(wall_seconds=time.perf_counter() - t0)
+    if bar is not None:
+        stats.progress_events, stats.progress_max_gap = bar.progress.events, bar.gaps.largest
     for _, st in values:
         for k in ("bytes_read", "bytes_written", "read_requests", "store_gets",
                   "read_retries", "tasks", "units_written"):
