@@ -30,17 +30,17 @@ def gather(client, graph: dict, keys: list, *, description: str, quiet: bool, pl
     job_event(client, "start", name=description, tasks=len(graph),
               units_total=int(units_total), units_skipped=int(units_skipped),
               **(_plan_figures(plan) if plan is not None else {}))
-    ok, futures, bar = False, [], None
+    ok, futures = False, []
     n_keys = len(keys)
     keys = list(keys) + [k for k in stat_keys if k not in set(keys)]
+    # tasks finished plus running tasks' fractions (progress events from inside tasks)
+    bar = Bar(client, graph, description, quiet)
     try:
         futures = client.get(graph, keys, sync=False)
         keep: set = set()  # keys listed twice must not be released early
         seen: set = set()
         for f in futures:
             (keep if f.key in seen else seen).add(f.key)
-        # finished results plus running tasks' fractions (progress events)
-        bar = Bar(client, seen, description, quiet)
         index: dict = {}
         for i, f in enumerate(futures):
             index.setdefault(f.key, []).append(i)
@@ -75,13 +75,11 @@ def gather(client, graph: dict, keys: list, *, description: str, quiet: bool, pl
         raise
     finally:
         job_event(client, "end", ok=ok)
-        if bar is not None:
-            bar.close()
+        bar.close(ok)
         peaks = {addr: rss for addr, rss in _worker_peaks(client).items()
                  if isinstance(rss, int)}
     stats = RunStats(wall_seconds=time.perf_counter() - t0)
-    if bar is not None:
-        stats.progress_events, stats.progress_max_gap = bar.progress.events, bar.gaps.largest
+    stats.progress_events, stats.progress_max_gap = bar.progress.events, bar.gaps.largest
     for _, st in values:
         for k in ("bytes_read", "bytes_written", "read_requests", "store_gets",
                   "read_retries", "tasks", "units_written"):

@@ -16,34 +16,47 @@ _LOCK = threading.Lock()
 
 
 class RunProgress:
-    """Fractions done of the running tasks among ``keys``, and the times
-    at which the run's position moved (for the largest gap between them)."""
+    """Where a run is, in tasks: those finished (their results gathered, or
+    their worker's task-finished event seen) plus the running ones' fractions
+    done, for the tasks among ``keys`` (the run's graph)."""
 
     def __init__(self, keys):
         self._names = {str(k): k for k in keys}
         self._lock = threading.Lock()
+        self._done: set = set()
         self.running: dict = {}
         self.events = 0
-        """Progress events received for this run's keys."""
+        """Progress events received for this run's tasks."""
 
     def on_event(self, event) -> None:
+        """A :data:`~.plugins.PROGRESS_TOPIC` event."""
         _, msg = event
-        key = self._names.get(msg.get("key")) if isinstance(msg, dict) else None
-        if key is None:
+        name = msg.get("key") if isinstance(msg, dict) else None
+        if name not in self._names:
             return
         with self._lock:
-            self.running[key] = float(msg.get("fraction", 0.0))
             self.events += 1
+            if name not in self._done:
+                self.running[name] = float(msg.get("fraction", 0.0))
+
+    def on_task(self, event) -> None:
+        """A :data:`~.metrics.TASK_TOPIC` event: a task of the graph finished."""
+        _, msg = event
+        name = msg.get("key") if isinstance(msg, dict) else None
+        if name in self._names:
+            self.finished(name)
 
     def finished(self, key) -> None:
-        """``key``'s result is in: it counts whole from now on."""
+        """``key`` finished: it counts whole from now on."""
+        name = str(key)
         with self._lock:
-            self.running.pop(key, None)
+            self.running.pop(name, None)
+            self._done.add(name)
 
-    def fraction(self) -> float:
-        """Sum of the running tasks' fractions done."""
+    def position(self) -> float:
+        """Tasks finished plus the running tasks' fractions."""
         with self._lock:
-            return sum(self.running.values())
+            return len(self._done) + sum(self.running.values())
 
 
 class Gaps:
@@ -61,8 +74,10 @@ class Gaps:
             self.position, self.last = position, now
 
 
-def listen(client, listener: RunProgress) -> None:
-    """Hand ``client``'s progress events to ``listener`` (subscribing once)."""
+def listen(client, listener) -> None:
+    """Hand ``client``'s progress and task-finished events to ``listener``
+    (its ``on_event`` and ``on_task``), subscribing the client once."""
+    from .metrics import TASK_TOPIC
     from .plugins import PROGRESS_TOPIC
 
     with _LOCK:
@@ -70,11 +85,14 @@ def listen(client, listener: RunProgress) -> None:
         if hub is None:
             hub = client._tilearray_progress = []
 
-            def dispatch(event, hub=hub):
-                for one in list(hub):
-                    one.on_event(event)
+            def dispatch(method):
+                def handler(event):
+                    for one in list(hub):
+                        getattr(one, method)(event)
+                return handler
 
-            client.subscribe_topic(PROGRESS_TOPIC, dispatch)
+            client.subscribe_topic(PROGRESS_TOPIC, dispatch("on_event"))
+            client.subscribe_topic(TASK_TOPIC, dispatch("on_task"))
         hub.append(listener)
 
 
@@ -86,21 +104,20 @@ def unlisten(client, listener: RunProgress) -> None:
 
 
 BAR_FORMAT = ("{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total_fmt} {unit}s "
-              "[{elapsed}<{remaining}{postfix}]")
+              "[{elapsed}<{remaining}, {rate_fmt}{postfix}]")
 
 
 class Bar:
-    """A run's progress: finished keys plus the running ones' fractions, on
-    a tqdm bar (``tqdm.auto``: the notebook widget in Jupyter) unless
+    """A run's progress in tasks (:class:`RunProgress`), on a tqdm bar (``tqdm.auto``: the notebook widget in Jupyter) unless
     ``quiet``; its ETA follows the fractions. Also measures the largest gap
     between advances (:class:`Gaps`), bar or not."""
 
-    def __init__(self, client, keys, description: str, quiet: bool):
+    def __init__(self, client, graph, description: str, quiet: bool):
         import logging
         import sys
 
-        self.client, self.done, self.gaps = client, 0, Gaps()
-        self.progress = RunProgress(keys)
+        self.client, self.gaps = client, Gaps()
+        self.progress = RunProgress(graph)
         try:
             listen(client, self.progress)
         except Exception:  # a client without pub-sub: whole tasks only
@@ -109,21 +126,25 @@ class Bar:
         if not quiet:
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=len(self.progress._names), desc=description, unit="block",
+            self.bar = tqdm(total=len(self.progress._names), desc=description, unit="task",
                             file=sys.stderr, leave=True, dynamic_ncols=True,
                             bar_format=BAR_FORMAT)
 
     def finished(self, key) -> None:
-        self.done += 1
         self.progress.finished(key)
 
-    def refresh(self) -> None:
-        position = self.done + self.progress.fraction()
+    def refresh(self, position: float | None = None) -> None:
+        if position is None:
+            position = self.progress.position()
         self.gaps.update(position)
         if self.bar is not None and position != self.bar.n:
             self.bar.update(position - self.bar.n)
 
-    def close(self) -> None:
+    def close(self, ok: bool = False) -> None:
+        """Stop listening; a run that succeeded ends at its total (tasks that
+        send no finished event, e.g. constants, counted here)."""
         unlisten(self.client, self.progress)
+        if ok:
+            self.refresh(float(len(self.progress._names)))
         if self.bar is not None:
             self.bar.close()
