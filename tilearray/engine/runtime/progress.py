@@ -1,6 +1,7 @@
 """Client side of progress inside tasks: the fractions done of a run's
 running tasks, from the :data:`~.plugins.PROGRESS_TOPIC` events workers send
-(:class:`~.plugins.TaskProgress`).
+(:class:`~.plugins.TaskProgress`), and its finished tasks, from the
+:data:`~.metrics.TASK_TOPIC` events of :class:`~.metrics.TaskReporter`.
 
 A client has one handler per topic, so each client is subscribed once and
 its events handed to every listener registered on it (:func:`listen`): runs
@@ -108,9 +109,10 @@ BAR_FORMAT = ("{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total_fmt} {unit}s "
 
 
 class Bar:
-    """A run's progress in tasks (:class:`RunProgress`), on a tqdm bar (``tqdm.auto``: the notebook widget in Jupyter) unless
-    ``quiet``; its ETA follows the fractions. Also measures the largest gap
-    between advances (:class:`Gaps`), bar or not."""
+    """A run's progress in tasks (:class:`RunProgress`), on a tqdm bar
+    (``tqdm.auto``: the notebook widget in Jupyter) unless ``quiet``; its
+    ETA follows the fractions. Also measures the largest gap between
+    advances (:class:`Gaps`), bar or not."""
 
     def __init__(self, client, graph, description: str, quiet: bool):
         import logging
