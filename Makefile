@@ -56,7 +56,7 @@ BENCH_N       ?= 16384
 BENCH_REPEATS ?= 3
 # cubed writes every partial product to storage (~16 GiB at n = 16384): add it with
 # BENCH_MATMUL_ENGINES=tilearray,numpy,dask,cubed (not timed here); it runs in the reductions.
-BENCH_MATMUL_ENGINES ?= tilearray,numpy,dask
+BENCH_MATMUL_ENGINES ?= tilearray,tilearray-fewest-read,numpy,dask
 bench: $(VENV)/.installed-bench
 	$(PY) benchmarks/matmul.py --n $(BENCH_N) --repeats $(BENCH_REPEATS) --engines $(BENCH_MATMUL_ENGINES)
 	$(PY) benchmarks/reductions.py --repeats $(BENCH_REPEATS)
