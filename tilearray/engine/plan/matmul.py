@@ -203,6 +203,11 @@ def _reads(op: Operands, lay) -> int:
     return op.m * op.k * (len(lay[1]) - 1) + op.k * op.n * (len(lay[0]) - 1)
 
 
+def _rank(op: Operands, lay) -> tuple:
+    """Reads, then fewer blocks, then by :data:`MODES`."""
+    return _reads(op, lay), _n_blocks(lay), MODES.index(lay[3])
+
+
 @dataclass(frozen=True)
 class Tradeoff:
     """What the task-count objective did: the chosen layout's tasks and reads
@@ -234,7 +239,7 @@ def by_tasks(op: Operands, layouts: list, threads: int, symmetric: bool = False)
     (else the most tasks) that reads least; margin 0: the fewest-read layout.
     Ties: fewer tasks, then by :data:`MODES`. Returns ``(layout, Tradeoff)``."""
     def rank(lay):
-        return _reads(op, lay), _n_blocks(lay), MODES.index(lay[3])
+        return _rank(op, lay)
 
     fewest = min(layouts, key=rank)
     margin = float(_config.get("planner.read-margin"))
@@ -253,10 +258,8 @@ def choose(op: Operands, layouts: list, budget: Budget, dtype: np.dtype,
     """The layout (:func:`by_tasks`: the fewest-read one, or more tasks within
     the read margin) and the K split: when it has fewer blocks than the
     cluster has threads, K is split and partial blocks tree-summed if the sums
-    fit, else smaller blocks are taken. Returns ``(layout, k_split, Tradeoff)``."""
-    def rank(lay):
-        return _reads(op, lay), _n_blocks(lay), MODES.index(lay[3])
-
+    fit, else smaller blocks are taken. Returns ``(layout, k_split, Tradeoff
+    or None)``: None when the split or the fallback made the tasks."""
     threads = budget.total_threads
     best, trade = by_tasks(op, layouts, threads, symmetric)
     k_split = (0, op.k)
@@ -272,7 +275,7 @@ def choose(op: Operands, layouts: list, budget: Budget, dtype: np.dtype,
         else:
             enough = [lay for lay in layouts if _n_blocks(lay) >= threads]
             if enough:
-                best = min(enough, key=rank)
+                best = min(enough, key=lambda lay: _rank(op, lay))
                 trade = None
     return best, k_split, trade
 
