@@ -190,3 +190,21 @@ def test_planner_keys_are_checked(thin, key, value):
     with dask.config.set({f"tilearray.{key}": value}), \
             pytest.raises(ConfigError, match=f"tilearray.{key}="):
         thin.plan(budget=B64)
+
+
+def test_tsqr_leaves_report_their_read(tmp_path, rng):
+    """A TSQR leaf reports once its row block is read (the QR is the rest)."""
+    from tilearray.graphs import tsqr as gtsqr
+
+    a = ta.from_numpy(rng.standard_normal((4000, 8)), tmp_path / "x.zarr", tile=(500, 8))
+    r = ta.linalg.qr(a, mode="r")
+    budget = ta.Budget(64 * MiB, 2, 1, baseline=MiB, fraction=0.8)
+    leaves = [t for s in r.plan(budget=budget).stages for t in s.work if t.fn is gtsqr.leaf_r]
+    assert leaves
+    calls = []
+    previous = progress.set_hook(lambda done, total: calls.append((done, total)))
+    try:
+        leaves[0].fn(*leaves[0].args)
+    finally:
+        progress.set_hook(previous)
+    assert calls == [(1, 2)]
