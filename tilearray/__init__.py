@@ -17,6 +17,8 @@ from .engine import (
     random,
 )
 from .errors import (
+    ArgumentError,
+    ArgumentTypeError,
     ClusterError,
     CorruptChunkError,
     IncompleteOutputError,
@@ -31,6 +33,8 @@ from .errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "ArgumentError",
+    "ArgumentTypeError",
     "Budget",
     "ClusterError",
     "CorruptChunkError",

@@ -87,3 +87,49 @@ class SingularMatrixError(TilearrayError, LinAlgError):
 
     def __reduce__(self):  # survives the trip from a worker process
         return (type(self), (self.column, self.panel))
+# -- bad arguments: ValueError / TypeError, as Python's own, and still the error of
+#    their area (``except ClusterError`` keeps catching a bad Engine argument) --------
+
+
+class ArgumentError(TilearrayError, ValueError):
+    """A value passed to tilearray is out of range or malformed."""
+
+
+class ArgumentTypeError(TilearrayError, TypeError):
+    """A value passed to tilearray has the wrong type."""
+
+
+class ClusterArgumentError(ClusterError, ArgumentError):
+    """A bad value for an :class:`~tilearray.Engine` argument."""
+
+
+class ClusterArgumentTypeError(ClusterError, ArgumentTypeError):
+    """An :class:`~tilearray.Engine` argument of the wrong type."""
+
+
+class StorageArgumentError(StorageError, ArgumentError):
+    """A bad value for where or how an array is stored (shape, tile, shard, name, ...)."""
+
+
+class StorageArgumentTypeError(StorageError, ArgumentTypeError):
+    """A storage argument of the wrong type."""
+
+
+class PlanningArgumentTypeError(PlanningError, ArgumentTypeError):
+    """An expression or budget argument of the wrong type (``PlanningError`` is
+    already a ``ValueError``)."""
+
+
+_TYPE_ERROR_OF = {
+    ArgumentError: ArgumentTypeError,
+    ClusterArgumentError: ClusterArgumentTypeError,
+    StorageArgumentError: StorageArgumentTypeError,
+    PlanningError: PlanningArgumentTypeError,
+    ValueError: TypeError,
+}
+
+
+def type_error_of(error: type) -> type:
+    """The class to raise for a value of the wrong type where ``error`` is
+    raised for a bad value (``error`` itself when it has no such twin)."""
+    return _TYPE_ERROR_OF.get(error, error)

@@ -9,7 +9,7 @@ from dask.base import tokenize
 from .engine.array import TiledArray
 from .engine.expr.nodes import TSQR, Constant, Elemwise
 from .engine.expr.ops import HANDLED, _elemwise, _reduce
-from .errors import PlanningError
+from .errors import PlanningArgumentTypeError, PlanningError
 from .graphs.linalg import result_dtype
 
 # -- TSQR: QR, SVD, least squares of tall-skinny matrices -------------------------------------
@@ -79,12 +79,17 @@ def qr(x: TiledArray, mode: str = "reduced"):
     return _part(x, "Q"), _part(x, "R")
 
 
-def svd(x: TiledArray, full_matrices: bool = False, compute_uv: bool = True):
+def svd(x: TiledArray, full_matrices: bool = False, compute_uv: bool = True, *, k=None,
+        **randomized):
     """Thin SVD of a tall-skinny matrix through TSQR, like :func:`numpy.linalg.svd` (lazy).
 
     ``X = Q R`` by TSQR, then the SVD of the small R: ``s`` and ``Vt`` read
     X once; ``U = Q @ U_R`` is applied down the tree and written like
     :func:`qr`'s Q (a second read of X).
+
+    With ``k=``, the randomized truncated SVD of any shape instead
+    (:func:`svd_compressed`, which takes ``n_power_iter``, ``seed``,
+    ``oversample``): ``(U, s, Vt)`` or ``s``.
 
     Parameters
     ----------
@@ -101,6 +106,11 @@ def svd(x: TiledArray, full_matrices: bool = False, compute_uv: bool = True):
         ``U`` (``m x r``, stored by ``to_zarr``), ``s`` (``r``, descending)
         and ``Vt`` (``r x n``) small; ``r = min(m, n)``.
     """
+    if k is not None:
+        u, s, vt = svd_compressed(x, k, **randomized)
+        return (u, s, vt) if compute_uv else s
+    if randomized:
+        raise TypeError(f"svd: {sorted(randomized)} apply with k= (the randomized SVD)")
     x = _tall(x, "svd")
     if full_matrices:
         raise ValueError("svd: full_matrices=True would build an m x m U; tilearray computes "
@@ -108,6 +118,62 @@ def svd(x: TiledArray, full_matrices: bool = False, compute_uv: bool = True):
     if not compute_uv:
         return _part(x, "s")
     return _part(x, "U"), _part(x, "s"), _part(x, "Vt")
+
+
+def svd_compressed(x: TiledArray, k: int, *, n_power_iter: int = 0, seed: int = 0,
+                   oversample: int = 10):
+    """Randomized truncated SVD (Halko, Martinsson, Tropp 2011) of any shape.
+
+    ``Y = X @ Omega`` (a Gaussian ``n x l`` test matrix, ``l = k +
+    oversample``, drawn from ``seed`` in the driver and sent to the workers
+    once), ``Q`` = TSQR's Q of Y, then ``n_power_iter`` times ``Q = qr(X @
+    qr(X.T @ Q).Q).Q`` (each re-orthonormalised by TSQR), ``B = Q.T @ X``
+    (``l x n``, in memory) and the SVD of B. The whole chain is one plan:
+    each intermediate (``m x l`` or ``n x l``) is a temporary array, X is
+    read ``2 + 2 * n_power_iter`` times, and nothing of size ``m x n`` is
+    held. Accuracy improves with power iterations when the spectrum decays
+    slowly.
+
+    Parameters
+    ----------
+    x : TiledArray
+        ``m x n``.
+    k : int
+        Singular triplets wanted (``1 <= k <= min(m, n)``).
+    n_power_iter : int
+        Power iterations (0, 1, 2 are usual).
+    seed : int
+        Seed of Omega: the same seed gives the same result.
+    oversample : int
+        Extra columns of Omega (10 by default, as dask's).
+
+    Returns
+    -------
+    U : TiledArray
+        ``m x k``, lazy: storing or computing it runs the range finder again
+        (the same numbers, as the seed fixes Omega).
+    s : numpy.ndarray
+        ``k`` singular values, descending.
+    Vt : numpy.ndarray
+        ``k x n``.
+    """
+    from .graphs.linalg import omega_rows
+
+    if not isinstance(x, TiledArray) or x.ndim != 2:
+        raise TypeError(f"svd_compressed: expected a 2-D TiledArray, got {type(x).__name__}")
+    m, n = x.shape
+    if isinstance(k, bool) or not isinstance(k, int | np.integer) or not 1 <= k <= min(m, n):
+        raise ValueError(f"svd_compressed: k={k!r} must be an integer in [1, {min(m, n)}] "
+                         f"for a {m} x {n} matrix")
+    if isinstance(n_power_iter, bool) or not isinstance(n_power_iter, int) or n_power_iter < 0:
+        raise ValueError(f"svd_compressed: n_power_iter={n_power_iter!r} must be an integer >= 0")
+    dtype = result_dtype(x.dtype)
+    width = min(int(k) + max(int(oversample), 0), m, n)
+    q = qr(x @ omega_rows(int(seed), n, width, 0, n, dtype))[0]
+    for _ in range(n_power_iter):
+        q = qr(x @ qr(x.T @ q)[0])[0]
+    u_b, s, vt = np.linalg.svd((q.T @ x).compute(), full_matrices=False)
+    return q @ np.ascontiguousarray(u_b[:, :k]), s[:k], vt[:k]
 
 
 def lstsq(x: TiledArray, y, rcond=None):
@@ -202,7 +268,8 @@ def norm(x: TiledArray, ord=None, axis=None, keepdims=False) -> TiledArray:
     Raises
     ------
     PlanningError
-        An unsupported ``ord``.
+        An unsupported ``ord`` or a bad ``axis`` (a ``ValueError``; an
+        ``axis`` that is not integers is a ``TypeError`` too).
 
     Examples
     --------
@@ -259,8 +326,8 @@ def _norm_axes(axis, ndim: int) -> tuple:
     if not isinstance(axis, tuple | list):
         axis = (axis,)
     if not all(isinstance(i, int | np.integer) and not isinstance(i, bool) for i in axis):
-        raise PlanningError(f"norm: axis must be None, an integer or a tuple of integers, "
-                            f"got {axis!r}")
+        raise PlanningArgumentTypeError(f"norm: axis must be None, an integer or a tuple of "
+                                        f"integers, got {axis!r}")
     if not all(-ndim <= i < ndim for i in axis):
         raise PlanningError(f"norm: axis {axis!r} is out of bounds for a {ndim}-D array")
     axes = tuple(int(i) % ndim for i in axis)

@@ -176,3 +176,76 @@ def test_bad_inputs(tmp_path, rng):
     wide = ta.from_numpy(rng.standard_normal((64, 3000)), tmp_path / "w.zarr", tile=(64, 512))
     with pytest.raises(ta.PlanningError, match="too many columns for TSQR"):
         ta.linalg.qr(wide, mode="r").plan(budget=ta.Budget("256MiB", 2, 1))
+
+
+def test_svd_factors_come_with_u_and_q_computes(thread_engine, tmp_path, rng):
+    """U.to_zarr() computes s and Vt on the way (a named output of its plan):
+    s.compute() and Vt.compute() afterwards read nothing; a changed input
+    is read again. Q can also be brought back in memory."""
+    x = _x(rng)
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(200, 37))
+    u, s, vt = ta.linalg.svd(a)
+    ua = np.asarray(u.to_zarr(tmp_path / "u.zarr"))
+    assert u.stats.bytes_read == 2 * x.nbytes
+    s_, vt_ = s.compute(), vt.compute()
+    assert s.stats.bytes_read == 0 and vt.stats.tasks == 0
+    assert_close((ua * s_) @ vt_, x, scale=np.abs(x).max() * 4)
+    q, r = ta.linalg.qr(a)
+    assert_close(np.abs(q.compute()), np.abs(np.linalg.qr(x)[0]), scale=1.0)
+    assert r.compute() is not None and r.stats.bytes_read == 0
+    ta.from_numpy(2 * x, tmp_path / "x.zarr", tile=(200, 37), overwrite=True)
+    b = ta.open(tmp_path / "x.zarr")
+    s2 = ta.linalg.svd(b, compute_uv=False)
+    assert_close(s2.compute(), 2 * s_, scale=2 * s_[0])
+    assert s2.stats.bytes_read == x.nbytes
+
+
+def test_randomized_svd_of_a_square_matrix(thread_engine, tmp_path, rng):
+    """svd_compressed / svd(k=): a 700 x 500 matrix of rank 12 plus 1e-8 noise
+    (tiles not dividing it): the top singular values to 1e-6 with power
+    iterations, U orthonormal, the same seed the same numbers."""
+    m, n, rank = 700, 500, 12
+    u0, _ = np.linalg.qr(rng.standard_normal((m, rank)))
+    v0, _ = np.linalg.qr(rng.standard_normal((n, rank)))
+    x = (u0 * np.linspace(10, 1, rank)) @ v0.T + 1e-8 * rng.standard_normal((m, n))
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(128, 96))
+    want = np.linalg.svd(x, compute_uv=False)[:8]
+    u, s, vt = ta.linalg.svd_compressed(a, 8, n_power_iter=2, seed=3)
+    assert s.shape == (8,) and vt.shape == (8, n) and u.shape == (m, 8)
+    assert np.abs(s / want - 1).max() < 1e-6
+    ua = u.compute()
+    assert_close(ua.T @ ua, np.eye(8), scale=4.0)
+    assert_close((ua * s) @ vt, (u0[:, :8] * np.linspace(10, 1, rank)[:8]) @ v0[:, :8].T,
+                 scale=10.0, precision=np.float32)
+    again = ta.linalg.svd(a, k=8, n_power_iter=2, seed=3, compute_uv=False)
+    assert np.array_equal(again, s)
+    with pytest.raises(ValueError, match="k=0"):
+        ta.linalg.svd_compressed(a, 0)
+
+
+def test_q_resumes_by_row_block(thread_engine, tmp_path, rng):
+    """A job killed after some of Q's row blocks: resume recomputes the R tree
+    (one read of X) and writes only the row blocks (leaves, of whole output
+    units) that hold a missing unit."""
+    import os
+
+    import zarr
+
+    from tilearray.storage.ref import unit_done_key
+
+    x = _x(rng)
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(100, 37))
+    q, _ = ta.linalg.qr(a)
+    out = tmp_path / "q.zarr"
+    first = q.to_zarr(out)
+    blocks = first.stats.units_written
+    assert blocks >= 4
+    z = zarr.open_array(out, mode="r+")  # as if killed: not complete, two units lost
+    z.attrs["tilearray"] = {**z.attrs["tilearray"], "complete": False}
+    for i in (1, blocks - 1):
+        z[i * 100:(i + 1) * 100] = np.nan
+        os.remove(os.path.join(out, unit_done_key(i, 0)))
+    again = q.to_zarr(out, resume=True)
+    assert 2 <= again.stats.units_written < blocks
+    assert again.stats.bytes_read < 2 * x.nbytes  # X once for R, and only the lost blocks
+    assert_close(np.asarray(again), np.asarray(first), scale=1.0)

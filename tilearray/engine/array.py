@@ -15,7 +15,7 @@ from ..errors import PlanningError
 from ..storage import ArrayRef
 from . import output, runtime
 from .expr.lazy import LazyArray
-from .expr.nodes import Node, Source
+from .expr.nodes import Node, Source, is_big_vector
 from .interop import Interop
 from .plan.lower import lower
 from .plan.sizing import output_grid
@@ -86,7 +86,7 @@ class TiledArray(Interop, LazyArray):
         """
         out_grid = None
         out = ArrayRef.from_location(path, name) if path else None
-        small = self.ndim != 2 or self._node.small
+        small = self._node.small or (self.ndim != 2 and not is_big_vector(self._node))
         if not small and (path or tile or shard):
             out_grid = output_grid(self._node, tile, shard)
         # a small result: a worker writes it into ``out``, or compute() brings it back
@@ -121,14 +121,19 @@ class TiledArray(Interop, LazyArray):
                 f"over the compute limit {format_bytes(limit)}; write it with "
                 ".to_zarr(path) (or raise tilearray.compute.max-result-size)"
             )
+        cached = output.cached_factor(n)  # computed by the run that wrote its Q / U
+        if cached is not None:
+            self.stats = runtime.RunStats()
+            return cached
         ran = output.commit(n, engine or runtime.current_engine())
         self.stats, values, result = ran.stats, ran.values, ran.plan.result
         if result.kind == "value":
             v = values[0]
             return v[()] if isinstance(v, np.ndarray) and v.ndim == 0 else v
         out = np.empty(self.shape, dtype=self.dtype)
+        view = out.reshape(-1, 1) if out.ndim == 1 else out  # a vector: the column (m, 1)
         for (rows, cols), v in zip(result.blocks, values, strict=True):
-            out[rows[0] : rows[1], cols[0] : cols[1]] = v
+            view[rows[0] : rows[1], cols[0] : cols[1]] = v
         return out
 
     def to_zarr(self, path, name="", *, dims=None, tile=None, shard=None, overwrite=False,
@@ -213,9 +218,10 @@ class TiledArray(Interop, LazyArray):
     def __repr__(self) -> str:
         n = self._node
         if isinstance(n, Source):
-            g = n.grid
-            return (f"<TiledArray {str(n.ref)!r} shape={g.shape} dtype={n.dtype} tile={g.tile}"
-                    f" unit={g.unit} grid={g.tile_grid} ({format_bytes(self.nbytes)})>")
+            g, k = n.grid, len(n.shape)  # a vector's grid is the column (n, 1)
+            return (f"<TiledArray {str(n.ref)!r} shape={self.shape} dtype={n.dtype} "
+                    f"tile={g.tile[:k]} unit={g.unit[:k]} grid={g.tile_grid[:k]} "
+                    f"({format_bytes(self.nbytes)})>")
         return f"<TiledArray lazy {n} shape={self.shape} dtype={self.dtype}>"
 
     def _repr_html_(self) -> str:

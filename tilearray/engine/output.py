@@ -6,6 +6,7 @@ storage steps themselves are in :mod:`tilearray.storage` (``commit``,
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from ..storage.commit import (
 )
 from ..storage.ref import check_task_writable
 from . import runtime
-from .expr.nodes import Source, derive_dims, sources, structure
+from .expr.nodes import TSQR, Source, derive_dims, is_big_vector, sources, structure
 from .plan.lower import lower
 from .plan.sizing import output_grid
 from .plan.types import Plan
@@ -126,6 +127,9 @@ class Ran:
     """The target as the job found it (None without a target)."""
     plan: Plan | None
     """The plan that ran."""
+    outputs: dict | None = None
+    """Values of the plan's other named outputs that are in memory (``"factors"``
+    of a TSQR: R, s, Vt computed on the way to Q or U)."""
 
 
 def commit(node, engine, job=None, description: str = "compute") -> Ran:
@@ -145,8 +149,9 @@ def commit(node, engine, job=None, description: str = "compute") -> Ran:
     states = input_states(node)
     if job is None:
         plan = job_plan(node, engine, None)
-        values, stats = _run(plan, states, None, engine, description)
-        return Ran(values, stats, None, plan)
+        values, stats, side = _run(plan, states, None, engine, description)
+        _remember(node, states, side)
+        return Ran(values, stats, None, plan, side)
     state = refusing(job.ref, job.inspect, states)
     if state.complete:
         log.info("%s is already complete", job.ref)
@@ -160,14 +165,46 @@ def commit(node, engine, job=None, description: str = "compute") -> Ran:
         if again.key() != state.key():
             plan = job_plan(node, engine, job.ref, again)
         job.create(again)
-        values, stats = _run(plan, states, job.ref, engine, description,
-                             units_skipped=len(again.skip),
-                             units_total=again.grid.n_units if again.grid is not None else 0)
+        values, stats, side = _run(plan, states, job.ref, engine, description,
+                                   units_skipped=len(again.skip),
+                                   units_total=again.grid.n_units if again.grid is not None
+                                   else 0)
         sarray.check_lock_held(job.ref)
         job.complete(again)
+        _remember(node, states, side)
     finally:
         sarray.release_lock(job.ref)
-    return Ran(values, stats, again, plan)
+    return Ran(values, stats, again, plan, side)
+
+
+_FACTORS: dict = {}
+"""Small factors a TSQR run computed on the way to Q or U (R, s, Vt), by
+``(the factorization's structure, its inputs' fingerprint)``: ``s.compute()``
+after ``U.to_zarr()`` of the same ``svd(x)`` on unchanged inputs is not
+another pass over X. The newest few are kept."""
+
+
+def _factor_key(node, states) -> tuple | None:
+    if not isinstance(node, TSQR):
+        return None
+    whole = dataclasses.replace(node, part="*", shape=())  # every part of one factorization
+    return _fingerprint(whole, states)
+
+
+def cached_factor(node):
+    """The value of ``node`` (a TSQR's R, s or Vt) if a run of the same
+    factorization on unchanged inputs computed it, else None."""
+    if not isinstance(node, TSQR) or node.part not in ("R", "s", "Vt") or not _FACTORS:
+        return None
+    hit = _FACTORS.get(_factor_key(node, input_states(node)))
+    return None if hit is None else hit.get(node.part)
+
+
+def _remember(node, states, outputs) -> None:
+    if outputs and "factors" in outputs and _factor_key(node, states) is not None:
+        _FACTORS[_factor_key(node, states)] = outputs["factors"]
+        while len(_FACTORS) > 8:
+            _FACTORS.pop(next(iter(_FACTORS)))
 
 
 def job_plan(node, engine, ref=None, state=None) -> Plan:
@@ -177,18 +214,24 @@ def job_plan(node, engine, ref=None, state=None) -> Plan:
 
 
 def _run(plan: Plan, states, ref, engine, description, units_skipped=0, units_total=0):
-    """Create the plan's temporaries, run it, delete them, verify the inputs."""
+    """Create the plan's temporaries, run it, delete them, verify the inputs.
+    Returns the result's values, the RunStats and the plan's other in-memory
+    named outputs (``{name: value}``)."""
+    side = [(name, o.keys[0]) for name, o in plan.outputs.items()
+            if name != "result" and o.kind == "value"]
+    keys = list(plan.result.keys)
     create_temporaries(plan)
     try:
         values, stats = run_checked(
-            states, ref, engine.run, plan.graph(), list(plan.result.keys),
+            states, ref, engine.run, plan.graph(), keys + [k for _, k in side],
             description=description, plan=plan, units_skipped=units_skipped,
             stat_keys=list(plan.stat_keys), units_total=units_total + plan.temporary_units())
         stats.skipped_units = units_skipped
     finally:
         cleanup(plan)
     verify_inputs(states, ref)  # read unchanged from start to end: else never complete
-    return values, stats
+    return values[: len(keys)], stats, {name: v for (name, _), v in
+                                        zip(side, values[len(keys):], strict=True)}
 
 
 def _resume_refused(ref) -> StorageError:
@@ -310,11 +353,10 @@ def write(x, path, tile, shard, overwrite, resume, engine, name="", dims=None):
     sarray.check_parents(ref)  # inside an array or a Zarr v2 group: refused before any work
     check_task_writable(ref)  # workers could not write into a MemoryStore of this process
     check_target(ref, node)
-    small = node.small or node.ndim != 2
+    small = node.small or (node.ndim != 2 and not is_big_vector(node))
     job = SmallJob(ref, node, dims, overwrite, resume) if small else \
         MatrixJob(ref, node, tile, shard, dims, overwrite, resume)
-    if small:  # refused before the engine starts, as a matrix's target is
-        refusing(ref, job.inspect, input_states(node))
+    refusing(ref, job.inspect, input_states(node))  # refused before the engine starts
     engine = engine or runtime.current_engine()
     ran = commit(node, engine, job, f"-> {os.path.basename(str(ref))}")
     if small:

@@ -71,9 +71,10 @@ def _r_of(value) -> np.ndarray:
 def root(part: str, n: int, m: int, options: tuple, top):
     """The root: signs normalised so ``diag(R) >= 0``, then ``part`` of the
     factorization: "R" (``r x n``), "s" / "Vt" (thin SVD of R), "lstsq"
-    (NumPy's tuple from R of ``[X | Y]``), or "down" -- the slice handed down
-    to the top node's children (``D``, or ``D @ U_R`` with ``options``
-    ``(("right", "U"),)``) and R."""
+    (NumPy's tuple from R of ``[X | Y]``), or "down": ``{"slice": ...,
+    "R": ..., ["s": ..., "Vt": ...]}`` -- the slice handed down to the top
+    node's children (``D``, or ``D @ U_R`` with ``options`` ``(("right",
+    "U"),)``) and the small factors the same run gives for free."""
     value, st = top
     opts = dict(options)
     r = _r_of(value)
@@ -86,11 +87,11 @@ def root(part: str, n: int, m: int, options: tuple, top):
         out = s_vt[2] if part == "Vt" else s_vt
     elif part == "lstsq":
         out = kern.lstsq_from_r(r, n, m, rcond=opts.get("rcond"), vector=opts.get("vector"))
-    else:  # "down": the top node's slice
-        right = np.diag(d)
+    else:  # "down": the top node's slice, and R (and s, Vt) on the way
+        out = {"slice": np.diag(d), "R": r}
         if opts.get("right") == "U":
-            right = right @ kern.svd_from_r(r)[0]
-        out = right
+            u_r, out["s"], out["Vt"] = kern.svd_from_r(r)
+            out["slice"] = out["slice"] @ u_r
     return out, counted(st)
 
 
@@ -105,20 +106,25 @@ def down(node, slice_, index: int = 0):
 
 def _pick(slice_, index):
     value = slice_[0]
+    if isinstance(value, dict):  # the root's
+        return value["slice"]
     return value[index] if isinstance(value, list) else value
 
 
 def leaf_store(specs, rows, widths, deps, out_ref, ncols: int, slice_, index: int = 0):
     """Rows ``rows`` of Q (or U): the block's QR again, ``Q_i`` times its
-    slice, written whole into ``out_ref`` (columns ``0:ncols``)."""
+    slice, written whole into ``out_ref`` (columns ``0:ncols``), or returned
+    when ``out_ref`` is None."""
     buffers.release(blocks_only=True)
     stats = IOStats()
     block = _block(specs, rows, widths, deps, stats)
     report(1, 3)  # read, then QR and Q times the slice, then the write
     q, _ = kern.qr_leaf(block, overwrite_block=True)
     del block
-    block = kern.q_apply_down(q, _pick(slice_, index))
+    block = np.ascontiguousarray(kern.q_apply_down(q, _pick(slice_, index))[:, :ncols])
     del q
     report(2, 3)
-    write_block(out_ref, rows, (0, ncols), np.ascontiguousarray(block[:, :ncols]), stats)
+    if out_ref is None:
+        return block, counted(stats.as_dict())
+    write_block(out_ref, rows, (0, ncols), block, stats)
     return None, counted(stats.as_dict())

@@ -28,14 +28,29 @@ from ... import _config
 from ...errors import PlanningError
 from ...graphs import elemwise as gel
 from ...graphs.emit import Tasks, barrier, constant
-from ...graphs.spec import Const, Dep, Op, Read, Slice, Trans, leaves
+from ...graphs.spec import (
+    Concat,
+    Const,
+    Dep,
+    Gather,
+    Index,
+    Op,
+    Read,
+    Slice,
+    Trans,
+    leaves,
+    tagged,
+    unit_edges,
+)
 from ...storage import ArrayRef, Grid
-from ...storage.io import store_small
+from ...storage.io import read_vector, store_small
+from ..expr import nodes as nd
 from ..expr.nodes import (
     TSQR,
     Constant,
     Elemwise,
     MatMul,
+    MatVec,
     Node,
     Reduce,
     SliceNode,
@@ -45,6 +60,8 @@ from ..expr.nodes import (
 )
 from .map import lower_map
 from .matmul import lower_matmul
+from .matvec import lower_matvec, oriented
+from .npfuncs import lower_diagonal, lower_quantile, lower_scan
 from .reduce import fusable_groups, lower_empty_reduce, lower_reduce, unshifted
 from .sizing import DoesNotFit, leaf_tile
 from .tsqr import lower_tsqr
@@ -70,6 +87,18 @@ def lower_store_small(node: Node, key, target: ArrayRef) -> Stage:
     return Stage("store", f"a worker writes the {tuple(node.shape)} result into "
                  f"{str(target)!r}", 1, 0, 0, nbytes, work=work.freeze(),
                  outputs={"result": Output("store", (skey,))})
+
+
+def lower_load(node: Source) -> Stage:
+    """A stored 1-D array read whole by one task: a small operand like a
+    reduction's result (output ``"0"``)."""
+    key = "load-" + tokenize(str(node.ref), node.shape, str(node.dtype))
+    work = Tasks()
+    work.add(key, read_vector, node.ref, tuple(node.shape))
+    nbytes = int(np.prod(node.shape, dtype=np.int64)) * np.dtype(node.dtype).itemsize
+    return Stage("small", f"read {str(node.ref)!r} ({format_bytes(nbytes)}) into memory", 1,
+                 nbytes, nbytes, reads=1, store_gets=node.grid.n_units, work=work.freeze(),
+                 outputs={"0": Output("value", (key,))})
 
 
 def result_stage(node: Node) -> Stage:
@@ -110,8 +139,8 @@ class Planner:
         stage = dataclasses.replace(stage, description=stage.description + note,
                                     work=loose + stage.work, tasks=len(loose) + stage.tasks)
         self.stages.append(stage)
-        self._stats_only += [k for o in stage.outputs.values() if o.kind == "stats"
-                             for k in o.keys]
+        self._stats_only += [k for name, o in stage.outputs.items()
+                             if o.kind == "stats" or name == "factors" for k in o.keys]
         return stage
 
     def finish(self) -> None:
@@ -145,10 +174,24 @@ class Planner:
         if isinstance(node, Elemwise) and not node.small:
             return Op(node.name, tuple(self._arg(a, deps, node.shape) for a in node.args),
                       node.kwargs)
-        if isinstance(node, MatMul | TSQR):
+        if isinstance(node, MatMul | TSQR | nd.Scan) or (isinstance(node, MatVec) and node.ndim == 2):
             read, wait = self._materialise(node)
             self._depend(wait, deps)  # wait for every block of the temporary
             return read
+        if isinstance(node, nd.Concat):
+            parts = tuple(tagged(self._arg(a, deps, node.shape), k)  # a small part: a Dep
+                          for k, a in enumerate(node.args))
+            offsets = tuple(np.cumsum([0] + [a.shape[node.axis] for a in node.args]).tolist())
+            return Concat(parts, node.axis, offsets, np.dtype(node.dtype))
+        if isinstance(node, nd.Take):
+            inner = self.spec(node.x, deps)
+            edges = unit_edges(inner, node.axis, node.x.shape[node.axis])
+            return Gather(inner, node.axis, Index(node.index), edges, np.dtype(node.dtype))
+        if isinstance(node, nd.Full):
+            return Const(np.dtype(node.dtype).type(node.fill))
+        if isinstance(node, nd.Outer):  # a column times a row, both small
+            return Op("multiply", (Dep(self._depend(self.small(node.a), deps), "col"),
+                                   Dep(self._depend(self.small(node.b), deps), "row")))
         raise PlanningError(f"cannot tile {node}")
 
     def _depend(self, key, deps: list) -> int:
@@ -177,11 +220,16 @@ class Planner:
         ref = ArrayRef.from_location(os.path.join(base, f"tilearray-tmp-{token}.zarr"))
         if isinstance(node, MatMul):
             tile = (leaf_tile(node.a, 0), leaf_tile(node.b, 1))
+        elif isinstance(node, MatVec):
+            tile = (leaf_tile(node.a, 0), max(node.shape[1], 1))
+        elif isinstance(node, nd.Scan):
+            tile = (leaf_tile(node, 0), leaf_tile(node, 1))
         else:
             tile = (leaf_tile(node.x, 0), max(node.shape[1], 1))
         self.creates.append(Create(ref, node.shape, node.dtype, tile, None, temporary=True))
         grid = Grid.regular(node.shape, tile)
-        stage = (self.matmul if isinstance(node, MatMul) else self.tsqr)(node, ref, grid)
+        lowering = {MatMul: self.matmul, MatVec: self.matvec, nd.Scan: self.scan}.get(type(node), self.tsqr)
+        stage = lowering(node, ref, grid)
         wait = self._loose.add("barrier-" + token, barrier, *stage.outputs["result"].keys)
         self._temps[id(node)] = (Read(ref, grid, np.dtype(node.dtype)), wait)
         return self._temps[id(node)]
@@ -192,6 +240,23 @@ class Planner:
         a_spec, b_spec = self.spec(node.a, deps), self.spec(node.b, deps)
         return self.add(lower_matmul(node, a_spec, b_spec, deps, self.budget, out, out_grid,
                                      skip))
+
+    def matvec(self, node: MatVec, out=None, out_grid=None, skip=frozenset(),
+               value: bool = False) -> Stage:
+        """``node``'s pass over its stored operand; its small operand is
+        resolved first (one task holds it) and read by every block task."""
+        deps: list = []
+        w_index = self._depend(self.small(node.w), deps)
+        spec = self.spec(node.a, deps)
+        _, transposed, _ = oriented(node)
+        if transposed and not node.small and node.ndim == 2 and not value:
+            if out is not None:
+                raise PlanningError(f"{node}: a product of a small matrix with a transposed "
+                                    "array is written as its transpose: store (a @ w.T) "
+                                    "and use its .T")
+            value = True  # compute(): joined in one task
+        return self.add(lower_matvec(node, spec, w_index, deps, self.budget, out, out_grid,
+                                     skip, value), spec, deps)
 
     def tsqr(self, node: TSQR, out=None, out_grid=None, skip=frozenset()) -> Stage:
         """The TSQR stages of ``node`` over ``[x | y]`` (``y`` stored, or a small
@@ -211,6 +276,25 @@ class Planner:
         deps: list = []
         spec = self.spec(node, deps)
         return self.add(lower_map(node, spec, deps, self.budget, out, out_grid, skip), spec, deps)
+
+    def scan(self, node, out=None, out_grid=None, skip=frozenset()) -> Stage:
+        """``cumsum``/``cumprod``: :func:`~.npfuncs.lower_scan`'s two stages."""
+        deps: list = []
+        spec = self.spec(node.x, deps)
+        stages, carries = lower_scan(node, spec, deps, self.budget, out, out_grid, skip)
+        for st in stages:
+            last = self.add(st, spec, deps)
+        for key in carries:
+            if key not in self._dep_keys:
+                self._dep_keys.append(key)
+        return last
+
+    def _lines(self, node) -> str:
+        """A diagonal or exact quantiles: one stage, its joined small value."""
+        deps: list = []
+        spec = self.spec(node.x, deps)
+        lowering = lower_diagonal if isinstance(node, nd.Diagonal) else lower_quantile
+        return self.add(lowering(node, spec, deps, self.budget), spec, deps).outputs["0"].keys[0]
 
     def _unshifted(self, node: Reduce) -> Reduce:
         """:func:`~.reduce.unshifted`, once per node (the plan text names the rewrite)."""
@@ -246,10 +330,17 @@ class Planner:
             return self._small[id(node)]
         if isinstance(node, Constant):
             key = self._loose.add("const-" + node.token, constant, node.value)
-        elif isinstance(node, Reduce) and not node.x.small:
+        elif isinstance(node, Reduce) and not node.x.small and node.x.ndim == 2:
             key = self._reduce(self._unshifted(node))
         elif isinstance(node, TSQR):
             key = self.tsqr(node).outputs["R"].keys[0]
+        elif isinstance(node, MatVec):
+            key = self.matvec(node, value=True).outputs["0"].keys[0]
+            self._covers[key] = {key}  # its tasks' stats, not its operand's
+        elif isinstance(node, Source):  # a stored 1-D array
+            key = self.add(lower_load(node)).outputs["0"].keys[0]
+        elif isinstance(node, nd.Diagonal | nd.Quantile) and not node.x.small:
+            key = self._lines(node)
         else:
             key = self.add(self._small_op(node)).outputs["0"].keys[0]
         self._small[id(node)] = key
@@ -278,6 +369,13 @@ class Planner:
             return lower_small_op(node, node.name, node.kwargs, args)
         if isinstance(node, Transpose) and node.x.small:
             return lower_small_op(node, "transpose", (), [self.small(node.x)])
+        if isinstance(node, nd.Take) and node.x.small:
+            kwargs = (("indices", node.index), ("axis", node.axis))
+            return lower_small_op(node, "take", kwargs, [self.small(node.x)])
+        if isinstance(node, nd.Quantile) and node.x.small:
+            q = np.asarray(node.q) if not node.scalar_q else node.q[0]
+            kwargs = (("q", q), ("axis", node.axis), ("method", node.method))
+            return lower_small_op(node, node.op, kwargs, [self.small(node.x)])
         if isinstance(node, SliceNode) and node.x.small:
             kwargs = (("shape", tuple(node.shape)), ("start", node.start), ("step", node.step))
             return lower_small_op(node, "slice2d", kwargs, [self.small(node.x)])
@@ -333,17 +431,22 @@ def lower(node, budget, out=None, out_grid=None, skip=()) -> Plan:
 def _lower(node, budget, out, out_grid, skip) -> Plan:
     p = Planner(budget)
     p.fuse_reductions(node)
-    if node.small:
+    side = {}
+    if node.small or (node.ndim != 2 and not isinstance(node, MatVec)):
         key = p.small(node)
         p.finish()
         stat_keys = p.stat_keys([key])
         last = p.add(lower_store_small(node, key, out) if out is not None else result_stage(node))
         result = last.outputs.get("result", Output("value", (key,)))
     else:
-        lowering = {MatMul: p.matmul, TSQR: p.tsqr}.get(type(node), p.map)
-        result = lowering(node, out, out_grid, skip).outputs["result"]
+        lowering = {MatMul: p.matmul, TSQR: p.tsqr, MatVec: p.matvec,
+                    nd.Scan: p.scan}.get(type(node), p.map)
+        stage = lowering(node, out, out_grid, skip)
+        result = stage.outputs.get("result") or stage.outputs["0"]
+        if isinstance(node, TSQR):  # R (and s, Vt) computed on the way: a named output
+            side = {"factors": p.stages[-2].outputs["factors"]}
         p.finish()
         stat_keys = p.stat_keys([])
     return Plan(str(node), tuple(node.shape), str(node.dtype), budget, tuple(p.stages),
-                str(out) if out is not None else None, {"result": result}, tuple(p.creates),
-                tuple(stat_keys))
+                str(out) if out is not None else None, {"result": result, **side},
+                tuple(p.creates), tuple(stat_keys))

@@ -14,6 +14,7 @@ from ..expr.nodes import (
     TSQR,
     Elemwise,
     MatMul,
+    MatVec,
     Node,
     SliceNode,
     Source,
@@ -68,9 +69,15 @@ def short(node) -> str:
 
 
 def output_grid(node, tile, shard) -> Grid:
-    """Output grid: the given tile, else the tiling of the inputs it derives from."""
+    """Output grid: the given tile, else the tiling of the inputs it derives
+    from. A 1-D result of length m is the column ``(m, 1)`` (``tile`` and
+    ``shard``: an int, ``(t,)`` or ``(t, 1)``)."""
+    if len(node.shape) == 1:
+        return _vector_grid(node, tile, shard)
     if tile is None:
-        if isinstance(node, MatMul):
+        if isinstance(node, MatVec):
+            tile = (leaf_tile(node.a, 0), node.shape[1])
+        elif isinstance(node, MatMul):
             tile = (leaf_tile(node.a, 0), leaf_tile(node.b, 1))
         else:
             tile = (leaf_tile(node, 0), leaf_tile(node, 1))
@@ -96,6 +103,36 @@ def output_grid(node, tile, shard) -> Grid:
                 f"tile that divides the shard, e.g. tile={hint}"
             )
     return Grid.regular(node.shape, tile, shard)
+
+
+def _vector_grid(node, tile, shard) -> Grid:
+    m = node.shape[0]
+
+    def first(block, what):
+        if isinstance(block, int | np.integer) and not isinstance(block, bool):
+            block = (int(block),)
+        try:
+            items = tuple(block)
+        except TypeError:
+            items = ()
+        if len(items) not in (1, 2) or (len(items) == 2 and items[1] != 1) \
+                or not isinstance(items[0], int | np.integer) or items[0] <= 0:
+            raise PlanningError(f"{what} of a 1-D result must be a positive integer or (t,), "
+                                f"got {block!r}")
+        return int(items[0])
+
+    if tile is None:
+        t = leaf_tile(node.a, 1 if isinstance(node.a, Transpose) else 0) \
+            if isinstance(node, MatVec) else 1024
+        t = min(_capped((t, 1), np.dtype(node.dtype).itemsize)[0], max(m, 1))
+    else:
+        t = first(tile, "tile")
+    s = None if shard is None else first(shard, "shard")
+    if s is None:
+        t = min(t, max(m, 1))
+    elif s % t:
+        raise PlanningError(f"shard {s} is not a positive multiple of the tile {t}")
+    return Grid.regular((m, 1), (t, 1), None if s is None else (s, 1))
 
 
 MAX_INHERITED_TILE = 64 * 2**20
@@ -126,10 +163,14 @@ def leaf_tile(node, axis: int, default: int = 1024) -> int:
         return max(-(-leaf_tile(node.x, axis, default) // node.step[axis]), 1)
     if isinstance(node, MatMul):
         return leaf_tile(node.a if axis == 0 else node.b, axis, default)
+    if isinstance(node, MatVec):
+        return leaf_tile(node.a, axis, default) if axis == 0 else default
     if isinstance(node, TSQR):  # Q, U: the rows of X, every column in one tile
         return leaf_tile(node.x, 0, default) if axis == 0 else max(node.shape[1], 1)
-    if isinstance(node, Elemwise):
+    if isinstance(node, Elemwise) or hasattr(node, "args"):  # also a concatenation
         for a in node.args:
             if isinstance(a, Node) and not a.small:
                 return leaf_tile(a, axis, default)
+    if isinstance(getattr(node, "x", None), Node) and not node.x.small:  # take, cumsum
+        return leaf_tile(node.x, axis, default)
     return default

@@ -122,7 +122,8 @@ def lower_tsqr(node, specs, widths, deps: list, budget: Budget, out=None, out_gr
         f"{max_interval(row_edges)} x {w}, R factors combined with fan-in {fan_in}",
         len(up), max(peak, combine) if not big else combine, nbytes, flops=flops, reads=nreq,
         store_gets=gets, work=up.freeze(),
-        outputs={"R": Output("value" if not big else "stats", (root,))})
+        outputs={"R": Output("value", (root,))} if not big else
+        {"factors": Output("value", (root,))})
     if not big:
         return [first]
     return [first, _down_stage(node, name, specs, widths, deps, row_edges, levels, root,
@@ -139,7 +140,7 @@ def _down_stage(node, name, specs, widths, deps, row_edges, levels, root, costs,
             d = down.add((name + "-down", depth, g), gts.down, key, src, index)
             for c, child in enumerate(children):
                 slices[child] = (d, c)
-    stores, leaves_done = Tasks(), []
+    stores, leaves_done, blocks = Tasks(), [], []
     m, n = node.x.shape
     ncols = node.shape[1]
     nbytes = nreq = gets = written = 0
@@ -150,10 +151,12 @@ def _down_stage(node, name, specs, widths, deps, row_edges, levels, root, costs,
         src, index = slices.get(leaf, (root, 0))
         leaves_done.append(stores.add((name + "-q", i), gts.leaf_store, tuple(specs), rows,
                                       tuple(widths), deps, out, ncols, src, index))
+        blocks.append((rows, (0, ncols)))
         for c in costs:
             b, r, g = c.at(i, 0)
             nbytes, nreq, gets = nbytes + b, nreq + r, gets + g
-        written += (rows[1] - rows[0]) * ncols * np.dtype(node.dtype).itemsize
+        if out is not None:
+            written += (rows[1] - rows[0]) * ncols * np.dtype(node.dtype).itemsize
     w = sum(widths)
     work = down.freeze() + stores.freeze()
     return Stage(
@@ -161,5 +164,6 @@ def _down_stage(node, name, specs, widths, deps, row_edges, levels, root, costs,
         f"{len(leaves_done)} row blocks read again, factored again and written "
         f"({max_interval(row_edges)} x {ncols})", len(work), peak, nbytes, written,
         flops=4 * m * w * w + 2 * m * w * ncols, reads=nreq, store_gets=gets, work=work,
-        outputs={"result": Output("store", tuple(leaves_done)),
+        outputs={"result": Output("store", tuple(leaves_done)) if out is not None else
+                 Output("blocks", tuple(leaves_done), tuple(blocks)),
                  "slices": Output("stats", tuple(t.key for t in down.freeze()))})

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
-from dask.utils import format_bytes, parse_bytes
+from dask.utils import format_bytes
 
 from ... import _config
 from ...errors import PlanningError
@@ -18,27 +18,9 @@ MIN_TASK_MEMORY = 2**20
 
 
 def parse_memory(value, argument: str = "memory_per_worker", error=PlanningError) -> int:
-    """A positive byte count from an int or a string such as ``"2GiB"``.
-
-    The one parser behind ``Engine(memory_per_worker=...)``, ``Budget`` and
-    the CLI's ``--memory-per-worker``; raises ``error`` naming ``argument``
-    and the value it was given.
-    """
-    hint = "give bytes as a positive integer or a string such as '2GiB' or '512MiB'"
-    if isinstance(value, bool) or not isinstance(value, str | numbers.Real):
-        raise error(f"{argument}={value!r} is not a byte size: {hint}")
-    if isinstance(value, str):
-        try:
-            n = parse_bytes(value)
-        except (ValueError, TypeError):
-            raise error(f"{argument}={value!r} is not a byte size: {hint}") from None
-    else:
-        if not math.isfinite(value) or value != int(value):
-            raise error(f"{argument}={value!r} is not a whole number of bytes: {hint}")
-        n = int(value)
-    if n <= 0:
-        raise error(f"{argument}={value!r} must be positive: {hint}")
-    return int(n)
+    """A positive byte count from an int or a string such as ``"2GiB"``
+    (:func:`tilearray._config.parse_bytes_arg`, raising ``error``)."""
+    return _config.parse_bytes_arg(value, argument, error)
 
 
 def _positive_int(value, argument: str, error=PlanningError) -> int:
