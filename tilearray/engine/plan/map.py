@@ -17,6 +17,16 @@ from .sizing import DoesNotFit, all_done, short
 from .types import Budget, Output, Stage
 
 
+def block_reads(costs: layout.BlockCosts):
+    """``(bytes read, elements)`` of every block of a layout, as NumPy arrays,
+    or, past :data:`layout.EXACT_BLOCKS`, of the largest along each axis."""
+    b = costs.read_bytes()
+    if b is None:  # many blocks: bound by the largest along each axis
+        return (costs.max_read_bytes(),
+                int(costs.sizes[0].max(initial=0)) * int(costs.sizes[1].max(initial=0)))
+    return b, np.multiply.outer(costs.sizes[0], costs.sizes[1])
+
+
 def fit_blocks(spec, shape, out_grid, temp_per_elem: int, budget: Budget, out_itemsize: int = 0):
     """The layout whose every task fits and that reads least (see
     :func:`layout.search`): its :class:`~layout.BlockCosts` and peak
@@ -26,13 +36,7 @@ def fit_blocks(spec, shape, out_grid, temp_per_elem: int, budget: Budget, out_it
     per_elem = per_element(spec, np.dtype("u1")) + temp_per_elem + 2 * out_itemsize
 
     def peak_of(costs: layout.BlockCosts) -> int:
-        b = costs.read_bytes()
-        if b is None:  # many blocks: bound by the largest along each axis
-            b = costs.max_read_bytes()
-            size = int(costs.sizes[0].max(initial=0)) * int(costs.sizes[1].max(initial=0))
-        else:
-            size = np.multiply.outer(costs.sizes[0], costs.sizes[1])
-        return block_peak(task, b, size)
+        return block_peak(task, *block_reads(costs))
 
     cap = min(budget.task_memory, _config.get_bytes("map.block-bytes"))
     hard = (None, None) if out_grid is None else (out_grid.unit_edges(0), out_grid.unit_edges(1))

@@ -25,6 +25,7 @@ from ...graphs.blocks import intervals, max_interval, tree
 from ...graphs.emit import Tasks
 from ..expr.nodes import MatVec, Transpose
 from . import layout
+from .map import block_reads
 from .memory import (
     BlockTask,
     as_rss,
@@ -63,12 +64,7 @@ def _layout(node: MatVec, spec, kind: str, k: int, w_bytes: int, budget: Budget,
     task = BlockTask(temps, 0, read_flight(spec), 0)
 
     def peak_of(costs: layout.BlockCosts) -> int:
-        b = costs.read_bytes()
-        if b is None:  # many blocks: bound by the largest along each axis
-            b = costs.max_read_bytes()
-            size = int(costs.sizes[0].max(initial=0)) * int(costs.sizes[1].max(initial=0))
-        else:
-            size = np.multiply.outer(costs.sizes[0], costs.sizes[1])
+        b, size = block_reads(costs)
         long = costs.sizes[0 if kind == "right" else 1].max(initial=0)
         # the operand, the partial product and BLAS's copy of a cast block
         return block_peak(task, b, size) + as_rss(w_bytes + 2 * int(long) * k * dtype.itemsize)
