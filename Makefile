@@ -56,7 +56,7 @@ BENCH_N       ?= 16384
 BENCH_REPEATS ?= 3
 # cubed writes every partial product to storage (~16 GiB at n = 16384): add it with
 # BENCH_MATMUL_ENGINES=tilearray,numpy,dask,cubed (not timed here); it runs in the reductions.
-BENCH_MATMUL_ENGINES ?= tilearray,numpy,dask
+BENCH_MATMUL_ENGINES ?= tilearray,tilearray-fewest-read,numpy,dask
 # Tall-skinny linalg (issue 29): X m x n float64 (4 GB at the defaults), R of QR, singular
 # values, thin SVD with U stored, lstsq; tilearray, dask and NumPy in-core, interleaved.
 # Duration at the defaults is an ESTIMATE, never measured: ~35-45 min with 3 rounds (issue

@@ -62,7 +62,7 @@ from _common import (
     worker_pids,
 )
 
-ENGINES = ("tilearray", "dask", "numpy", "cubed")
+ENGINES = ("tilearray", "tilearray-fewest-read", "dask", "numpy", "cubed")
 
 
 # -- inputs ---------------------------------------------------------------------------
@@ -75,9 +75,35 @@ def ensure_inputs(args) -> tuple[str, str]:
 # -- engines --------------------------------------------------------------------------
 
 
-def run_tilearray(args, a_path, b_path, out_path) -> dict:
+def run_tilearray(args, a_path, b_path, out_path, margin=None) -> dict:
+    """tilearray's run (``margin``: ``tilearray.planner.read-margin`` for it)."""
+    import dask
+
     import tilearray as ta
 
+    with dask.config.set({} if margin is None else {"tilearray.planner.read-margin": margin}):
+        return _run_tilearray(ta, args, a_path, b_path, out_path)
+
+
+def run_tilearray_fewest_read(args, a_path, b_path, out_path) -> dict:
+    """tilearray on the layout that reads least (read margin 0), next to the
+    default's (more tasks within the margin); skipped when they are the same."""
+    import dask
+
+    import tilearray as ta
+
+    budget = ta.Budget.from_config(args.memory_per_worker, args.workers, 1)
+    expr = ta.open(a_path) @ ta.open(b_path)
+    chosen = expr.plan(out_path, budget=budget)
+    with dask.config.set({"tilearray.planner.read-margin": 0}):
+        fewest = expr.plan(out_path, budget=budget)
+    if (chosen.tasks, chosen.bytes_read) == (fewest.tasks, fewest.bytes_read):
+        return {"skipped": f"same layout as tilearray ({chosen.tasks} tasks): nothing traded "
+                           "within the read margin"}
+    return run_tilearray(args, a_path, b_path, out_path, margin=0)
+
+
+def _run_tilearray(ta, args, a_path, b_path, out_path) -> dict:
     with ta.Engine(n_workers=args.workers, memory_per_worker=args.memory_per_worker,
                    quiet=True) as eng:
         warm_workers(eng.client, ["tilearray.graphs.matmul", "tilearray.storage.io",
@@ -101,9 +127,11 @@ def run_tilearray(args, a_path, b_path, out_path) -> dict:
             wall=wall, peak_rss=rss.peak, ru_maxrss=max_rss_of_workers(eng.client),
             bytes_read=st.bytes_read, bytes_src="measured, RunStats", rchar=rc,
             task_memory=plan.budget.task_memory,
-            notes=(f"plan: {fmt_bytes(plan.bytes_read)} read, peak/task "
+            notes=(f"plan: {plan.tasks} tasks, {fmt_bytes(plan.bytes_read)} read, peak/task "
                    f"{fmt_bytes(plan.peak_task_memory)}; io_wait {st.io_wait_seconds:.0f} s, "
-                   f"BLAS {st.blas_seconds:.0f} s (task sums)"),
+                   f"BLAS {st.blas_seconds:.0f} s (task sums); progress bar: "
+                   f"{st.progress_events} in-task events, largest gap "
+                   f"{st.progress_max_gap:.1f} s"),
         )
 
 
@@ -243,8 +271,8 @@ def run_cubed(args, a_path, b_path, out_path) -> dict:
         shutil.rmtree(work, ignore_errors=True)
 
 
-RUNNERS = {"tilearray": run_tilearray, "dask": run_dask, "numpy": run_numpy,
-           "cubed": run_cubed}
+RUNNERS = {"tilearray": run_tilearray, "tilearray-fewest-read": run_tilearray_fewest_read,
+           "dask": run_dask, "numpy": run_numpy, "cubed": run_cubed}
 
 
 # -- verification -----------------------------------------------------------------------
@@ -299,7 +327,7 @@ def verify(args, a_path, b_path, outs: dict, n_blocks: int = 4, bs: int = 256) -
 def _summary(rs: list[dict]) -> dict:
     """One engine's rounds as one row: median wall (and multiply), the worst peak
     memory, the first round's figures otherwise; an error if any round failed."""
-    bad = [r for r in rs if "error" in r]
+    bad = [r for r in rs if "error" in r or "skipped" in r]
     if bad:
         return bad[0]
     out = dict(rs[-1])
@@ -381,8 +409,9 @@ def main(argv=None) -> int:
             log(f"--- {eng} (round {rnd + 1} of {args.repeats}) ---")
             try:
                 r = RUNNERS[eng](args, a_path, b_path, out_path)
-                outs[eng] = out_path
-                log(f"{eng}: {r['wall']:.1f} s")
+                if "skipped" not in r:
+                    outs[eng] = out_path
+                log(f"{eng}: " + (r["skipped"] if "skipped" in r else f"{r['wall']:.1f} s"))
             except Exception as e:
                 traceback.print_exc(file=sys.stderr)
                 first = str(e).strip().splitlines()[0] if str(e).strip() else ""
@@ -400,6 +429,10 @@ def main(argv=None) -> int:
     rows = []
     for eng in engines:
         r = results[eng]
+        if "skipped" in r:
+            rows.append([eng, "skipped", None, None, None, None, None, None, None, None, None,
+                         None, r["skipped"]])
+            continue
         if "error" in r:
             rows.append([eng, "FAILED", None, None, None, None, None, None, None, None, None,
                          None, r["error"]])

@@ -22,6 +22,7 @@ from scipy.linalg import blas
 from ..storage import IOStats, buffers, write_block
 from ..storage.geometry import Range
 from ..storage.io import open_row_streamer
+from .progress import report
 from .spec import Read, evaluate, prefetch
 
 log = logging.getLogger(__name__)
@@ -128,6 +129,7 @@ def _paired_block(a_spec, b_spec, rows, cols, a_panels, b_panels, acc, deps, sta
         return evaluate(b_spec, b_panels[i], cols, deps, stats, max_bytes=read_bytes)
 
     order = iter(load_order(a_panels, b_panels))
+    k0, k1 = a_panels[0][0], a_panels[-1][1]  # progress: K covered so far
     t_wait = t_blas = 0.0
     with ThreadPoolExecutor(1, thread_name_prefix="tilearray-prefetch") as pool:
         if read_bytes is not None:
@@ -156,6 +158,7 @@ def _paired_block(a_spec, b_spec, rows, cols, a_panels, b_panels, acc, deps, sta
             t0 = time.perf_counter()
             gemm_accumulate(acc, a_cur[:, lo - a0 : hi - a0], b_cur[lo - b0 : hi - b0, :])
             t_blas += time.perf_counter() - t0
+            report(hi - k0, k1 - k0)
             adv_a, adv_b = a_panels[ia][1] == hi, b_panels[ib][1] == hi
             if adv_a:
                 ia += 1
@@ -253,6 +256,7 @@ def gram_stream_accumulate(acc: np.ndarray, x: Read, panels, cols: Range, slab_r
                 break
             symmetric = syrk_accumulate(acc, slab, True)
             t_blas += time.perf_counter() - t1
+        report(q + 1, len(panels))
     stats.read_seconds += t_dec
     if times is not None:
         times[0] += t_dec
@@ -300,6 +304,7 @@ def _gram_block(a_spec, b_spec, rows, panels, acc, deps, stats, read_bytes, slab
             symmetric = syrk_accumulate(acc, p, transposed)
             t_blas += time.perf_counter() - t0
             del p
+            report(i + 1, len(panels))
     if symmetric:
         mirror_upper(acc)
     out = stats.as_dict()
@@ -331,6 +336,7 @@ def _streamed_block(a_spec, b_spec, rows, cols, panels, bands, acc, deps, stats,
         gemm_accumulate(acc[:, band[0] - c0 : band[1] - c0], a, b)
         t_wait, t_blas = t_wait + t1 - t0, t_blas + time.perf_counter() - t1
         del b
+        report(s + 1, len(steps))
     out = stats.as_dict()
     out.update(io_wait_seconds=t_wait, blas_seconds=t_blas, tasks=1)
     return acc, out

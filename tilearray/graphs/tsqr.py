@@ -24,6 +24,7 @@ import numpy as np
 from ..storage import IOStats, buffers, write_block
 from . import linalg as kern
 from .matmul import counted, merge_stats
+from .progress import report
 from .spec import evaluate
 
 
@@ -44,7 +45,10 @@ def leaf_r(specs, rows, widths, deps=()):
     """Read row block ``rows`` of ``[X | Y]`` and return the R of its QR."""
     buffers.release(blocks_only=True)
     stats = IOStats()
-    r = kern.qr_leaf(_block(specs, rows, widths, deps, stats), overwrite_block=True, mode="r")
+    block = _block(specs, rows, widths, deps, stats)
+    report(1, 2)  # read; the QR is the other half
+    r = kern.qr_leaf(block, overwrite_block=True, mode="r")
+    del block
     return r, counted(stats.as_dict())
 
 
@@ -113,9 +117,13 @@ def leaf_store(specs, rows, widths, deps, out_ref, ncols: int, slice_, index: in
     when ``out_ref`` is None."""
     buffers.release(blocks_only=True)
     stats = IOStats()
-    q, _ = kern.qr_leaf(_block(specs, rows, widths, deps, stats), overwrite_block=True)
+    block = _block(specs, rows, widths, deps, stats)
+    report(1, 3)  # read, then QR and Q times the slice, then the write
+    q, _ = kern.qr_leaf(block, overwrite_block=True)
+    del block
     block = np.ascontiguousarray(kern.q_apply_down(q, _pick(slice_, index))[:, :ncols])
     del q
+    report(2, 3)
     if out_ref is None:
         return block, counted(stats.as_dict())
     write_block(out_ref, rows, (0, ncols), block, stats)

@@ -189,17 +189,79 @@ def _n_blocks(lay) -> int:
     return (len(lay[0]) - 1) * (len(lay[1]) - 1)
 
 
-def choose(op: Operands, layouts: list, budget: Budget, dtype: np.dtype):
-    """The layout that reads least (then fewest tasks, then by :data:`MODES`)
-    and the K split: when it has fewer blocks than the cluster has threads,
-    K is split and partial blocks tree-summed if the sums fit, else smaller
-    blocks are taken. Returns ``(layout, k_split)``."""
-    def rank(lay):  # elements read: A once per block column, B once per block row
-        reads = op.m * op.k * (len(lay[1]) - 1) + op.k * op.n * (len(lay[0]) - 1)
-        return reads, _n_blocks(lay), MODES.index(lay[3])
+def _n_tasks(lay, symmetric: bool) -> int:
+    """Tasks of a layout (unsplit): one per block, one per block pair of a
+    symmetric product written to storage."""
+    if symmetric and lay[0] == lay[1]:
+        r = len(lay[0]) - 1
+        return r * (r + 1) // 2
+    return _n_blocks(lay)
 
-    best = min(layouts, key=rank)
+
+def _reads(op: Operands, lay) -> int:
+    """Elements read: A once per block column, B once per block row."""
+    return op.m * op.k * (len(lay[1]) - 1) + op.k * op.n * (len(lay[0]) - 1)
+
+
+def _rank(op: Operands, lay) -> tuple:
+    """Reads, then fewer blocks, then by :data:`MODES`."""
+    return _reads(op, lay), _n_blocks(lay), MODES.index(lay[3])
+
+
+@dataclass(frozen=True)
+class Tradeoff:
+    """What the task-count objective did: the chosen layout's tasks and reads
+    against the fewest-read layout's (equal when it kept that one)."""
+
+    tasks: int
+    reads: int
+    fewest_tasks: int
+    fewest_reads: int
+    target: int
+    """Tasks aimed for: ``tilearray.planner.tasks-per-thread`` x threads."""
+    margin: float
+
+    def text(self) -> str:
+        margin = f"{self.margin:.0%} (tilearray.planner.read-margin)"
+        if self.reads > self.fewest_reads:
+            less = (self.reads - self.fewest_reads) / self.reads
+            return (f"{self.tasks} tasks (aiming for {self.target}); the fewest-read layout "
+                    f"would read {less:.1%} less in {self.fewest_tasks} tasks, within {margin}")
+        if self.tasks < self.target and self.margin > 0:
+            return (f"{self.tasks} task(s), fewer than the {self.target} aimed for: every "
+                    f"layout with more tasks reads over {margin} more")
+        return ""
+
+
+def by_tasks(op: Operands, layouts: list, threads: int, symmetric: bool = False):
+    """Among the layouts reading within ``tilearray.planner.read-margin`` of
+    the least, the one with at least ``tasks-per-thread`` x ``threads`` tasks
+    (else the most tasks) that reads least; margin 0: the fewest-read layout.
+    Ties: fewer tasks, then by :data:`MODES`. Returns ``(layout, Tradeoff)``."""
+    def rank(lay):
+        return _rank(op, lay)
+
+    fewest = min(layouts, key=rank)
+    margin = float(_config.get("planner.read-margin"))
+    target = int(_config.get("planner.tasks-per-thread")) * threads
+    best = fewest
+    if margin > 0:
+        limit = _reads(op, fewest) * (1 + margin)
+        pool = [lay for lay in layouts if _reads(op, lay) <= limit]
+        best = min(pool, key=lambda lay: (-min(_n_tasks(lay, symmetric), target), *rank(lay)))
+    return best, Tradeoff(_n_tasks(best, symmetric), _reads(op, best),
+                          _n_tasks(fewest, symmetric), _reads(op, fewest), target, margin)
+
+
+def choose(op: Operands, layouts: list, budget: Budget, dtype: np.dtype,
+           symmetric: bool = False):
+    """The layout (:func:`by_tasks`: the fewest-read one, or more tasks within
+    the read margin) and the K split: when it has fewer blocks than the
+    cluster has threads, K is split and partial blocks tree-summed if the sums
+    fit, else smaller blocks are taken. Returns ``(layout, k_split, Tradeoff
+    or None)``: None when the split or the fallback made the tasks."""
     threads = budget.total_threads
+    best, trade = by_tasks(op, layouts, threads, symmetric)
     k_split = (0, op.k)
     if 0 < _n_blocks(best) < threads and op.k > 0:
         acc = max_interval(best[0]) * max_interval(best[1]) * dtype.itemsize
@@ -208,11 +270,14 @@ def choose(op: Operands, layouts: list, budget: Budget, dtype: np.dtype):
         if combine <= budget.task_memory:
             k_split = split_points(op.a_units, op.b_units, parts)
             best = (*best[:2], max(best[2], combine), best[3])
+            if len(k_split) > 2 and trade.reads == trade.fewest_reads:
+                trade = None  # the split makes the tasks, at no extra reads
         else:
             enough = [lay for lay in layouts if _n_blocks(lay) >= threads]
             if enough:
-                best = min(enough, key=rank)
-    return best, k_split
+                best = min(enough, key=lambda lay: _rank(op, lay))
+                trade = None
+    return best, k_split, trade
 
 
 def _segments(op: Operands, k_split):
@@ -318,7 +383,7 @@ def io_lower_bound(op: Operands, node, budget: Budget) -> int:
     return max(lb, sum(once.values()))
 
 
-def describe(op: Operands, node, chosen, k_split) -> str:
+def describe(op: Operands, node, chosen, k_split, trade: Tradeoff | None = None) -> str:
     row_edges, col_edges, _, mode = chosen
     sym = ", symmetric: each block pair computed once, diagonal blocks by syrk" \
         if op.gram else ""
@@ -333,7 +398,8 @@ def describe(op: Operands, node, chosen, k_split) -> str:
         how += f" (requests <= {format_bytes(op.task.band)})"
     return (f"{short(node)}: output blocks up to {max_interval(row_edges)}x"
             f"{max_interval(col_edges)}, K panels A {max_interval(op.a_k)} / B "
-            f"{max_interval(op.b_k)}{ksplit}{sym}, {how}")
+            f"{max_interval(op.b_k)}{ksplit}{sym}, {how}"
+            + (f"; {trade.text()}" if trade is not None and trade.text() else ""))
 
 
 def lower_matmul(node, a_spec, b_spec, deps: list, budget: Budget, out=None, out_grid=None,
@@ -348,9 +414,9 @@ def lower_matmul(node, a_spec, b_spec, deps: list, budget: Budget, out=None, out
                                    op.gram and out is not None)
     if not layouts:
         check_fits("matmul", smallest[2], str(node), budget)
-    chosen, k_split = choose(op, layouts, budget, dtype)
+    chosen, k_split, trade = choose(op, layouts, budget, dtype, op.gram and out is not None)
     work, result, tot = tasks(op, chosen, k_split, dtype, deps, out, out_grid, skip)
-    return Stage("matmul", describe(op, node, chosen, k_split), len(work), chosen[2],
+    return Stage("matmul", describe(op, node, chosen, k_split, trade), len(work), chosen[2],
                  tot.nbytes, tot.written, 2 * op.m * op.n * op.k,
                  io_lower_bound=io_lower_bound(op, node, budget) or None, reads=tot.reads,
                  store_gets=tot.gets, work=work.freeze(), outputs={"result": result})

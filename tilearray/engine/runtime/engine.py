@@ -122,13 +122,14 @@ class Engine:
         self._closed = False
         try:
             from . import metrics
-            from .plugins import PeakMemory
+            from .plugins import PeakMemory, TaskProgress
 
             client.register_plugin(PeakMemory(), name=PeakMemory.name)
+            client.register_plugin(TaskProgress(), name=TaskProgress.name)
             metrics.register(client)
         except Exception:  # a cluster that refuses plugins runs without them
             log.warning("could not register tilearray's worker/scheduler plugins "
-                        "(no peak-memory figures or metrics)", exc_info=True)
+                        "(no peak-memory figures, progress inside tasks or metrics)", exc_info=True)
         if set_as_default:
             context.active = self
         if dashboard and getattr(client, "dashboard_link", None):

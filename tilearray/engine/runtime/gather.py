@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import sys
 import time
 
 from .stats import RunStats
@@ -23,6 +22,7 @@ def gather(client, graph: dict, keys: list, *, description: str, quiet: bool, pl
     from distributed import wait
 
     from .metrics import job_event
+    from .progress import Bar
 
     t0 = time.perf_counter()
     _worker_peaks(client)  # reset the in-worker peaks (PeakMemory plugin)
@@ -30,20 +30,17 @@ def gather(client, graph: dict, keys: list, *, description: str, quiet: bool, pl
     job_event(client, "start", name=description, tasks=len(graph),
               units_total=int(units_total), units_skipped=int(units_skipped),
               **(_plan_figures(plan) if plan is not None else {}))
-    ok, futures, bar = False, [], None
+    ok, futures = False, []
     n_keys = len(keys)
     keys = list(keys) + [k for k in stat_keys if k not in set(keys)]
+    # tasks finished plus running tasks' fractions (progress events from inside tasks)
+    bar = Bar(client, graph, description, quiet)
     try:
         futures = client.get(graph, keys, sync=False)
         keep: set = set()  # keys listed twice must not be released early
         seen: set = set()
         for f in futures:
             (keep if f.key in seen else seen).add(f.key)
-        if not quiet:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=len(seen), desc=description, unit="block",
-                       file=sys.stderr, leave=True, dynamic_ncols=True)
         index: dict = {}
         for i, f in enumerate(futures):
             index.setdefault(f.key, []).append(i)
@@ -56,7 +53,7 @@ def gather(client, graph: dict, keys: list, *, description: str, quiet: bool, pl
         pending = {f.key: f for f in futures}
         while pending:
             with contextlib.suppress(TimeoutError), client.as_current():
-                wait(list(itertools.islice(pending.values(), 1000)), timeout=2,
+                wait(list(itertools.islice(pending.values(), 1000)), timeout=1,
                      return_when="FIRST_COMPLETED")
             if alive is not None:
                 alive()
@@ -65,12 +62,12 @@ def gather(client, graph: dict, keys: list, *, description: str, quiet: bool, pl
                 for i in index[fut.key]:
                     values[i] = value
                 del pending[fut.key]
-                if bar is not None:
-                    bar.update(1)
+                bar.finished(fut.key)
                 if fut.key not in keep and value[0] is not None:
                     # a data-carrying result (a compute() block): free it on the
                     # worker now; stats-only results stay until retries are counted
                     fut.release()
+            bar.refresh()
         ok = True
     except BaseException:
         if futures:
@@ -78,11 +75,11 @@ def gather(client, graph: dict, keys: list, *, description: str, quiet: bool, pl
         raise
     finally:
         job_event(client, "end", ok=ok)
-        if bar is not None:
-            bar.close()
+        bar.close(ok)
         peaks = {addr: rss for addr, rss in _worker_peaks(client).items()
                  if isinstance(rss, int)}
     stats = RunStats(wall_seconds=time.perf_counter() - t0)
+    stats.progress_events, stats.progress_max_gap = bar.progress.events, bar.gaps.largest
     for _, st in values:
         for k in ("bytes_read", "bytes_written", "read_requests", "store_gets",
                   "read_retries", "tasks", "units_written"):

@@ -67,6 +67,7 @@ class TaskReporter(WorkerPlugin):
         msg["tasks"] = 1  # every graph task counts once, as in RunStats and the plan
         rss = getattr(worker, "_tilearray_rss", None)  # the PeakMemory plugin's sampler
         msg["worker"] = worker.address
+        msg["key"] = str(key)  # after the task's progress events (same worker stream)
         msg["worker_peak_rss"] = int(rss[0]["peak"]) if rss is not None else 0
         worker.log_event(TASK_TOPIC, msg)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 from distributed import WorkerPlugin
 
 
@@ -106,3 +108,51 @@ class QuietClosedScheduler(WorkerPlugin):
                 return True
 
         logging.getLogger("distributed.worker").addFilter(_OneLine())
+
+
+PROGRESS_TOPIC = "tilearray-progress"
+"""Events ``{"key": str(task key), "fraction": done / total}`` from running tasks."""
+PROGRESS_STEP = 0.01
+"""A task's progress is sent when it moved by at least this fraction (or finished):
+at most about 100 events per task, however many panels it has."""
+
+
+class TaskProgress(WorkerPlugin):
+    """Installs :func:`send_progress` as the hook of
+    :func:`tilearray.graphs.progress.report`: tasks' progress goes to the
+    scheduler as :data:`PROGRESS_TOPIC` events, which it forwards to
+    subscribed clients (the progress bar of
+    :func:`~tilearray.engine.runtime.gather.gather`)."""
+
+    name = "tilearray-task-progress"
+    idempotent = True
+
+    def setup(self, worker):
+        from ...graphs import progress
+
+        progress.set_hook(send_progress)
+
+
+_last = threading.local()  # (key, fraction) last sent by this thread
+
+
+def send_progress(done: int, total: int) -> None:
+    """Send the running task's fraction done (called inside tasks on a
+    worker; elsewhere, e.g. under a local dask scheduler, it does nothing)."""
+    from distributed import get_worker
+    from distributed.worker import thread_state
+
+    try:
+        worker = get_worker()
+    except ValueError:
+        return
+    key = getattr(thread_state, "key", None)
+    if key is None:
+        return
+    fraction = min(max(done / total, 0.0), 1.0)
+    last = getattr(_last, "sent", None)
+    if last is not None and last[0] == key and (
+            fraction <= last[1] or fraction < min(last[1] + PROGRESS_STEP, 1.0)):
+        return
+    _last.sent = (key, fraction)
+    worker.log_event(PROGRESS_TOPIC, {"key": str(key), "fraction": fraction})

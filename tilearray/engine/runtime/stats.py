@@ -41,6 +41,12 @@ class RunStats:
     """Output units already done (resume) and not recomputed."""
     units_written: int = 0
     """Output (and temporary) I/O units written and marked done by this run."""
+    progress_events: int = 0
+    """Progress events received from inside running tasks (K panels of matmul
+    tasks, TSQR leaves): the progress bar moved between task ends."""
+    progress_max_gap: float = 0.0
+    """Largest wall-clock gap between advances of the run's progress (whole
+    tasks finished or fractions reported), in seconds."""
     per_worker_peak: dict = field(default_factory=dict)
     """Peak RSS of each worker process (address -> bytes)."""
 
