@@ -128,36 +128,68 @@ def _corrupt(fs, url: str, key: str) -> bytes:
     return good
 
 
-def test_corrupt_chunk_detected_then_resume_from_done_markers(
-        engine, s3_url, storage_options, s3fs_fs, rng):
-    """A job that stops part-way (a corrupt input chunk) leaves its done
-    markers as objects; once the chunk is repaired, resume=True finishes the
-    output writing only the missing units."""
-    x = rng.standard_normal((256, 256))
-    a = ta.from_numpy(x, f"{s3_url}/a.zarr", tile=(64, 64), storage_options=storage_options)
-    good = _corrupt(s3fs_fs, f"{s3_url}/a.zarr", "c/3/2")
+def _small_tasks():
+    """A per-task budget that plans one task per 32 x 32 float64 unit."""
+    small = int(2**30 * float(_config.get("memory.target-fraction"))) - 100 * 1024
+    return dask.config.set({"tilearray.memory.worker-baseline": small})
+
+
+def test_corrupt_chunk_detected(engine, s3_url, storage_options, s3fs_fs, rng):
+    x = rng.standard_normal((128, 128))
+    a = ta.from_numpy(x, f"{s3_url}/a.zarr", tile=(32, 32), storage_options=storage_options)
+    _corrupt(s3fs_fs, f"{s3_url}/a.zarr", "c/3/2")
+    out = f"{s3_url}/out.zarr"
+    with _small_tasks(), pytest.raises(ta.CorruptChunkError, match=r"a\.zarr.*\(3, 2\)") as e:
+        (a * 2 + 1).to_zarr(out, storage_options=storage_options)
+    assert e.value.tile == (3, 2) and f"{s3_url}/a.zarr" in str(e.value)
+    assert "tilearray.done/3.2" not in _keys(s3fs_fs, out)
+    with pytest.raises(ta.IncompleteOutputError):
+        ta.open(out, storage_options=storage_options)
+
+
+def test_killed_job_resumes_from_done_marker_objects(engine, s3_url, storage_options,
+                                                     s3fs_fs, rng):
+    """What a job killed half-way leaves on S3 -- half the units and their
+    done-marker objects, an incomplete array, the lock object of a process
+    that is gone -- is finished by resume=True writing only the missing units."""
+    import pickle
+
+    from tilearray.storage.ref import ATTR_KEY
+
+    x = rng.standard_normal((128, 128))
+    a = ta.from_numpy(x, f"{s3_url}/a.zarr", tile=(32, 32), storage_options=storage_options)
     out = f"{s3_url}/out.zarr"
     expr = a * 2 + 1
-    # small per-task budget: one task per 64 x 64 unit, so the others finish
-    small = int(2**30 * float(_config.get("memory.target-fraction"))) - 600 * 1024
-    with dask.config.set({"tilearray.memory.worker-baseline": small}):
+    with _small_tasks():
         assert expr.plan(out, engine=engine).tasks == 16
-        with pytest.raises(ta.CorruptChunkError, match=r"a\.zarr.*\(3, 2\)") as e:
-            expr.to_zarr(out, storage_options=storage_options)
-        assert e.value.tile == (3, 2) and f"{s3_url}/a.zarr" in str(e.value)
-        done = [k for k in _keys(s3fs_fs, out) if k.startswith("tilearray.done/")]
-        assert "tilearray.done/3.2" not in done
-        with pytest.raises(ta.IncompleteOutputError, match="resume=True"):
-            ta.open(out, storage_options=storage_options)
-        with pytest.raises(ta.StorageError, match="already exists"):
-            expr.to_zarr(out, storage_options=storage_options)
-        s3fs_fs.pipe(f"{s3_url}/a.zarr/c/3/2".removeprefix("s3://"), good)  # repaired
+        expr.to_zarr(out, storage_options=storage_options)
+    # the state a killed job leaves: rows 2-3 of units never written
+    z = zarr.open_array(FsspecStore.from_url(out, storage_options=storage_options), mode="r+")
+    z.attrs[ATTR_KEY] = {**z.attrs[ATTR_KEY], "complete": False}
+    root = out.removeprefix("s3://")
+    for i in (2, 3):
+        for j in range(4):
+            s3fs_fs.rm([f"{root}/c/{i}/{j}", f"{root}/tilearray.done/{i}.{j}"])
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, timeout=60)
+    holder = {**locks._me("output"), "pid": int(dead.stdout)}
+    s3fs_fs.pipe(f"{root}/tilearray.lock", json.dumps(holder).encode())
+    kept = {k: s3fs_fs.info(f"{root}/{k}")["ETag"] for k in ("c/0/0", "c/1/3")}
+    stamp = {k: s3fs_fs.info(f"{root}/{k}")["LastModified"] for k in kept}
+
+    with pytest.raises(ta.IncompleteOutputError, match="resume=True"):
+        ta.open(out, storage_options=storage_options)
+    with pytest.raises(ta.StorageError, match="already exists"):
+        expr.to_zarr(out, storage_options=storage_options)
+    with _small_tasks():
         c = expr.to_zarr(out, resume=True, storage_options=storage_options)
-    # markers of tasks still running at the failure may have landed after the listing
-    assert c.stats.skipped_units >= len(done) >= 1
-    assert c.stats.tasks == 16 - c.stats.skipped_units
+    assert c.stats.skipped_units == 8 and c.stats.tasks == 8
     assert_close(c.compute(engine=engine), x * 2 + 1)
-    assert len([k for k in _keys(s3fs_fs, out) if k.startswith("tilearray.done/")]) == 16
+    after = _keys(s3fs_fs, out)
+    assert len([k for k in after if k.startswith("tilearray.done/")]) == 16
+    assert "tilearray.lock" not in after  # the dead holder's lock reclaimed, then released
+    assert {k: s3fs_fs.info(f"{root}/{k}")["LastModified"] for k in kept} == stamp
+    assert pickle.loads(pickle.dumps(c._node.ref)) == c._node.ref
 
 
 def test_output_lock_is_a_conditional_create(s3_url, storage_options, s3fs_fs):
@@ -263,3 +295,61 @@ def test_storage_options_refused_where_they_mean_nothing(tmp_path, storage_optio
         ta.open(tmp_path / "x.zarr", storage_options=storage_options)
     with pytest.raises(ta.StorageError, match="file://"):
         ta.from_numpy(np.eye(2), f"file://{tmp_path}/x.zarr", storage_options={"anon": True})
+
+
+def test_one_get_per_shard_also_at_ragged_edges(s3_url, storage_options, rng):
+    """Whole-unit reads on S3: one GET per shard -- also for the ragged edge
+    shards, which Zarr alone reads as index + one ranged GET per chunk -- and
+    the plan's store requests are the requests made (a counting store)."""
+    from tilearray.storage import IOStats, grid_of, plan_reads, read_region
+    from tilearray.testing import CountingStore, counts, reset_counts
+
+    x = rng.standard_normal((200, 180))  # shards 128 x 128 of 32 x 32 chunks: 3 of 4 ragged
+    url = f"{s3_url}/sh.zarr"
+    ta.from_numpy(x, url, tile=(32, 32), shard=(128, 128), storage_options=storage_options)
+    base = ArrayRef.from_location(url, storage_options=storage_options)
+    name = f"s3-count-{s3_url[-12:]}"
+    reset_counts(name)
+    ref = ArrayRef(CountingStore(base.store, name))
+    stats = IOStats()
+    np.testing.assert_array_equal(read_region(ref, (0, 200), (0, 180), stats), x)
+    c = counts(name)
+    assert c["gets"] == 4 == stats.store_gets
+    assert sorted(k for k in c if k.startswith("gets:")) == \
+        ["gets:c/0/0", "gets:c/0/1", "gets:c/1/0", "gets:c/1/1"]
+    planned = plan_reads(grid_of(ref.open()), (0, 200), (0, 180), 8)
+    assert sum(r.store_gets for r in planned) == 4
+    plan = ta.open(url, storage_options=storage_options).sum(axis=0).plan(
+        budget=ta.Budget.from_config(2**30, 1, 1))
+    assert plan.store_gets == 4
+
+
+def test_missing_object_of_complete_output_is_an_error(engine, s3_url, storage_options,
+                                                       s3fs_fs, rng):
+    x = rng.standard_normal((64, 64))
+    url = f"{s3_url}/m.zarr"
+    a = ta.from_numpy(x, url, tile=(16, 16), shard=(32, 32), storage_options=storage_options)
+    s3fs_fs.rm(f"{url}/c/1/0".removeprefix("s3://"))
+    with pytest.raises(ta.CorruptChunkError, match=r"m\.zarr.*tile index \(2, 0\).*missing"):
+        a.sum(axis=0).compute(engine=engine)
+
+
+def test_input_rewritten_on_s3_is_noticed(s3_url, storage_options, s3fs_fs, rng):
+    """An input's state on an object store: every object's key, size and ETag
+    (its zarr.json alone does not change when its chunks are rewritten)."""
+    from tilearray.storage.commit import input_state
+
+    x = rng.standard_normal((32, 32))
+    url = f"{s3_url}/i.zarr"
+    ta.from_numpy(x, url, tile=(16, 16), storage_options=storage_options)
+    ref = ArrayRef.from_location(url, storage_options=storage_options)
+    before = input_state(ref)
+    assert before[2] == 4 + 4 + 1  # chunks, done markers, zarr.json
+    key = f"{url}/c/0/0".removeprefix("s3://")
+    good = s3fs_fs.cat(key)
+    s3fs_fs.pipe(key, good)  # the same bytes again: unchanged
+    assert input_state(ref) == before
+    zarr.open_array(FsspecStore.from_url(url, storage_options=storage_options),
+                    mode="r+")[:16, :16] = 1.0  # another writer, same metadata
+    after = input_state(ref)
+    assert after != before and after[2] == before[2]

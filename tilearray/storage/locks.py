@@ -50,6 +50,7 @@ from zarr.core.sync import sync
 from zarr.storage import LocalStore
 
 from ..errors import OutputLockedError, StorageError
+from .objects import fsspec_of, protocol_of
 from .ref import describe
 
 LOCK_SUFFIX = ".tilearray.lock"
@@ -72,17 +73,6 @@ def local_root(store: Store) -> str | None:
     return None
 
 
-def _fsspec_of(store: Store):
-    """``(filesystem, root path)`` of a zarr ``FsspecStore`` (through wrappers), else None."""
-    seen = 0
-    while store is not None and seen < 8:
-        fs, path = getattr(store, "fs", None), getattr(store, "path", None)
-        if fs is not None and isinstance(path, str):
-            return fs, path
-        store, seen = getattr(store, "_store", None), seen + 1
-    return None
-
-
 def _exclusive_put(store: Store, key: str, value: bytes) -> bool | None:
     """Create ``key`` holding ``value`` by a conditional PUT (``If-None-Match:
     *``): True if created, False if it exists; None where the store offers no
@@ -94,12 +84,11 @@ def _exclusive_put(store: Store, key: str, value: bytes) -> bool | None:
     honour it. An S3-compatible store that ignores the header overwrites the
     key instead: the read-back check then catches the loser of a race only
     when the other PUT came after it."""
-    found = _fsspec_of(store)
+    found = fsspec_of(store)
     if found is None:
         return None
     fs, root = found
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    if protocol not in ("s3", "s3a") or not hasattr(fs, "_pipe_file"):
+    if protocol_of(fs) not in ("s3", "s3a") or not hasattr(fs, "_pipe_file"):
         return None
     path = "/".join(p for p in (root.rstrip("/"), key) if p)
     try:
