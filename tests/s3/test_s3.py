@@ -20,8 +20,7 @@ from zarr.storage import FsspecStore
 
 import tilearray as ta
 from tilearray import _config
-from tilearray.storage import ArrayRef
-from tilearray.storage import locks
+from tilearray.storage import ArrayRef, locks
 from tilearray.testing import assert_close
 
 pytestmark = pytest.mark.timeout(120)
@@ -107,16 +106,13 @@ def test_matmul_and_reductions_s3_to_s3(engine, s3_url, storage_options, rng):
     assert_close(_zarr_read(f"{s3_url}/c.zarr", storage_options), x @ y)
     assert_close(ta.open(f"{s3_url}/c.zarr", storage_options=storage_options)
                  .compute(engine=engine), x @ y)
-    gram = (a.T @ a).to_zarr(f"{s3_url}/g.zarr", storage_options=storage_options)
-    assert_close(gram.compute(engine=engine), x.T @ x)
-    # reductions: computed, and written as small arrays by a worker task
-    assert_close(a.mean(axis=0).compute(engine=engine), x.mean(axis=0))
+    assert_close((a.T @ a).compute(engine=engine), x.T @ x)  # syrk on the diagonal
+    # reductions: computed, and written as a small array by a worker task
     assert_close((a - a.mean(axis=0)).std(axis=1).compute(engine=engine),
                  (x - x.mean(axis=0)).std(axis=1))
     s = a.sum(axis=0).to_zarr(f"{s3_url}/s.zarr", storage_options=storage_options)
     assert_close(s, x.sum(axis=0))
     assert_close(_zarr_read(f"{s3_url}/s.zarr", storage_options), x.sum(axis=0))
-    assert_close(ta.linalg.norm(b).compute(engine=engine), np.linalg.norm(y))
 
 
 def _corrupt(fs, url: str, key: str) -> bytes:
@@ -135,14 +131,14 @@ def _small_tasks():
 
 
 def test_corrupt_chunk_detected(engine, s3_url, storage_options, s3fs_fs, rng):
-    x = rng.standard_normal((128, 128))
+    x = rng.standard_normal((64, 64))
     a = ta.from_numpy(x, f"{s3_url}/a.zarr", tile=(32, 32), storage_options=storage_options)
-    _corrupt(s3fs_fs, f"{s3_url}/a.zarr", "c/3/2")
+    _corrupt(s3fs_fs, f"{s3_url}/a.zarr", "c/1/0")
     out = f"{s3_url}/out.zarr"
-    with _small_tasks(), pytest.raises(ta.CorruptChunkError, match=r"a\.zarr.*\(3, 2\)") as e:
+    with _small_tasks(), pytest.raises(ta.CorruptChunkError, match=r"a\.zarr.*\(1, 0\)") as e:
         (a * 2 + 1).to_zarr(out, storage_options=storage_options)
-    assert e.value.tile == (3, 2) and f"{s3_url}/a.zarr" in str(e.value)
-    assert "tilearray.done/3.2" not in _keys(s3fs_fs, out)
+    assert e.value.tile == (1, 0) and f"{s3_url}/a.zarr" in str(e.value)
+    assert "tilearray.done/1.0" not in _keys(s3fs_fs, out)
     with pytest.raises(ta.IncompleteOutputError):
         ta.open(out, storage_options=storage_options)
 
@@ -156,25 +152,25 @@ def test_killed_job_resumes_from_done_marker_objects(engine, s3_url, storage_opt
 
     from tilearray.storage.ref import ATTR_KEY
 
-    x = rng.standard_normal((128, 128))
+    x = rng.standard_normal((64, 96))
     a = ta.from_numpy(x, f"{s3_url}/a.zarr", tile=(32, 32), storage_options=storage_options)
     out = f"{s3_url}/out.zarr"
     expr = a * 2 + 1
     with _small_tasks():
-        assert expr.plan(out, engine=engine).tasks == 16
+        assert expr.plan(out, engine=engine).tasks == 6
         expr.to_zarr(out, storage_options=storage_options)
-    # the state a killed job leaves: rows 2-3 of units never written
+    # the state a killed job leaves: the second row of units never written
     z = zarr.open_array(FsspecStore.from_url(out, storage_options=storage_options), mode="r+")
     z.attrs[ATTR_KEY] = {**z.attrs[ATTR_KEY], "complete": False}
     root = out.removeprefix("s3://")
-    for i in (2, 3):
-        for j in range(4):
+    for i in (1,):
+        for j in range(3):
             s3fs_fs.rm([f"{root}/c/{i}/{j}", f"{root}/tilearray.done/{i}.{j}"])
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, timeout=60)
     holder = {**locks._me("output"), "pid": int(dead.stdout)}
     s3fs_fs.pipe(f"{root}/tilearray.lock", json.dumps(holder).encode())
-    kept = {k: s3fs_fs.info(f"{root}/{k}")["ETag"] for k in ("c/0/0", "c/1/3")}
+    kept = {k: s3fs_fs.info(f"{root}/{k}")["ETag"] for k in ("c/0/0", "c/0/2")}
     stamp = {k: s3fs_fs.info(f"{root}/{k}")["LastModified"] for k in kept}
 
     with pytest.raises(ta.IncompleteOutputError, match="resume=True"):
@@ -183,10 +179,10 @@ def test_killed_job_resumes_from_done_marker_objects(engine, s3_url, storage_opt
         expr.to_zarr(out, storage_options=storage_options)
     with _small_tasks():
         c = expr.to_zarr(out, resume=True, storage_options=storage_options)
-    assert c.stats.skipped_units == 8 and c.stats.tasks == 8
+    assert c.stats.skipped_units == 3 and c.stats.tasks == 3
     assert_close(c.compute(engine=engine), x * 2 + 1)
     after = _keys(s3fs_fs, out)
-    assert len([k for k in after if k.startswith("tilearray.done/")]) == 16
+    assert len([k for k in after if k.startswith("tilearray.done/")]) == 6
     assert "tilearray.lock" not in after  # the dead holder's lock reclaimed, then released
     assert {k: s3fs_fs.info(f"{root}/{k}")["LastModified"] for k in kept} == stamp
     assert pickle.loads(pickle.dumps(c._node.ref)) == c._node.ref
@@ -248,6 +244,7 @@ def _ok(proc):
     return proc
 
 
+@pytest.mark.timeout(300)  # a subprocess and four jobs: slow on a loaded machine
 def test_cli_random_matmul_reduce_info_on_s3(engine, s3_url, storage_options, tmp_path,
                                             capsys, monkeypatch):
     """The command line as a user runs it against their endpoint (AWS_* and
@@ -266,7 +263,7 @@ def test_cli_random_matmul_reduce_info_on_s3(engine, s3_url, storage_options, tm
 
     plan = _ok(_cli_here("plan", f"{a}.T @ {a}", "-o", c, capsys=capsys)).stdout
     assert f"into {c}" in plan
-    out = _ok(_cli("matmul", a, b, "-o", c, *cluster, cwd=tmp_path)).stdout
+    out = _ok(_cli_here("matmul", a, b, "-o", c, *cluster, capsys=capsys)).stdout
     assert f"-> {c} (300, 150)" in out
     assert_close(_zarr_read(c, storage_options), x @ y)
     err = _cli_here("matmul", a, b, "-o", c, *cluster, capsys=capsys)

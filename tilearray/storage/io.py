@@ -16,7 +16,6 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-
 from zarr.storage import WrapperStore
 
 from .. import _config
