@@ -61,6 +61,7 @@ bench: $(VENV)/.installed-bench
 	$(PY) benchmarks/matmul.py --n $(BENCH_N) --repeats $(BENCH_REPEATS) --engines $(BENCH_MATMUL_ENGINES)
 	$(PY) benchmarks/reductions.py --repeats $(BENCH_REPEATS)
 	$(PY) benchmarks/codecs.py
+	$(PY) benchmarks/object_store.py
 
 # Fault injection at scale: every fault kind at many random kill points (seed printed)
 stress: $(VENV)/.installed-test

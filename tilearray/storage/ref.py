@@ -4,8 +4,10 @@ member names; the attribute key of tilearray's bookkeeping."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
+import weakref
 from dataclasses import dataclass
 
 import zarr
@@ -110,8 +112,10 @@ def _url_store(url: str, storage_options: dict | None = None) -> Store:
     try:
         from zarr.storage import FsspecStore
 
-        return FsspecStore.from_url(url, storage_options=fsspec_options(scheme, storage_options),
-                                    read_only=False)
+        store = FsspecStore.from_url(url, storage_options=fsspec_options(scheme, storage_options),
+                                     read_only=False)
+        _closing_at_exit(store.fs)
+        return store
     except ImportError as e:
         how = (f"the {package} package is missing: pip install {package} (or tilearray[s3])"
                if package else f"fsspec cannot load the {scheme}:// filesystem")
@@ -119,6 +123,29 @@ def _url_store(url: str, storage_options: dict | None = None) -> Store:
     except (ValueError, TypeError, OSError) as e:
         raise StorageError(f"cannot open {url!r} through fsspec: {type(e).__name__}: {e}; "
                            "check the URL and storage_options, or pass a zarr Store") from None
+
+
+_OPEN_FS: weakref.WeakSet = weakref.WeakSet()
+
+
+def _closing_at_exit(fs) -> None:
+    """Close ``fs``'s HTTP session when the process exits. s3fs closes it by
+    a finalizer only for its synchronous instances; zarr's are asynchronous,
+    and aiohttp then prints "Unclosed client session" at exit."""
+    if not _OPEN_FS:
+        atexit.register(_close_sessions)  # after zarr's: runs first, its loop still up
+    _OPEN_FS.add(fs)
+
+
+def _close_sessions() -> None:
+    for fs in list(_OPEN_FS):
+        client = getattr(fs, "_s3creator", None)
+        if client is None:
+            continue
+        try:
+            sync(client.__aexit__(None, None, None), timeout=2)
+        except Exception:  # exiting anyway
+            pass
 
 
 def process_local(store: Store) -> bool:
