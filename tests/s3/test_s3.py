@@ -273,6 +273,9 @@ def test_cli_random_matmul_reduce_info_on_s3(engine, s3_url, storage_options, tm
     assert_close(_zarr_read(s, storage_options), x.mean(axis=0))
     meta = json.loads(_ok(_cli_here("info", c, "--json", capsys=capsys)).stdout)
     assert meta["path"] == c and meta["shape"] == [300, 150] and meta["complete"] is True
+    assert meta["stored_bytes"] > 0  # from the listing of its objects
+    text = _ok(_cli_here("info", c, s, capsys=capsys)).stdout
+    assert "complete:    yes" in text and " stored" in text and "on disk" not in text
     assert os.listdir(tmp_path) == []
 
 
