@@ -106,6 +106,10 @@ def test_matmul_and_reductions_s3_to_s3(engine, s3_url, storage_options, rng):
     assert_close(_zarr_read(f"{s3_url}/c.zarr", storage_options), x @ y)
     assert_close(ta.open(f"{s3_url}/c.zarr", storage_options=storage_options)
                  .compute(engine=engine), x @ y)
+    c2 = (a[:, :80] @ b[:80, :60]).to_zarr(f"{s3_url}/c.zarr", overwrite=True,
+                                           storage_options=storage_options)  # replaced
+    assert c2.shape == (150, 60)
+    assert_close(_zarr_read(f"{s3_url}/c.zarr", storage_options), x[:, :80] @ y[:80, :60])
     assert_close((a.T @ a).compute(engine=engine), x.T @ x)  # syrk on the diagonal
     # reductions: computed, and written as a small array by a worker task
     assert_close((a - a.mean(axis=0)).std(axis=1).compute(engine=engine),
