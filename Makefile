@@ -57,9 +57,20 @@ BENCH_REPEATS ?= 3
 # cubed writes every partial product to storage (~16 GiB at n = 16384): add it with
 # BENCH_MATMUL_ENGINES=tilearray,numpy,dask,cubed (not timed here); it runs in the reductions.
 BENCH_MATMUL_ENGINES ?= tilearray,numpy,dask
+# Tall-skinny linalg (issue 29): X m x n float64 (4 GB at the defaults), R of QR, singular
+# values, thin SVD with U stored, lstsq; tilearray, dask and NumPy in-core, interleaved.
+# Duration at the defaults is an ESTIMATE, never measured: ~35-45 min with 3 rounds (issue
+# 29's figures: ~4-5 min per round for NumPy load + compute, ~3-4 min for dask, tilearray
+# unknown but meant to be well under both; plus ~2 min to write X once). The tiny run
+# `benchmarks/linalg.py --m 40000 --n 32 --chunk-rows 4096 --repeats 1` took ~4.5 min at
+# host load ~35 (cluster start-up and child spawns, not compute), so it does not scale.
+BENCH_LINALG_M     ?= 2000000
+BENCH_LINALG_N     ?= 256
+BENCH_LINALG_CHUNK ?= 65536
 bench: $(VENV)/.installed-bench
 	$(PY) benchmarks/matmul.py --n $(BENCH_N) --repeats $(BENCH_REPEATS) --engines $(BENCH_MATMUL_ENGINES)
 	$(PY) benchmarks/reductions.py --repeats $(BENCH_REPEATS)
+	$(PY) benchmarks/linalg.py --m $(BENCH_LINALG_M) --n $(BENCH_LINALG_N) --chunk-rows $(BENCH_LINALG_CHUNK) --repeats $(BENCH_REPEATS)
 	$(PY) benchmarks/codecs.py
 	$(PY) benchmarks/object_store.py
 

@@ -17,11 +17,15 @@ from .engine import (
     random,
 )
 from .errors import (
+    ArgumentError,
+    ArgumentTypeError,
     ClusterError,
     CorruptChunkError,
     IncompleteOutputError,
+    NotPositiveDefiniteError,
     OutputLockedError,
     PlanningError,
+    SingularMatrixError,
     StorageError,
     TilearrayError,
 )
@@ -29,14 +33,18 @@ from .errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "ArgumentError",
+    "ArgumentTypeError",
     "Budget",
     "ClusterError",
     "CorruptChunkError",
     "Engine",
     "IncompleteOutputError",
+    "NotPositiveDefiniteError",
     "OutputLockedError",
     "Plan",
     "PlanningError",
+    "SingularMatrixError",
     "RunStats",
     "StorageError",
     "TiledArray",

@@ -10,6 +10,7 @@ naming the key, the value and what the key takes.
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import re
 from typing import Any
@@ -18,7 +19,7 @@ import dask.config
 import yaml
 from dask.utils import parse_bytes
 
-from .errors import TilearrayError
+from .errors import TilearrayError, type_error_of
 
 _here = os.path.dirname(__file__)
 _fn = os.path.join(_here, "tilearray.yaml")
@@ -48,8 +49,58 @@ def get(key: str) -> Any:
 
 def get_bytes(key: str) -> int:
     """Return ``tilearray.<key>`` parsed as a byte count ("2GiB" -> int)."""
-    value = get(key)
-    return int(value) if isinstance(value, int | float) else parse_bytes(value)
+    return parse_bytes_arg(get(key), f"tilearray.{key}", ConfigError, minimum=0)
+
+
+BYTES_HINT = "give bytes as a positive integer or a string such as '2GiB' or '512MiB'"
+
+
+def parse_bytes_arg(value, argument: str | None = "memory_per_worker", error=ValueError, *,
+                    minimum: int | None = 1, hint: str = BYTES_HINT) -> int:
+    """The one byte parser of tilearray: an int, a whole float or a string
+    such as ``"2GiB"`` / ``"1e9"`` (:func:`dask.utils.parse_bytes`) -> bytes.
+
+    Refuses (raising ``error``; for a bool or another type its TypeError twin,
+    :func:`~tilearray.errors.type_error_of`) a string that is not a byte
+    size, a fractional or non-finite number, and a count below ``minimum``
+    (None: no bound). The message names ``argument`` and the
+    value, ``"memory_per_worker='lots' is not a byte size: <hint>"``; with
+    ``argument=None`` it is worded for an argparse option, whose flag
+    argparse prefixes: ``"not a byte size: 'lots' (<hint>)"``.
+    """
+    n, why = None, None
+    if isinstance(value, bool) or not isinstance(value, str | numbers.Real):
+        why, error = "is not a byte size", type_error_of(error)
+    elif isinstance(value, str):
+        try:
+            n = int(parse_bytes(value))
+        except (ValueError, TypeError):
+            why = "is not a byte size"
+    elif not math.isfinite(value) or value != int(value):
+        why = "is not a whole number of bytes"
+    else:
+        n = int(value)
+    if why is None and minimum is not None and n < minimum:
+        why = {1: "must be positive", 0: "must not be negative"}.get(minimum,
+                                                                      f"must be >= {minimum}")
+    if why is None:
+        return n
+    if argument is not None:
+        raise error(f"{argument}={value!r} {why}: {hint}")
+    if why.startswith("is "):
+        raise error(f"{why[3:]}: {value!r} ({hint})")
+    raise error(f"{why}, got {value!r} ({hint})")
+
+
+def positive_int_arg(value, argument: str, error=ValueError) -> int:
+    """``value`` as an int of 1 or more; else ``error`` (its TypeError twin
+    for a bool, a float or another type) naming ``argument`` and the value."""
+    msg = f"{argument}={value!r} must be a positive integer (1 or more)"
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise type_error_of(error)(msg)
+    if value < 1:
+        raise error(msg)
+    return int(value)
 
 
 def _key_schema(key: str) -> dict | None:
@@ -81,9 +132,9 @@ def _problem(value, schema: dict) -> tuple[str | None, Any]:
             if why is None:
                 if option.get("pattern") and isinstance(v, str):  # a byte string: must parse
                     try:
-                        if parse_bytes(v) < 0:
+                        if parse_bytes_arg(v, "", ValueError, minimum=None) < 0:
                             return "must not be negative", value
-                    except (ValueError, TypeError):
+                    except ValueError:
                         return "is not a byte size such as '2GiB'", value
                 return None, v
         desc = kind.get("description", "one of the allowed values").rstrip(".")

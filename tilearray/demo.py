@@ -35,6 +35,28 @@ def _sampled_matmul_check(a, b, c, rng, samples=3, width=256):
     return worst
 
 
+def _tall_skinny(n: int, d: str, rng) -> None:
+    """QR, singular values and least squares of a tall-skinny X by TSQR."""
+    x = ta.random((32 * n, 64), f"{d}/X.zarr", tile=(4 * n, 64), seed=3, overwrite=True)
+    x_np = x.compute()
+    beta = np.linspace(-1, 1, 64)
+    y = x_np @ beta + 0.01 * rng.standard_normal(x.shape[0])
+    print(f"tall-skinny X {x}")
+    r = ta.linalg.qr(x, mode="r")
+    print(r.plan(), flush=True)
+    got = r.compute()
+    np.testing.assert_allclose(np.abs(got), np.abs(np.linalg.qr(x_np, mode="r")), atol=1e-8)
+    print(f"R of QR(X): {got.shape}, diag >= 0  [{r.stats}] verified against NumPy\n")
+    s = ta.linalg.svd(x, compute_uv=False).compute()
+    np.testing.assert_allclose(s, np.linalg.svd(x_np, compute_uv=False), rtol=1e-9)
+    print(f"singular values of X: {np.array2string(s[:4], precision=4)} ... verified\n")
+    print(ta.linalg.lstsq_plan(x, y).plan(), flush=True)
+    sol, res, rank, _ = ta.linalg.lstsq(x, y)
+    np.testing.assert_allclose(sol, np.linalg.lstsq(x_np, y, rcond=None)[0], atol=1e-9)
+    print(f"lstsq(X, y): rank {rank}, residual {float(res[0]):.4f}, max |b - beta| "
+          f"{np.abs(sol - beta).max():.2e}; verified against NumPy\n", flush=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m tilearray.demo", description=__doc__.split("\n")[0])
     p.add_argument("--n", type=int, default=4096, help="matrix side (default 4096)")
@@ -85,6 +107,7 @@ def main(argv=None) -> int:
                      np.array2string(np.asarray(got)[:4], precision=4))
             print(f"{name} = {shown}{' ...' if np.size(got) > 4 else ''}  "
                   f"[{e.stats}] verified against NumPy\n", flush=True)
+        _tall_skinny(n, d, rng)
     print("all results verified against NumPy.")
     return 0
 

@@ -1,6 +1,9 @@
-"""The tilearray error tree. Imported from anywhere; imports nothing of ours."""
+"""The tilearray error tree. Imported from anywhere; imports nothing of ours
+(NumPy only, for ``LinAlgError``)."""
 
 from __future__ import annotations
+
+from numpy.linalg import LinAlgError
 
 
 class TilearrayError(Exception):
@@ -40,3 +43,93 @@ class PlanningError(TilearrayError, ValueError):
 
 class ClusterError(TilearrayError, RuntimeError):
     """The dask cluster could not be started, reached or used."""
+
+
+class NotPositiveDefiniteError(TilearrayError, LinAlgError):
+    """A Cholesky factorisation met a leading minor that is not positive.
+
+    ``column`` is the global column (0-based) whose pivot was not positive:
+    the leading minor of order ``column + 1`` is not positive definite.
+    ``tile`` is the diagonal tile index ``(k, k)`` being factored.
+    """
+
+    def __init__(self, tile: tuple[int, int], column: int):
+        self.tile = tuple(tile)
+        self.column = int(column)
+        super().__init__(
+            f"Matrix is not positive definite: the pivot of column {self.column} "
+            f"(diagonal tile {self.tile}) is not positive, so the leading minor of "
+            f"order {self.column + 1} is not positive definite. Check that the "
+            "matrix is symmetric and positive definite, or solve with a general "
+            "(LU) method instead of assume_a='pos'."
+        )
+
+    def __reduce__(self):  # survives the trip from a worker process
+        return (type(self), (self.tile, self.column))
+
+
+class SingularMatrixError(TilearrayError, LinAlgError):
+    """An LU factorisation met an exactly zero pivot: the matrix is singular.
+
+    ``column`` is the global column (0-based) with no nonzero pivot candidate;
+    ``panel`` is the index of the column panel being factored.
+    """
+
+    def __init__(self, column: int, panel: int = 0):
+        self.column = int(column)
+        self.panel = int(panel)
+        super().__init__(
+            f"Singular matrix: column {self.column} (panel {self.panel}) has no "
+            "nonzero pivot after eliminating the columns to its left, so it is a "
+            "linear combination of them. A least-squares solution (lstsq) or "
+            "a regularised system may be what you need."
+        )
+
+    def __reduce__(self):  # survives the trip from a worker process
+        return (type(self), (self.column, self.panel))
+# -- bad arguments: ValueError / TypeError, as Python's own, and still the error of
+#    their area (``except ClusterError`` keeps catching a bad Engine argument) --------
+
+
+class ArgumentError(TilearrayError, ValueError):
+    """A value passed to tilearray is out of range or malformed."""
+
+
+class ArgumentTypeError(TilearrayError, TypeError):
+    """A value passed to tilearray has the wrong type."""
+
+
+class ClusterArgumentError(ClusterError, ArgumentError):
+    """A bad value for an :class:`~tilearray.Engine` argument."""
+
+
+class ClusterArgumentTypeError(ClusterError, ArgumentTypeError):
+    """An :class:`~tilearray.Engine` argument of the wrong type."""
+
+
+class StorageArgumentError(StorageError, ArgumentError):
+    """A bad value for where or how an array is stored (shape, tile, shard, name, ...)."""
+
+
+class StorageArgumentTypeError(StorageError, ArgumentTypeError):
+    """A storage argument of the wrong type."""
+
+
+class PlanningArgumentTypeError(PlanningError, ArgumentTypeError):
+    """An expression or budget argument of the wrong type (``PlanningError`` is
+    already a ``ValueError``)."""
+
+
+_TYPE_ERROR_OF = {
+    ArgumentError: ArgumentTypeError,
+    ClusterArgumentError: ClusterArgumentTypeError,
+    StorageArgumentError: StorageArgumentTypeError,
+    PlanningError: PlanningArgumentTypeError,
+    ValueError: TypeError,
+}
+
+
+def type_error_of(error: type) -> type:
+    """The class to raise for a value of the wrong type where ``error`` is
+    raised for a bad value (``error`` itself when it has no such twin)."""
+    return _TYPE_ERROR_OF.get(error, error)

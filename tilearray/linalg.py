@@ -1,12 +1,242 @@
-"""``tilearray.linalg``: norms built from fused elementwise ops and reductions."""
+"""``tilearray.linalg``: norms built from fused elementwise ops and reductions,
+and the QR, thin SVD and least squares of tall-skinny matrices by TSQR."""
 
 from __future__ import annotations
 
 import numpy as np
+from dask.base import tokenize
 
 from .engine.array import TiledArray
+from .engine.expr.nodes import TSQR, Constant, Elemwise
 from .engine.expr.ops import HANDLED, _elemwise, _reduce
-from .errors import PlanningError
+from .errors import PlanningArgumentTypeError, PlanningError
+from .graphs.linalg import result_dtype
+
+# -- TSQR: QR, SVD, least squares of tall-skinny matrices -------------------------------------
+
+
+def _tall(x, what: str) -> TiledArray:
+    if not isinstance(x, TiledArray):
+        raise TypeError(f"{what}: expected a TiledArray, got {type(x).__name__} (NumPy arrays: "
+                        f"use numpy.linalg, or store it with ta.from_numpy first)")
+    if x.ndim != 2:
+        raise ValueError(f"{what}: expected a 2-D array, got shape {x.shape}")
+    try:
+        result_dtype(x.dtype)
+    except TypeError as e:
+        raise TypeError(f"{what}: {e}") from None
+    return x
+
+
+def _part(x: TiledArray, part: str, y=None, **options) -> TiledArray:
+    m, n = x.shape
+    r = min(m, n)
+    dtype = result_dtype(x.dtype if y is None else np.result_type(x.dtype, y.dtype))
+    shape = {"R": (r, n), "Q": (m, r), "s": (r,), "U": (m, r), "Vt": (r, n)}.get(part, ())
+    node = TSQR(shape, dtype, x._node, part, y, tuple(sorted(options.items())))
+    return TiledArray(node)
+
+
+def qr(x: TiledArray, mode: str = "reduced"):
+    """QR of a tall-skinny matrix by TSQR, like :func:`numpy.linalg.qr` (lazy).
+
+    Row blocks as tall as a task holds are factored by LAPACK, their R
+    factors combined up a tree (fan-in ``tilearray.reduction.split-every``),
+    signs normalised so ``diag(R) >= 0``. ``R`` reads X once. ``Q`` is the
+    tree's Q factors applied back down (orthogonal to rounding, whatever
+    X's conditioning -- never ``X @ inv(R)``): writing it reads X a second
+    time, each row block factored again, and writes ``m x min(m, n)``.
+    ``Q`` and ``R`` are lazy and planned separately: ``R.compute()`` is one
+    pass, ``Q.to_zarr(path)`` two.
+
+    Parameters
+    ----------
+    x : TiledArray
+        ``m x n``; its n columns must fit a task (a combine holds
+        ``fan_in`` R factors of ``n x n``); any row tiling.
+    mode : {"reduced", "r"}
+        "reduced": ``(Q, R)``; "r": ``R`` alone.
+
+    Returns
+    -------
+    (Q, R) or R : TiledArray
+        ``Q`` (``m x r``, stored by ``to_zarr``) and ``R`` (``r x n``, small:
+        ``compute()``), ``r = min(m, n)``; float32 stays float32, integers
+        are computed in float64.
+
+    Raises
+    ------
+    ValueError
+        An unknown mode, or not a 2-D array.
+    PlanningError
+        X has too many columns for a task to combine its R factors.
+    """
+    x = _tall(x, "qr")
+    if mode not in ("reduced", "r"):
+        raise ValueError(f"qr: mode={mode!r} is not supported (use 'reduced' or 'r')")
+    if mode == "r":
+        return _part(x, "R")
+    return _part(x, "Q"), _part(x, "R")
+
+
+def svd(x: TiledArray, full_matrices: bool = False, compute_uv: bool = True, *, k=None,
+        **randomized):
+    """Thin SVD of a tall-skinny matrix through TSQR, like :func:`numpy.linalg.svd` (lazy).
+
+    ``X = Q R`` by TSQR, then the SVD of the small R: ``s`` and ``Vt`` read
+    X once; ``U = Q @ U_R`` is applied down the tree and written like
+    :func:`qr`'s Q (a second read of X).
+
+    With ``k=``, the randomized truncated SVD of any shape instead
+    (:func:`svd_compressed`, which takes ``n_power_iter``, ``seed``,
+    ``oversample``): ``(U, s, Vt)`` or ``s``.
+
+    Parameters
+    ----------
+    x : TiledArray
+        ``m x n`` with n columns a task can combine (see :func:`qr`).
+    full_matrices : bool
+        Must be False (a full ``m x m`` U is never built out of core).
+    compute_uv : bool
+        False: the singular values alone (one read of X).
+
+    Returns
+    -------
+    (U, s, Vt) or s : TiledArray
+        ``U`` (``m x r``, stored by ``to_zarr``), ``s`` (``r``, descending)
+        and ``Vt`` (``r x n``) small; ``r = min(m, n)``.
+    """
+    if k is not None:
+        u, s, vt = svd_compressed(x, k, **randomized)
+        return (u, s, vt) if compute_uv else s
+    if randomized:
+        raise TypeError(f"svd: {sorted(randomized)} apply with k= (the randomized SVD)")
+    x = _tall(x, "svd")
+    if full_matrices:
+        raise ValueError("svd: full_matrices=True would build an m x m U; tilearray computes "
+                         "the thin SVD (full_matrices=False)")
+    if not compute_uv:
+        return _part(x, "s")
+    return _part(x, "U"), _part(x, "s"), _part(x, "Vt")
+
+
+def svd_compressed(x: TiledArray, k: int, *, n_power_iter: int = 0, seed: int = 0,
+                   oversample: int = 10):
+    """Randomized truncated SVD (Halko, Martinsson, Tropp 2011) of any shape.
+
+    ``Y = X @ Omega`` (a Gaussian ``n x l`` test matrix, ``l = k +
+    oversample``, drawn from ``seed`` in the driver and sent to the workers
+    once), ``Q`` = TSQR's Q of Y, then ``n_power_iter`` times ``Q = qr(X @
+    qr(X.T @ Q).Q).Q`` (each re-orthonormalised by TSQR), ``B = Q.T @ X``
+    (``l x n``, in memory) and the SVD of B. The whole chain is one plan:
+    each intermediate (``m x l`` or ``n x l``) is a temporary array, X is
+    read ``2 + 2 * n_power_iter`` times, and nothing of size ``m x n`` is
+    held. Accuracy improves with power iterations when the spectrum decays
+    slowly.
+
+    Parameters
+    ----------
+    x : TiledArray
+        ``m x n``.
+    k : int
+        Singular triplets wanted (``1 <= k <= min(m, n)``).
+    n_power_iter : int
+        Power iterations (0, 1, 2 are usual).
+    seed : int
+        Seed of Omega: the same seed gives the same result.
+    oversample : int
+        Extra columns of Omega (10 by default, as dask's).
+
+    Returns
+    -------
+    U : TiledArray
+        ``m x k``, lazy: storing or computing it runs the range finder again
+        (the same numbers, as the seed fixes Omega).
+    s : numpy.ndarray
+        ``k`` singular values, descending.
+    Vt : numpy.ndarray
+        ``k x n``.
+    """
+    from .graphs.linalg import omega_rows
+
+    if not isinstance(x, TiledArray) or x.ndim != 2:
+        raise TypeError(f"svd_compressed: expected a 2-D TiledArray, got {type(x).__name__}")
+    m, n = x.shape
+    if isinstance(k, bool) or not isinstance(k, int | np.integer) or not 1 <= k <= min(m, n):
+        raise ValueError(f"svd_compressed: k={k!r} must be an integer in [1, {min(m, n)}] "
+                         f"for a {m} x {n} matrix")
+    if isinstance(n_power_iter, bool) or not isinstance(n_power_iter, int) or n_power_iter < 0:
+        raise ValueError(f"svd_compressed: n_power_iter={n_power_iter!r} must be an integer >= 0")
+    dtype = result_dtype(x.dtype)
+    width = min(int(k) + max(int(oversample), 0), m, n)
+    q = qr(x @ omega_rows(int(seed), n, width, 0, n, dtype))[0]
+    for _ in range(n_power_iter):
+        q = qr(x @ qr(x.T @ q)[0])[0]
+    u_b, s, vt = np.linalg.svd((q.T @ x).compute(), full_matrices=False)
+    return q @ np.ascontiguousarray(u_b[:, :k]), s[:k], vt[:k]
+
+
+def lstsq(x: TiledArray, y, rcond=None):
+    """Least squares ``min ||X b - y||`` through TSQR, like :func:`numpy.linalg.lstsq`.
+
+    One pass over X: the TSQR of ``[X | y]`` gives R and ``Q^T y`` together,
+    then a triangular solve. The error grows like ``cond(X) * eps`` (the
+    normal equations ``X^T X b = X^T y`` square it: at ``cond(X) = 1e8``
+    they lose every digit in float64; TSQR keeps about 8). A rank-deficient
+    X (singular values below ``rcond * s[0]``) gets the minimum-norm
+    solution, as NumPy's ``gelsd``.
+
+    Runs now and returns NumPy's tuple, as :func:`numpy.linalg.lstsq`; its
+    plan is ``lstsq_plan(x, y).plan()``.
+
+    Parameters
+    ----------
+    x : TiledArray
+        ``m x n``, n columns a task can combine.
+    y : TiledArray or numpy.ndarray
+        ``m`` (a vector) or ``m x k`` right-hand sides: stored, or in memory
+        (sent to the workers once, each task taking its rows).
+    rcond : float, optional
+        Cut-off for small singular values; default ``eps * max(m, n)`` as NumPy.
+
+    Returns
+    -------
+    x : numpy.ndarray
+        ``n`` or ``n x k``.
+    residuals : numpy.ndarray
+        Squared residual norms (empty when rank < n or m <= n).
+    rank : int
+    s : numpy.ndarray
+        Singular values of X.
+    """
+    return lstsq_plan(x, y, rcond).compute()
+
+
+def lstsq_plan(x: TiledArray, y, rcond=None) -> TiledArray:
+    """The lazy form of :func:`lstsq`: ``.plan()`` shows its tasks and bytes,
+    ``.compute()`` returns NumPy's tuple."""
+    x = _tall(x, "lstsq")
+    m = x.shape[0]
+    vector = np.ndim(y) == 1
+    if isinstance(y, TiledArray):
+        if y.ndim != 2 or y.shape[0] != m:
+            raise ValueError(f"lstsq: y of shape {y.shape} does not match X of shape {x.shape} "
+                             "(a stored y must be m x k)")
+        ynode = y._node
+    else:
+        arr = np.asarray(y)
+        if arr.ndim not in (1, 2) or arr.shape[0] != m:
+            raise ValueError(f"lstsq: y of shape {arr.shape} does not match X of shape "
+                             f"{x.shape} (y must be (m,) or (m, k))")
+        if arr.dtype.kind not in "biuf":
+            raise TypeError(f"lstsq: y of dtype {arr.dtype} is not supported")
+        arr = np.array(arr.reshape(m, -1), copy=True)
+        ynode = Constant(tuple(arr.shape), arr.dtype, arr, tokenize(arr))
+    options = {"vector": bool(vector)}
+    if rcond is not None:
+        options["rcond"] = float(rcond)
+    return _part(x, "lstsq", ynode, **options)
+
 
 
 def norm(x: TiledArray, ord=None, axis=None, keepdims=False) -> TiledArray:
@@ -20,8 +250,9 @@ def norm(x: TiledArray, ord=None, axis=None, keepdims=False) -> TiledArray:
     x : TiledArray
     ord : {None, "fro", 1, -1, inf, -inf, 0, 2, float}
         ``axis=None`` or two axes: Frobenius (``None``/``"fro"``), 1, -1,
-        inf, -inf matrix norms (2, -2 and ``"nuc"`` need an SVD and are
-        refused). ``axis=0|1``: vector norms of each column / row:
+        inf, -inf matrix norms, and 2, -2, ``"nuc"`` from the singular
+        values (:func:`svd` of the tall side: its short side must fit a
+        task). ``axis=0|1``: vector norms of each column / row:
         ``None``/2, 1, inf, -inf, 0 (count of non-zeros) and any other p.
     axis : {None, 0, 1, (0, 1), (1, 0)}
         As NumPy: one axis (negative allowed) for vector norms, two for a
@@ -37,7 +268,8 @@ def norm(x: TiledArray, ord=None, axis=None, keepdims=False) -> TiledArray:
     Raises
     ------
     PlanningError
-        An unsupported ``ord``.
+        An unsupported ``ord`` or a bad ``axis`` (a ``ValueError``; an
+        ``axis`` that is not integers is a ``TypeError`` too).
 
     Examples
     --------
@@ -60,11 +292,12 @@ def norm(x: TiledArray, ord=None, axis=None, keepdims=False) -> TiledArray:
             # 1: the largest column sum (summed along the row axis); inf: row sums
             sums = _reduce("sum", a, row if ord in (1, -1) else col, True, 0)
             return _reduce("max" if ord > 0 else "min", sums, None, keepdims, 0)
-        if ord in (2, -2, "nuc"):
-            raise PlanningError(
-                f"norm: ord={ord!r} with axis={axis!r} (a matrix norm) is not supported out "
-                "of core (use None/'fro', 1, -1, inf or -inf)"
-            )
+        if ord in (2, -2, "nuc"):  # from the singular values (TSQR of the tall side)
+            s = svd(x if x.shape[0] >= x.shape[1] else x.T, compute_uv=False)
+            s = _reduce({2: "max", -2: "min", "nuc": "sum"}[ord], s, None, False, 0)
+            if keepdims:
+                s = TiledArray(Elemwise((1, 1), s.dtype, "reshape", (s._node, (1, 1))))
+            return s
         raise PlanningError(f"norm: invalid norm order {ord!r} for matrices")
     axis = axes[0]
     if ord in (None, 2):
@@ -93,8 +326,8 @@ def _norm_axes(axis, ndim: int) -> tuple:
     if not isinstance(axis, tuple | list):
         axis = (axis,)
     if not all(isinstance(i, int | np.integer) and not isinstance(i, bool) for i in axis):
-        raise PlanningError(f"norm: axis must be None, an integer or a tuple of integers, "
-                            f"got {axis!r}")
+        raise PlanningArgumentTypeError(f"norm: axis must be None, an integer or a tuple of "
+                                        f"integers, got {axis!r}")
     if not all(-ndim <= i < ndim for i in axis):
         raise PlanningError(f"norm: axis {axis!r} is out of bounds for a {ndim}-D array")
     axes = tuple(int(i) % ndim for i in axis)
@@ -105,3 +338,6 @@ def _norm_axes(axis, ndim: int) -> tuple:
 
 
 HANDLED[np.linalg.norm] = norm  # np.linalg.norm(a) on a TiledArray
+HANDLED[np.linalg.qr] = qr
+HANDLED[np.linalg.svd] = svd
+HANDLED[np.linalg.lstsq] = lstsq

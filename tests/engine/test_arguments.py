@@ -55,6 +55,64 @@ def test_engine_refuses_bad_arguments_before_starting(no_cluster, kwargs, named)
     assert named in str(e.value)
 
 
+@pytest.mark.parametrize("kwargs, kind", [
+    ({"memory_per_worker": -5}, ValueError),
+    ({"memory_per_worker": "-1GiB"}, ValueError),
+    ({"memory_per_worker": "64MiB"}, ValueError),  # below a worker process
+    ({"memory_per_worker": [1]}, TypeError),
+    ({"memory_per_worker": True}, TypeError),
+    ({"n_workers": 0}, ValueError),
+    ({"n_workers": 1.5}, TypeError),
+    ({"threads_per_worker": True}, TypeError),
+    ({"processes": "yes"}, TypeError),
+    ({"adaptive": (1,)}, ValueError),
+])
+def test_engine_argument_errors_are_value_or_type_errors(no_cluster, kwargs, kind):
+    """Issue 30: ta.Engine(memory_per_worker=-5) raised a ClusterError only (a
+    RuntimeError): a bad argument is a ValueError / TypeError, as in Python,
+    and still a ClusterError and an ArgumentError / ArgumentTypeError."""
+    with pytest.raises(kind) as e:
+        ta.Engine(n_workers=kwargs.pop("n_workers", 1), quiet=True, **kwargs)
+    assert isinstance(e.value, ta.ClusterError)
+    other = TypeError if kind is ValueError else ValueError
+    assert not isinstance(e.value, other)
+    assert isinstance(e.value, ta.ArgumentError if kind is ValueError else ta.ArgumentTypeError)
+    with pytest.raises(ValueError):
+        ta.Engine(client=object(), n_workers=2)  # sizing arguments with client=
+
+
+def test_argument_errors_of_budget_constructors_to_zarr_and_linalg(thread_engine, tmp_path):
+    """Issue 30, item 4: wherever the user passes a bad value, the error is a
+    ValueError (or TypeError) and still its area's tilearray error."""
+    a = ta.from_numpy(np.ones((8, 8)), tmp_path / "a.zarr", tile=(4, 4))
+    p, eng = tmp_path / "o.zarr", thread_engine  # never a default engine started here
+    cases = [
+        (lambda: ta.Budget(-1), ValueError, ta.PlanningError),
+        (lambda: ta.Budget([1]), TypeError, ta.PlanningError),
+        (lambda: ta.random((8, 8), p, tile=(2.5, 4)), ValueError, ta.StorageError),
+        (lambda: ta.random((8, -1), p), ValueError, ta.StorageError),
+        (lambda: ta.random((8, 8), p, tile=(4, 4), shard=(6, 6)), ValueError, ta.StorageError),
+        (lambda: ta.random((8, 8), p, dtype="complex128"), ValueError, ta.StorageError),
+        (lambda: ta.random((8, 8), p, seed=-1), ValueError, ta.TilearrayError),
+        (lambda: ta.from_numpy(np.ones((2, 2, 2)), p), ValueError, ta.StorageError),
+        (lambda: ta.from_numpy(np.ones((3, 3)), p, name="/x"), ValueError, ta.StorageError),
+        (lambda: ta.from_numpy(np.ones((3, 3)), p, name=5), TypeError, ta.StorageError),
+        (lambda: ta.from_numpy(np.ones((3, 3)), p, dims=("r", "r")), ValueError,
+         ta.StorageError),
+        (lambda: (a * 2).to_zarr(p, name="a/../b", engine=eng), ValueError, ta.StorageError),
+        (lambda: (a * 2).to_zarr(p, tile=(0, 4), engine=eng), ValueError, ta.PlanningError),
+        (lambda: (a * 2).to_zarr(p, dims=("x",), engine=eng), ValueError, ta.StorageError),
+        (lambda: ta.linalg.norm(a, axis="rows"), TypeError, ta.PlanningError),
+        (lambda: ta.linalg.norm(a, axis=5), ValueError, ta.PlanningError),
+        (lambda: ta.linalg.norm(a, ord="bad"), ValueError, ta.PlanningError),
+    ]
+    for i, (call, kind, area) in enumerate(cases):
+        with pytest.raises(kind) as e:
+            call()
+        assert isinstance(e.value, area), (i, e.value)
+        assert not p.exists(), i
+
+
 @pytest.mark.parametrize("memory", ["64MiB", "128MiB", 140 * MiB])
 def test_engine_memory_below_a_worker_process_names_the_minimum(no_cluster, memory):
     with pytest.raises(ta.ClusterError) as e:
@@ -115,6 +173,48 @@ def test_budget_refuses_bad_values(args, kwargs, named):
     with pytest.raises(ta.PlanningError) as e:
         ta.Budget(*args, **kwargs)
     assert named in str(e.value)
+
+
+# -- the one byte parser ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value, nbytes", [
+    ("2GiB", 2 * 2**30), ("512MiB", 512 * MiB), ("1e9", 10**9), (" 5 MiB", 5 * MiB),
+    (4096, 4096), (2.0**20, MiB), (np.int64(7), 7)])
+def test_one_byte_parser_everywhere(value, nbytes):
+    """Issue 28: bytes were parsed four ways (Budget/Engine, the MPI engine,
+    the CLI, the configuration); one parser now, with each caller's message."""
+    import argparse
+
+    from tilearray._config import parse_bytes_arg
+    from tilearray.cli.options import _bytes
+    from tilearray.engine.plan import parse_memory
+
+    assert parse_bytes_arg(value) == parse_memory(value) == nbytes
+    assert ta.Budget(value).memory_per_worker == nbytes
+    if isinstance(value, str):
+        assert _bytes(value) == nbytes
+        with dask.config.set({"tilearray.map.block-bytes": value}):
+            from tilearray import _config
+
+            assert _config.get_bytes("map.block-bytes") == nbytes
+    with pytest.raises(argparse.ArgumentTypeError) as e:
+        _bytes("lots")
+    assert str(e.value) == "not a byte size: 'lots' (use e.g. 1GiB, 512MiB, 2e9)"
+    with pytest.raises(argparse.ArgumentTypeError) as e:
+        _bytes("-1GiB")
+    assert str(e.value) == "must be positive, got '-1GiB' (use e.g. 1GiB, 512MiB, 2e9)"
+
+
+@pytest.mark.parametrize("value, why", [
+    ("lots", "is not a byte size"), ([1], "is not a byte size"), (True, "is not a byte size"),
+    (2.5, "is not a whole number of bytes"), (float("inf"), "is not a whole number of bytes"),
+    (0, "must be positive"), ("-1GiB", "must be positive")])
+def test_byte_parser_refusals_name_argument_and_value(value, why):
+    with pytest.raises(ta.PlanningError) as e:
+        ta.Budget(value)
+    assert str(e.value) == (f"memory_per_worker={value!r} {why}: give bytes as a positive "
+                            "integer or a string such as '2GiB' or '512MiB'")
 
 
 # -- configuration ---------------------------------------------------------------------
@@ -183,8 +283,9 @@ def test_random_bad_seed_leaves_an_existing_array_alone(tmp_path):
     (dict(tile=4), "tile must be 2 positive integers, got 4"),               # not 'not iterable'
     (dict(tile=("a", 4)), "tile must be 2 positive integers"),
     (dict(tile=(4, 4), shard=8), "shard must be 2 positive integers, got 8"),
-    (dict(shape=(8.5, 8)), "shape must be 2 non-negative integers, got (8.5, 8)"),
-    (dict(shape=8), "shape must be 2 non-negative integers, got 8"),
+    (dict(shape=(8.5, 8)), "shape must be 2 non-negative integers (or one, for a vector), "
+                           "got (8.5, 8)"),
+    (dict(shape=8), "shape must be 2 non-negative integers (or one, for a vector), got 8"),
 ])
 def test_constructor_layout_arguments_are_checked_not_truncated(tmp_path, kw, named):
     kw = {"shape": (8, 8), "tile": (4, 4), "shard": None, **kw}

@@ -54,8 +54,8 @@ def test_streamed_plan_where_whole_chunks_are_refused(tmp_path, dtype):
     assert plan.bytes_read == x.nbytes
     # run the planned graph (no cluster: dask's synchronous scheduler)
     low = (xs.T @ xs)._lower(budget=budget)
-    (rows, cols), = low.blocks
-    (value, stats), = dask.get(low.graph, low.keys)
+    (rows, cols), = low.result.blocks
+    (value, stats), = dask.get(low.graph(), list(low.result.keys))
     assert (rows, cols) == ((0, 256), (0, 256)) and stats["bytes_read"] == x.nbytes
     assert_close(value, x.T @ x)
 
@@ -100,7 +100,7 @@ def test_streamed_gram_reports_a_corrupt_chunk(tmp_path):
     p.write_bytes(bytes(raw))
     budget = ta.Budget(int(1.6 * 4096 * 256 * 8), 1, 1, baseline=0, fraction=1.0)
     low = (xs.T @ xs)._lower(budget=budget)
-    assert "row slabs" in str(low.plan)
+    assert "row slabs" in str(low)
     with pytest.raises(CorruptChunkError) as e:
-        dask.get(low.graph, low.keys)
+        dask.get(low.graph(), list(low.result.keys))
     assert e.value.tile == (1, 0) and "x.zarr" in e.value.path

@@ -234,7 +234,7 @@ def test_run_stats_count_every_pass(tmp_path):
         ]
         for i, (expr, want) in enumerate(cases):
             plan = expr.plan()
-            assert plan.tasks == len(expr._lower().graph), (i, str(plan))
+            assert plan.tasks == len(expr._lower().graph()), (i, str(plan))
             assert_close(expr.compute(), want)
             assert expr.stats.tasks == plan.tasks, (i, str(plan))
             assert expr.stats.bytes_read == plan.bytes_read, (i, str(plan))

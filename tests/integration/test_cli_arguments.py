@@ -68,6 +68,44 @@ def test_workers_messages_agree(work, value, capsys, monkeypatch):
             in error_line(p))
 
 
+@pytest.mark.parametrize("flag, value, said", [
+    ("--memory-per-worker", "-1GiB", "must be positive, got '-1GiB' (use e.g. 1GiB, 512MiB, 2e9)"),
+    ("--memory-per-worker", "-5", "must be positive, got '-5' (use e.g. 1GiB, 512MiB, 2e9)"),
+    ("--memory-per-worker", "-.5GiB", "must be positive, got '-.5GiB' (use e.g. 1GiB, 512MiB, "
+                                      "2e9)"),
+    ("--workers", "-2", "must be a positive integer (1 or more), got '-2'"),
+    ("--threads-per-worker", "-1", "must be a positive integer (1 or more), got '-1'"),
+])
+@pytest.mark.parametrize("joined", [False, True])
+def test_negative_values_after_a_space_are_the_value(work, capsys, monkeypatch, flag, value,
+                                                     said, joined):
+    """Issue 30: `--memory-per-worker -1GiB` gave argparse's "expected one
+    argument" instead of the range error that `--memory-per-worker=-1GiB` gives."""
+    args = [f"{flag}={value}"] if joined else [flag, value]
+    p = here("reduce", "a.zarr", "--op", "sum", *args, cwd=work, capsys=capsys,
+             monkeypatch=monkeypatch)
+    assert p.returncode == 2
+    line = error_line(p)
+    assert line == f"tilearray reduce: error: argument {flag}: {said}", line
+    assert "expected one argument" not in p.stderr
+
+
+def test_negative_looking_values_are_joined_only_after_options_that_take_one():
+    from tilearray.cli.main import build_parser
+    from tilearray.cli.options import _join_option_values, value_options
+
+    takes = value_options(build_parser())
+    assert {"--memory-per-worker", "--workers", "--ord", "--seed"} <= takes
+    assert "--quiet" not in takes and "--overwrite" not in takes
+    assert _join_option_values(["--memory-per-worker", "-1GiB", "--quiet"], takes) == \
+        ["--memory-per-worker=-1GiB", "--quiet"]
+    assert _join_option_values(["--ord", "-inf"], takes) == ["--ord=-inf"]
+    # a flag without a value, an option before another option, "--": untouched
+    assert _join_option_values(["--quiet", "-1"], takes) == ["--quiet", "-1"]
+    assert _join_option_values(["--name", "--quiet"], takes) == ["--name", "--quiet"]
+    assert _join_option_values(["--name", "--", "-1"], takes) == ["--name", "--", "-1"]
+
+
 def test_random_negative_seed_is_usage_and_writes_nothing(work, capsys, monkeypatch):
     p = here("random", "r.zarr", "--shape", 4, 4, "--seed", -1, cwd=work, capsys=capsys,
              monkeypatch=monkeypatch)

@@ -91,6 +91,10 @@ def test_read_only_output_store_clear_error(engine, tmp_path, rng):
     x = rng.standard_normal((20, 20))
     a = ta.from_numpy(x, tmp_path / "a.zarr", tile=(10, 10))
     ro = LocalStore(str(tmp_path / "ro.zarr"), read_only=True)
-    with pytest.raises(ta.StorageError, match="ro.zarr"):
+    with pytest.raises(ta.StorageError, match="ro.zarr") as e:
         (a + 1).to_zarr(ro)
+    assert type(e.value) is ta.StorageError  # not a private subclass (issue 28)
+    where = str(tmp_path / "ro.zarr")
+    assert str(e.value) == (f"cannot write {where!r}: the store {where!r} was opened "
+                            "read-only; write to a location this process can write to")
     np.testing.assert_array_equal(ta.open(tmp_path / "a.zarr").compute(), x)  # inputs intact

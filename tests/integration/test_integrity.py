@@ -117,6 +117,151 @@ def test_input_changed_mid_run_fails_naming_it(thread_engine, tmp_path, rng, cha
     assert not os.path.exists(out + ".tilearray.lock")  # the job let go of its lock
 
 
+class Killed(Exception):
+    """Stands for the kill of a job's process."""
+
+
+class NoCommitStore(WrapperStore):
+    """Refuses the write that marks the output complete: what a job killed
+    after its last unit, before its commit, leaves (every unit done, not
+    complete)."""
+
+    def __reduce__(self):
+        return (type(self), (self._store,))
+
+    def _with_store(self, store):
+        return type(self)(store)
+
+    def __eq__(self, other):
+        return type(self) is type(other) and self._store == other._store
+
+    async def set(self, key, value):
+        if key.endswith("zarr.json"):
+            import json
+
+            attrs = json.loads(value.to_bytes()).get("attributes", {})
+            if attrs.get("tilearray", {}).get("complete") is True:
+                raise Killed("killed before the commit")
+        await self._store.set(key, value)
+
+
+def _open_error(path):
+    with pytest.raises(ta.IncompleteOutputError) as e:
+        ta.open(path)
+    return str(e.value)
+
+
+@pytest.mark.timeout(180)
+def test_output_of_a_job_whose_input_changed_mid_run_says_overwrite(thread_engine, tmp_path,
+                                                                     rng):
+    """Issue 28: after a job fails because an input was overwritten while it
+    ran (every unit written, never marked complete), opening its output said
+    "0 of 16 I/O units were never written ... rerun with resume=True", and
+    that resume was then refused. It says what happened and that a rerun
+    with overwrite=True is what is accepted."""
+    x, y, a, b = _inputs(tmp_path, rng)
+    out = str(tmp_path / "c.zarr")
+    units = (N // TILE) ** 2
+    name, after = _gate("overwritten-at-last-unit", units)
+    store = GateStore(LocalStore(out), name, after)
+    result = {}
+
+    def job():
+        try:
+            (a @ b).to_zarr(store, tile=(TILE, TILE), engine=thread_engine)
+        except Exception as e:
+            result["error"] = e
+
+    t = threading.Thread(target=job)
+    t.start()
+    assert _gates[name]["reached"].wait(120), "the job never wrote its last done marker"
+    _overwrite(str(tmp_path / "b.zarr"))
+    _gates[name]["release"].set()
+    t.join(120)
+    assert "was modified" in str(result.get("error")), result
+    msg = _open_error(out)
+    b_path = str(tmp_path / "b.zarr")
+    assert msg == (
+        f"{out!r} is an incomplete tilearray output: all {units} I/O units were written, but "
+        "the job stopped before marking it complete (its inputs changed). Its input "
+        f"{b_path!r} was modified since the job started, so a resume would be refused: rerun "
+        "the expression with overwrite=True to compute it again, or open it with "
+        "allow_incomplete=True to inspect it.")
+    assert "never written" not in msg and "resume=True" not in msg
+    b2 = ta.open(b_path)
+    with pytest.raises(ta.StorageError, match="cannot resume"):  # the advice was right
+        (a @ b2).to_zarr(out, resume=True, engine=thread_engine)
+    c = (a @ b2).to_zarr(out, overwrite=True, engine=thread_engine)  # as advised
+    assert_close(c.compute(engine=thread_engine), x @ np.ones((N, N)))
+
+
+@pytest.mark.timeout(180)
+def test_output_of_a_job_whose_input_was_deleted_mid_run_says_overwrite(thread_engine,
+                                                                        tmp_path, rng):
+    """Units left unwritten by a job whose input was deleted: not "resume"."""
+    x, y, a, b = _inputs(tmp_path, rng)
+    out = str(tmp_path / "c.zarr")
+    name, after = _gate("deleted-at-first-unit", 1)
+    store = GateStore(LocalStore(out), name, after)
+    result = {}
+
+    def job():
+        try:
+            (a + b).to_zarr(store, tile=(TILE, TILE), engine=thread_engine)
+        except Exception as e:
+            result["error"] = e
+
+    t = threading.Thread(target=job)
+    t.start()
+    assert _gates[name]["reached"].wait(120), "the job never wrote a done marker"
+    _delete(str(tmp_path / "b.zarr"))
+    _gates[name]["release"].set()
+    t.join(120)
+    assert isinstance(result.get("error"), ta.StorageError), result
+    msg = _open_error(out)  # (its tasks may have read b before it went: all units done)
+    assert (f"Its input {str(tmp_path / 'b.zarr')!r} was deleted since the job started, so a "
+            "resume would be refused: rerun the expression with overwrite=True") in msg, msg
+    assert "resume=True" not in msg
+
+
+@pytest.mark.timeout(180)
+def test_output_of_a_job_killed_before_its_commit_says_resume_and_resumes(thread_engine,
+                                                                          tmp_path, rng):
+    """Issue 28: a job killed after its last unit, before marking its output
+    complete, left "0 of 16 I/O units were never written". It says all units
+    were written and that resume=True marks it complete -- which it does,
+    recomputing nothing; once an input changes, it says overwrite=True."""
+    x, y, a, b = _inputs(tmp_path, rng)
+    out = str(tmp_path / "c.zarr")
+    units = (N // TILE) ** 2
+    with pytest.raises(Killed):
+        (a @ b).to_zarr(NoCommitStore(LocalStore(out)), tile=(TILE, TILE),
+                        engine=thread_engine)
+    assert len(os.listdir(os.path.join(out, "tilearray.done"))) == units
+    msg = _open_error(out)
+    assert msg == (
+        f"{out!r} is an incomplete tilearray output: all {units} I/O units were written, but "
+        "the job stopped before marking it complete (it was killed or failed before its "
+        "commit). Rerun the same expression with to_zarr(..., resume=True) to mark it "
+        "complete (nothing is recomputed), or open it with allow_incomplete=True to inspect it.")
+    c = (a @ b).to_zarr(out, resume=True, engine=thread_engine)  # as advised: accepted
+    assert c.stats.skipped_units == units and c.stats.tasks == 0
+    assert_close(ta.open(out).compute(engine=thread_engine), x @ y)
+
+    # the same leftover, then an input changes: resume would be refused, so not advised
+    out2 = str(tmp_path / "d.zarr")
+    with pytest.raises(Killed):
+        (a @ b).to_zarr(NoCommitStore(LocalStore(out2)), tile=(TILE, TILE),
+                        engine=thread_engine)
+    _overwrite(str(tmp_path / "a.zarr"))
+    msg = _open_error(out2)
+    assert "(its inputs changed)" in msg and "overwrite=True" in msg, msg
+    assert f"Its input {str(tmp_path / 'a.zarr')!r} was modified" in msg, msg
+    assert "resume=True" not in msg
+    with pytest.raises(ta.StorageError, match="cannot resume"):
+        (ta.open(tmp_path / "a.zarr") @ b).to_zarr(out2, resume=True, engine=thread_engine)
+
+
 _reads: dict = {}
 
 
@@ -284,3 +429,67 @@ def test_target_that_is_a_regular_file_refused(engine, tmp_path, rng, overwrite)
         assert str(f) in str(e.value) and "already exists" not in str(e.value)
     assert f.read_text() == "keep me"
     assert not os.path.exists(str(f) + ".tilearray.lock")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_target_that_is_a_dangling_symlink_is_called_one(engine, tmp_path, rng, overwrite):
+    """Issue 28: a dangling symbolic link at the target was called "a regular file"."""
+    x, y, a, b = _inputs(tmp_path, rng)
+    link = tmp_path / "gone.zarr"
+    os.symlink(tmp_path / "missing.zarr", link)
+    said = (f"{str(link)!r} is a symbolic link to a missing target "
+            f"({str(tmp_path / 'missing.zarr')!r}), not a Zarr array; tilearray does not "
+            "replace a link (also with overwrite=True) — write to its target's path itself, "
+            "or remove the link")
+    for write in (lambda: (a + b).to_zarr(link, overwrite=overwrite),
+                  lambda: (a + b).sum(axis=0).to_zarr(link, overwrite=overwrite),
+                  lambda: ta.from_numpy(x, link, overwrite=overwrite)):
+        with pytest.raises(ta.StorageError) as e:
+            write()
+        assert str(e.value) == said
+    with pytest.raises(ta.StorageError) as e:
+        ta.open(link)
+    assert str(e.value) == (f"no Zarr array at {str(link)!r}: it is a symbolic link to a "
+                            f"missing target ({str(tmp_path / 'missing.zarr')!r})")
+    assert os.path.islink(link) and not os.path.exists(tmp_path / "missing.zarr")
+
+
+@pytest.mark.timeout(120)
+def test_output_in_a_read_only_directory_is_a_public_storage_error(engine, tmp_path, rng,
+                                                                    monkeypatch):
+    """Issue 28: a read-only directory's error was the private class
+    ``_CannotCreate``; it is a StorageError naming the output and the
+    directory that is not writable. (As root, permissions are not enforced:
+    the directory then refuses writes through a patched ``open``.)"""
+    import builtins
+
+    import tilearray.storage.locks as locks
+
+    x, y, a, b = _inputs(tmp_path, rng)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    if os.geteuid() == 0:
+        real = builtins.open
+
+        def deny(file, mode="r", *args, **kwargs):
+            if str(file).startswith(str(ro) + os.sep) and set(mode) & set("wax+"):
+                raise PermissionError(13, "Permission denied", str(file))
+            return real(file, mode, *args, **kwargs)
+
+        monkeypatch.setattr(locks, "open", deny, raising=False)
+    try:
+        for expr in (a + b, (a + b).sum(axis=0)):
+            with pytest.raises(ta.StorageError) as e:
+                expr.to_zarr(ro / "c.zarr")
+            assert type(e.value) is ta.StorageError
+            assert str(e.value).startswith(
+                f"cannot write {str(ro / 'c.zarr')!r}: the directory {str(ro)!r} is not "
+                "writable (PermissionError: [Errno 13] Permission denied: "), str(e.value)
+            assert str(e.value).endswith("); write to a location this process can write to")
+            assert "_CannotCreate" not in str(e.value)
+        assert os.listdir(ro) == []
+    finally:
+        ro.chmod(0o755)
+

@@ -182,3 +182,31 @@ def test_killed_worker_is_restarted_though_lost_worker_timer_fires_mid_restart(t
         assert len(eng.cluster.workers) == 1 and now and pid not in now
         c = (a @ b).to_zarr(str(tmp_path / "c.zarr"), tile=(TILE, TILE), engine=eng)
         assert_close(c.compute(engine=eng), a.compute(engine=eng) @ b.compute(engine=eng))
+
+
+@pytest.mark.timeout(300)
+def test_worker_killed_mid_tsqr_q(tmp_path):
+    """A worker SIGKILLed while Q's row blocks are being written: the lost
+    tasks (leaves, the tree's slices) run again elsewhere and Q is right."""
+    import numpy as np
+
+    x = np.random.default_rng(5).standard_normal((120_000, 24))
+    out = str(tmp_path / "q.zarr")
+    with ta.Engine(n_workers=2, threads_per_worker=1, memory_per_worker="600MiB",
+                   quiet=True) as eng:
+        a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(5000, 24))
+        with dask.config.set({"tilearray.memory.worker-baseline": "474MiB"}):
+            q, r = ta.linalg.qr(a)
+            assert q.plan(out).stages[1].tasks >= 6  # several row blocks to kill between
+            pids = eng.client.run(os.getpid)
+            result = {}
+            t = threading.Thread(target=lambda: result.update(q=q.to_zarr(out)))
+            t.start()
+            deadline = time.time() + 60
+            while _done(out) < 2 and time.time() < deadline:
+                time.sleep(0.005)
+            os.kill(next(iter(pids.values())), signal.SIGKILL)
+            t.join(timeout=240)
+            qa, r = np.asarray(result["q"]), r.compute(engine=eng)
+        assert_close(qa @ r, x, scale=np.abs(x).max() * 4)
+        assert_close(qa.T @ qa, np.eye(24), scale=4.0)

@@ -9,6 +9,7 @@ import sys
 
 from tilearray.cli.cluster import _check_address, _connect
 from tilearray.cli.common import PROG, UsageError, _abs
+from tilearray.cli.options import _cli_words
 
 
 def _short_python(v) -> str:
@@ -73,7 +74,7 @@ def cmd_info(args) -> int:
     import tilearray as ta
     from tilearray.errors import StorageError, TilearrayError
     from tilearray.storage import ArrayRef, done_units, info_attrs
-    from tilearray.storage.array import local_files_state, resumable
+    from tilearray.storage.array import local_files_state, unfinished
 
     if not args.paths and not args.scheduler_address:
         raise UsageError("give array PATHs, or --scheduler-address for a cluster's health")
@@ -134,10 +135,10 @@ def cmd_info(args) -> int:
         if complete:
             status = "yes" if meta else "yes (not written by tilearray)"
         else:
-            how = ("rerun the job that writes it with --resume to finish it" if resumable(meta)
-                   else "it cannot be resumed (not written from an expression): rerun the "
-                        "command that wrote it with --overwrite")
-            status = f"NO: {done} of {g.n_units} I/O units written; {how}"
+            what, how = unfinished(meta, g.n_units - done, g.n_units)
+            how = _cli_words(how[:1].lower() + how[1:])
+            status = (f"NO: {what}; {how}" if done == g.n_units
+                      else f"NO: {done} of {g.n_units} I/O units written; {how}")
         print(repr(x))
         print(f"  path:        {path}")
         print(f"  shape:       {x.shape[0]} x {x.shape[1]}")
@@ -212,8 +213,9 @@ def _info_other(path: str, full: str, z, as_json: bool, first: bool) -> None:
         status = "yes" if meta else "yes (not written by tilearray)"
     else:
         status = "NO: its job did not finish; rerun it"
-    print(f"{z.ndim}-D Zarr array (not a TiledArray: read it with "
-          f"zarr.open_array({full!r})[...])")
+    how = "a 1-D TiledArray with ta.open, or read it" if z.ndim == 1 else \
+        "not a TiledArray: read it"
+    print(f"{z.ndim}-D Zarr array ({how} with zarr.open_array({full!r})[...])")
     print(f"  path:        {path}")
     print(f"  shape:       {shape}")
     print(f"  dtype:       {z.dtype} (Zarr v{info['zarr_format']})")

@@ -37,7 +37,7 @@ import traceback
 
 from tilearray.cli import deploy, info, jobs
 from tilearray.cli.common import PROG, UsageError, parents
-from tilearray.cli.options import _cli_words, _join_option_values
+from tilearray.cli.options import _cli_words, _join_option_values, value_options
 
 # -- the parser -------------------------------------------------------------------------
 
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         return mpirun_main(argv[1:], prog=f"{PROG} mpirun")
     parser = build_parser()
     try:
-        args = parser.parse_args(_join_option_values(argv))
+        args = parser.parse_args(_join_option_values(argv, value_options(parser)))
     except SystemExit as e:  # --help, --version, or a usage error (already printed)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     try:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import re
 
+from tilearray._config import parse_bytes_arg
+
 
 def _int_at_least(text: str, least: int, what: str) -> int:
     try:
@@ -28,18 +30,8 @@ def _pos_int(text: str) -> int:
 
 
 def _bytes(text: str) -> int:
-    from dask.utils import parse_bytes
-
-    try:
-        v = int(parse_bytes(text))
-    except (ValueError, TypeError):
-        raise argparse.ArgumentTypeError(
-            f"not a byte size: {text!r} (use e.g. 1GiB, 512MiB, 2e9)"
-        ) from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text!r} (use e.g. 1GiB, "
-                                         "512MiB, 2e9)")
-    return v
+    return parse_bytes_arg(text, None, argparse.ArgumentTypeError,
+                           hint="use e.g. 1GiB, 512MiB, 2e9")
 
 
 def _dtype(text: str):
@@ -101,13 +93,38 @@ def _cli_words(msg: str) -> str:
     return msg
 
 
-def _join_option_values(argv: list[str]) -> list[str]:
-    """``--ord -inf`` as ``--ord=-inf``: argparse takes a value that starts
-    with ``-`` (other than a plain negative number) for an option."""
+_NEGATIVE = re.compile(r"^-(\d|\.\d|inf\b|nan\b)", re.IGNORECASE)
+"""A token that is a negative number or size (``-1``, ``-1GiB``, ``-.5``,
+``-inf``), never one of our options (they are words)."""
+
+
+def value_options(parser: argparse.ArgumentParser) -> frozenset[str]:
+    """The option strings, in ``parser`` and all its subcommands, that take a value."""
+    out: set[str] = set()
+    stack = [parser]
+    while stack:
+        p = stack.pop()
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                stack.extend(action.choices.values())
+            elif action.option_strings and action.nargs != 0:
+                out.update(action.option_strings)
+    return frozenset(out)
+
+
+def _join_option_values(argv: list[str], takes_value=frozenset({"--ord"})) -> list[str]:
+    """``--memory-per-worker -1GiB`` as ``--memory-per-worker=-1GiB``: argparse
+    takes a value that starts with ``-`` (other than a plain negative number)
+    for an option, and says "expected one argument" instead of checking the
+    value. Joined after an option of ``takes_value`` (see
+    :func:`value_options`): a negative-looking value; after ``--ord``, any
+    (``-inf``, ``-fro``)."""
     out: list[str] = []
     for tok in argv:
-        if out and out[-1] == "--ord" and tok.startswith("-") and tok != "--":
-            out[-1] = f"--ord={tok}"
+        prev = out[-1] if out else ""
+        if prev in takes_value and prev.startswith("--") and tok.startswith("-") and tok != "--" \
+                and (prev == "--ord" or _NEGATIVE.match(tok)):
+            out[-1] = f"{prev}={tok}"
         else:
             out.append(tok)
     return out

@@ -13,13 +13,13 @@ from dask.utils import format_bytes
 from .. import _config
 from ..errors import PlanningError
 from ..storage import ArrayRef
-from ..storage.commit import run_checked, verify_inputs
 from . import output, runtime
 from .expr.lazy import LazyArray
-from .expr.nodes import Node, Source
+from .expr.nodes import Node, Source, is_big_vector
 from .interop import Interop
-from .plan.lower import Lowered, lower
+from .plan.lower import lower
 from .plan.sizing import output_grid
+from .plan.types import Plan
 
 log = logging.getLogger("tilearray")
 
@@ -51,7 +51,7 @@ class TiledArray(Interop, LazyArray):
         self.stats: runtime.RunStats | None = None
 
     # -- running ----------------------------------------------------------------------
-    def _lower(self, out=None, out_grid=None, skip=(), budget=None, engine=None) -> Lowered:
+    def _lower(self, out=None, out_grid=None, skip=(), budget=None, engine=None) -> Plan:
         if budget is None:
             engine = engine or runtime.current_engine(start=False)
             # no engine yet: plan for the one compute() would start, without starting it
@@ -85,16 +85,12 @@ class TiledArray(Interop, LazyArray):
             budget that would), or ``shard`` is not a multiple of the tile.
         """
         out_grid = None
-        out = None
-        small = self.ndim != 2 or self._node.small
+        out = ArrayRef.from_location(path, name) if path else None
+        small = self._node.small or (self.ndim != 2 and not is_big_vector(self._node))
         if not small and (path or tile or shard):
             out_grid = output_grid(self._node, tile, shard)
-            out = ArrayRef.from_location(path, name) if path else None
-        plan = self._lower(out, out_grid, budget=budget, engine=engine).plan
-        if small:  # where the value goes: a worker writes it, or compute() brings it back
-            target = str(ArrayRef.from_location(path, name)) if path else None
-            plan = plan.with_result(self.shape, self.dtype, target)
-        return plan
+        # a small result: a worker writes it into ``out``, or compute() brings it back
+        return self._lower(out, out_grid, budget=budget, engine=engine)
 
     def compute(self, *, engine=None) -> np.ndarray | Any:
         """Run and return the result in memory.
@@ -125,26 +121,19 @@ class TiledArray(Interop, LazyArray):
                 f"over the compute limit {format_bytes(limit)}; write it with "
                 ".to_zarr(path) (or raise tilearray.compute.max-result-size)"
             )
-        engine = engine or runtime.current_engine()
-        low = self._lower(engine=engine)
-        states = output.input_states(n)  # as to_zarr: a result read from changing inputs
-        output.check_sources(n)          # (another job overwriting one) is never returned
-        output.create_temporaries(low)
-        try:
-            values, stats = run_checked(states, None, engine.run, low.graph, low.keys,
-                                        description="compute", plan=low.plan,
-                                        stat_keys=low.stat_keys,
-                                        units_total=output.temporary_units(low))
-        finally:
-            output.cleanup(low)
-        verify_inputs(states, None)
-        self.stats = stats
-        if low.result == "small":
+        cached = output.cached_factor(n)  # computed by the run that wrote its Q / U
+        if cached is not None:
+            self.stats = runtime.RunStats()
+            return cached
+        ran = output.commit(n, engine or runtime.current_engine())
+        self.stats, values, result = ran.stats, ran.values, ran.plan.result
+        if result.kind == "value":
             v = values[0]
             return v[()] if isinstance(v, np.ndarray) and v.ndim == 0 else v
         out = np.empty(self.shape, dtype=self.dtype)
-        for (rows, cols), v in zip(low.blocks, values, strict=True):
-            out[rows[0] : rows[1], cols[0] : cols[1]] = v
+        view = out.reshape(-1, 1) if out.ndim == 1 else out  # a vector: the column (m, 1)
+        for (rows, cols), v in zip(result.blocks, values, strict=True):
+            view[rows[0] : rows[1], cols[0] : cols[1]] = v
         return out
 
     def to_zarr(self, path, name="", *, dims=None, tile=None, shard=None, overwrite=False,
@@ -234,9 +223,10 @@ class TiledArray(Interop, LazyArray):
     def __repr__(self) -> str:
         n = self._node
         if isinstance(n, Source):
-            g = n.grid
-            return (f"<TiledArray {str(n.ref)!r} shape={g.shape} dtype={n.dtype} tile={g.tile}"
-                    f" unit={g.unit} grid={g.tile_grid} ({format_bytes(self.nbytes)})>")
+            g, k = n.grid, len(n.shape)  # a vector's grid is the column (n, 1)
+            return (f"<TiledArray {str(n.ref)!r} shape={self.shape} dtype={n.dtype} "
+                    f"tile={g.tile[:k]} unit={g.unit[:k]} grid={g.tile_grid[:k]} "
+                    f"({format_bytes(self.nbytes)})>")
         return f"<TiledArray lazy {n} shape={self.shape} dtype={self.dtype}>"
 
     def _repr_html_(self) -> str:

@@ -10,7 +10,7 @@ import os
 import numpy as np
 from dask.base import tokenize
 
-from ..errors import StorageError
+from ..errors import ArgumentError, StorageArgumentError, StorageError
 from ..graphs import elemwise as gel
 from ..storage import ArrayRef, create, grid_of, int_pair, locks, mark_complete
 from ..storage import array as sarray
@@ -23,7 +23,11 @@ from .output import source
 
 def open(path, name: str = "", *, allow_incomplete: bool = False,  # noqa: A001
          storage_options: dict | None = None) -> TiledArray:
-    """Open a stored 2-D Zarr array (format 2 or 3, sharded or not).
+    """Open a stored 2-D or 1-D Zarr array (format 2 or 3, sharded or not).
+
+    A 1-D array is read whole by one task when used (like a reduction's
+    result): it broadcasts as a row, ``v[:, None]`` as a column, and is an
+    operand of products (``x @ v``).
 
     Parameters
     ----------
@@ -50,9 +54,9 @@ def open(path, name: str = "", *, allow_incomplete: bool = False,  # noqa: A001
     Raises
     ------
     StorageError
-        A bad ``name``; nothing is there, it is a group (pass ``name``), not
-        2-D (a reduction's 1-D / 0-d output: the message says how to read it
-        with zarr or xarray), or not a bool / integer / float array.
+        A bad ``name``; nothing is there, it is a group (pass ``name``), 0-d
+        or n-D (the message says how to read it with zarr or xarray), or not
+        a bool / integer / float array.
     IncompleteOutputError
         An unfinished output: rerun its job with ``to_zarr(..., resume=True)``.
 
@@ -75,9 +79,14 @@ def _new_array(path, name, shape, dtype, tile, shard, overwrite, dims, storage_o
     ``to_zarr`` does: a second writer gets OutputLockedError) from before it
     is created until the block ends (after ``mark_complete``)."""
     ref = ArrayRef.from_location(path, name, storage_options)
-    given, shape = shape, int_pair(shape)
+    given = shape
+    vector = isinstance(shape, tuple) and len(shape) == 1
+    shape = int_pair((*shape, 1)) if vector else int_pair(shape)
     if shape is None or min(shape) < 0:  # before anything is created
-        raise StorageError(f"{str(ref)!r}: shape must be 2 non-negative integers, got {given!r}")
+        raise StorageArgumentError(
+            f"{str(ref)!r}: shape must be 2 non-negative integers (or one, for a vector), "
+            f"got {given!r}")
+    shape = shape[:1] if vector else shape
     sarray.check_parents(ref)  # inside an array or a v2 group: refused before the lock's file
     if existing_array(ref) is None and has_data(ref) and not abandoned(ref, overwrite):
         raise StorageError(
@@ -107,30 +116,38 @@ _WRITE_PARAMS = """name : str, optional
         see :func:`open`."""
 
 
+VECTOR_TILE = 2**20
+"""Default chunk of a 1-D array written by :func:`from_numpy`, in elements."""
+
+
 def from_numpy(arr, path, *, name="", dims=None, tile=(1024, 1024), shard=None,
                overwrite=False, storage_options=None) -> TiledArray:
     arr = np.asarray(arr)
-    if arr.ndim != 2:
-        raise StorageError(f"from_numpy needs a 2-D array, got shape {arr.shape}")
+    if arr.ndim not in (1, 2):
+        raise StorageArgumentError(f"from_numpy needs a 1-D or 2-D array, got shape {arr.shape}")
     from ..storage import write_block
 
+    if arr.ndim == 1 and tile == (1024, 1024):
+        tile = (VECTOR_TILE,)
     with _new_array(path, name, arr.shape, arr.dtype, tile, shard, overwrite, dims,
                     storage_options) as (ref, z):
         grid = grid_of(z)
+        data = arr.reshape(-1, 1) if arr.ndim == 1 else arr  # a vector: the column (n, 1)
         for i in range(grid.unit_grid[0]):
             for j in range(grid.unit_grid[1]):
                 rows, cols = grid.unit_range(0, i), grid.unit_range(1, j)
-                write_block(ref, rows, cols, arr[rows[0] : rows[1], cols[0] : cols[1]], arr=z)
+                write_block(ref, rows, cols, data[rows[0] : rows[1], cols[0] : cols[1]], arr=z)
         mark_complete(ref)
     return open(ref.store, ref.path)
 
 
-from_numpy.__doc__ = f"""Write a 2-D NumPy array to Zarr v3 and return it as a TiledArray.
+from_numpy.__doc__ = f"""Write a 1-D or 2-D NumPy array to Zarr v3 and return it as a TiledArray.
 
     Parameters
     ----------
     arr : array_like
-        2-D, bool / integer / float.
+        1-D or 2-D, bool / integer / float (1-D: ``tile`` and ``shard`` are
+        an int or ``(t,)``; default chunk {VECTOR_TILE} elements).
     path : str, os.PathLike or zarr Store
         The array, or (with ``name``) the group that holds it.
     {_WRITE_PARAMS}
@@ -142,8 +159,9 @@ from_numpy.__doc__ = f"""Write a 2-D NumPy array to Zarr v3 and return it as a T
     Raises
     ------
     StorageError
-        Not 2-D, unsupported dtype, bad tile/shard, or something is already
-        at the target (without ``overwrite``).
+        Not 2-D, unsupported dtype, bad tile/shard (these are also
+        ``ValueError``), or something is already at the target (without
+        ``overwrite``).
 
     Examples
     --------
@@ -153,7 +171,7 @@ from_numpy.__doc__ = f"""Write a 2-D NumPy array to Zarr v3 and return it as a T
 
 def _check_seed(seed) -> int:
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
-        raise ValueError(f"seed={seed!r} must be a non-negative integer (0 or more); "
+        raise ArgumentError(f"seed={seed!r} must be a non-negative integer (0 or more); "
                          "nothing was written")
     return int(seed)
 
@@ -257,9 +275,9 @@ def from_dask(x, path, *, name="", dims=None, overwrite=False, shard=None,
                 "dask.array.from_array(x)") if isinstance(x, np.ndarray) else ""
         raise TypeError(f"from_dask needs a dask array, got {type(x).__name__}{hint}")
     if x.ndim != 2:
-        raise StorageError(f"from_dask needs a 2-D dask array, got shape {x.shape}")
+        raise StorageArgumentError(f"from_dask needs a 2-D dask array, got shape {x.shape}")
     if any(math.isnan(c) for cs in x.chunks for c in cs):
-        raise StorageError(
+        raise StorageArgumentError(
             f"from_dask: the dask array has unknown (NaN) chunk sizes {x.chunks} (e.g. after "
             "boolean indexing); call x.compute_chunk_sizes() first (it computes x once), then "
             "pass it again")

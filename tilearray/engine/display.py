@@ -13,7 +13,7 @@ def tiled_html(x) -> str:
         return f"<pre>{html.escape(repr(x))}</pre>"
     rows = [
         ("path", html.escape(str(x.path))),
-        ("shape", g.shape),
+        ("shape", x.shape),
         ("dtype", x.dtype),
         ("tile (chunk)", g.tile),
         ("I/O unit (shard)" if g.sharded else "I/O unit", g.unit),

@@ -1,10 +1,12 @@
-"""Writing results: the order of the output commit protocol around a run
-(checks, lock, create, run, verify inputs, mark complete), the expression's
-fingerprint and resume decision, the run's temporaries. The storage steps
-themselves are in :mod:`tilearray.storage` (``commit``, ``array``, ``locks``)."""
+"""Running a plan: the commit protocol, written once (:func:`commit`) and used
+by ``to_zarr`` of a matrix, of a small result and by ``compute()``; the
+expression's fingerprint and resume decision; the run's temporaries. The
+storage steps themselves are in :mod:`tilearray.storage` (``commit``,
+``array``, ``locks``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -26,12 +28,12 @@ from ..storage.commit import (
     small_return,
     verify_inputs,
 )
-from ..storage.io import store_small
 from ..storage.ref import check_task_writable
 from . import runtime
-from .expr.nodes import Source, derive_dims, sources, structure
-from .plan.lower import Lowered, lower
+from .expr.nodes import TSQR, Source, derive_dims, is_big_vector, sources, structure
+from .plan.lower import lower
 from .plan.sizing import output_grid
+from .plan.types import Plan
 
 log = logging.getLogger("tilearray")
 
@@ -92,7 +94,7 @@ def check_target(ref: ArrayRef, node) -> None:
             "does not replace a link: write to its target itself, or remove the link")
 
 
-# -- writing ------------------------------------------------------------------------------
+# -- the commit protocol -------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -103,9 +105,9 @@ class _State:
     """The opened Zarr array there, or None."""
     complete: bool
     """Resume of a complete output: nothing to do."""
-    grid: Grid | None
-    """The output's grid."""
-    skip: frozenset
+    grid: Grid | None = None
+    """The output's grid (a matrix)."""
+    skip: frozenset = frozenset()
     """Units already done (resume)."""
 
     def key(self):
@@ -113,116 +115,202 @@ class _State:
         return (self.existing is None, self.complete, g and (g.shape, g.tile, g.unit), self.skip)
 
 
-def _inspect(ref, node, fp, tile, shard, dims, overwrite, resume) -> _State:
-    """Decide from the target's state; raises the refusals (nothing is written)."""
-    check_target_kind(ref, replace_abandoned=overwrite or resume)
-    existing = existing_array(ref)
-    if existing is not None and resume and not overwrite:
-        meta = sarray.info_attrs(existing)
-        if meta.get("fingerprint") != fp or existing.shape != tuple(node.shape) \
-                or existing.dtype != node.dtype:
-            raise StorageError(
-                f"cannot resume {str(ref)!r}: it was written by a different expression or "
-                "from inputs that have changed since; pass overwrite=True to start again"
-            )
-        old = grid_of(existing)
-        for what, asked, has in (("tile", tile, old.tile), ("shard", shard, old.unit)):
-            if asked is not None and tuple(int(v) for v in asked) != has:
-                raise StorageError(
-                    f"cannot resume {str(ref)!r} with {what}={tuple(asked)}: it is stored with "
-                    f"tile={old.tile}, shard={old.unit if old.sharded else None}; resume "
-                    "without tile=/shard= (or with these), or pass overwrite=True"
-                )
-        stored_dims = sarray.dims_of(existing)
-        if dims is not None and stored_dims is not None and tuple(dims) != stored_dims:
-            raise StorageError(f"cannot resume {str(ref)!r} with dims={tuple(dims)}: it is "
-                               f"stored with dims={stored_dims}")
-        if meta.get("complete"):
-            return _State(existing, True, old, frozenset())
-        return _State(existing, False, old, frozenset(done_units(ref)))
-    if existing is not None and not overwrite:
-        raise StorageError(
-            f"{str(ref)!r} already exists; pass overwrite=True to replace it "
-            "(or resume=True to finish an interrupted run of the same expression)"
-        )
-    return _State(existing, False, output_grid(node, tile, shard), frozenset())
+@dataclass(frozen=True)
+class Ran:
+    """What :func:`commit` did."""
+
+    values: list | None
+    """The gathered values of the plan's result (None: nothing ran)."""
+    stats: object
+    """:class:`~tilearray.engine.runtime.RunStats` of the run (None: nothing ran)."""
+    state: _State | None
+    """The target as the job found it (None without a target)."""
+    plan: Plan | None
+    """The plan that ran."""
+    outputs: dict | None = None
+    """Values of the plan's other named outputs that are in memory (``"factors"``
+    of a TSQR: R, s, Vt computed on the way to Q or U)."""
 
 
-def write(x, path, tile, shard, overwrite, resume, engine, name="", dims=None):
-    """``x.to_zarr(...)``: run ``x`` into the Zarr array at ``path``/``name``;
-    returns ``(Source of the output, RunStats or None when nothing ran)``, or
-    for a reduction's small result ``(its NumPy value, None)`` (``x.stats``
-    then holds the run's figures).
+def commit(node, engine, job=None, description: str = "compute") -> Ran:
+    """Run ``node`` under the commit protocol (nothing runs when a resumed
+    output is already complete).
 
-    The commit protocol: every check that can refuse runs first (nothing is
-    created); then the output's lock is taken (a second writer is refused
+    The order, the same for every job: the inputs' state is recorded and
+    checked against the expression; with a target (``job``), every check that
+    can refuse runs first and the plan is made (refused before anything is
+    written); then the output's lock is taken (a second writer is refused
     with :class:`OutputLockedError`) and the target inspected again under it;
-    only then is the array created or replaced, computed, its inputs verified
-    unchanged since the job started, and the output marked complete."""
-    node = x._node
-    ref = ArrayRef.from_location(path, name)
-    sarray.check_parents(ref)  # inside an array or a Zarr v2 group: refused before any work
-    check_task_writable(ref)  # workers could not write into a MemoryStore of this process
-    check_target(ref, node)
-    labels = derive_dims(node, lambda src: ("row", "col"))
-    if node.small or node.ndim != 2:
-        return _write_small_result(x, ref, overwrite, resume, engine, dims, labels), None
-    engine = engine or runtime.current_engine()
-    check_sources(node)  # inputs overwritten since they were opened: refused before writing
+    only then is the array created or replaced, the plan run, the inputs
+    verified unchanged since the job started, and the output marked complete
+    by ``job``. Without a target (``compute()``), the plan is run and its
+    inputs verified: a result read from changing inputs is never returned."""
+    check_sources(node)  # inputs overwritten since they were opened: refused before anything
     states = input_states(node)
-    fp = _fingerprint(node, states)
-    args = (ref, node, fp, tile, shard, dims, overwrite, resume)
-    state = refusing(ref, _inspect, *args)
+    if job is None:
+        plan = job_plan(node, engine, None)
+        values, stats, side = _run(plan, states, None, engine, description)
+        _remember(node, states, side)
+        return Ran(values, stats, None, plan, side)
+    state = refusing(job.ref, job.inspect, states)
     if state.complete:
-        log.info("%s is already complete", ref)
-        return source(ref), None
-    low = lower(node, engine.budget(), ref, state.grid, set(state.skip))  # refuse before disk
-    sarray.acquire_lock(ref)  # before anything is created or replaced
+        log.info("%s is already complete", job.ref)
+        return Ran(None, None, state, None)
+    plan = job_plan(node, engine, job.ref, state)  # refuse before disk
+    sarray.acquire_lock(job.ref)  # before anything is created or replaced
     try:
-        again = _inspect(*args)  # the truth, now that no other job can change it
+        again = job.inspect(states)  # the truth, now that no other job can change it
         if again.complete:
-            return source(ref), None
+            return Ran(None, None, again, None)
         if again.key() != state.key():
-            low = lower(node, engine.budget(), ref, again.grid, set(again.skip))
-        state = again
-        if state.existing is None or overwrite:
-            dims = sarray.choose_dims(ref, node.shape, dims, derive_dims(node), labels)
-            create(ref.store, node.shape, node.dtype, state.grid.tile, shard=shard,
-                   overwrite=True, path=ref.path, dims=dims,
-                   attributes={"tilearray": {"fingerprint": fp, "expression": str(node)}})
-        try:
-            create_temporaries(low)
-            _, stats = run_checked(
-                states, ref, engine.run, low.graph, low.keys,
-                description=f"-> {os.path.basename(str(ref))}", plan=low.plan,
-                units_skipped=len(state.skip), stat_keys=low.stat_keys,
-                units_total=state.grid.n_units + temporary_units(low))
-            stats.skipped_units = len(state.skip)
-            verify_inputs(states, ref)  # read unchanged from start to end: else never complete
-            sarray.check_lock_held(ref)
-            mark_complete(ref, {"fingerprint": fp})
-        finally:
-            cleanup(low)
+            plan = job_plan(node, engine, job.ref, again)
+        job.create(again)
+        values, stats, side = _run(plan, states, job.ref, engine, description,
+                                   units_skipped=len(again.skip),
+                                   units_total=again.grid.n_units if again.grid is not None
+                                   else 0)
+        sarray.check_lock_held(job.ref)
+        job.complete(again)
+        _remember(node, states, side)
     finally:
-        sarray.release_lock(ref)
-    return source(ref), stats
+        sarray.release_lock(job.ref)
+    return Ran(values, stats, again, plan, side)
 
 
-def _write_small_result(x, ref, overwrite, resume, engine, dims, labels):
-    """A reduction's vector/scalar: computed in memory, stored as a plain Zarr
-    array under the same protocol (checks, lock, verified inputs, commit)."""
-    node = x._node
+_FACTORS: dict = {}
+"""Small factors a TSQR run computed on the way to Q or U (R, s, Vt), by
+``(the factorization's structure, its inputs' fingerprint)``: ``s.compute()``
+after ``U.to_zarr()`` of the same ``svd(x)`` on unchanged inputs is not
+another pass over X. The newest few are kept."""
 
-    def inspect():
-        check_target_kind(ref, replace_abandoned=overwrite or resume)
+
+def _factor_key(node, states) -> tuple | None:
+    if not isinstance(node, TSQR):
+        return None
+    whole = dataclasses.replace(node, part="*", shape=())  # every part of one factorization
+    return _fingerprint(whole, states)
+
+
+def cached_factor(node):
+    """The value of ``node`` (a TSQR's R, s or Vt) if a run of the same
+    factorization on unchanged inputs computed it, else None."""
+    if not isinstance(node, TSQR) or node.part not in ("R", "s", "Vt") or not _FACTORS:
+        return None
+    hit = _FACTORS.get(_factor_key(node, input_states(node)))
+    return None if hit is None else hit.get(node.part)
+
+
+def _remember(node, states, outputs) -> None:
+    if outputs and "factors" in outputs and _factor_key(node, states) is not None:
+        _FACTORS[_factor_key(node, states)] = outputs["factors"]
+        while len(_FACTORS) > 8:
+            _FACTORS.pop(next(iter(_FACTORS)))
+
+
+def job_plan(node, engine, ref=None, state=None) -> Plan:
+    """The plan a job runs: into ``ref`` (the units of ``state.skip`` done) or returned."""
+    grid = state.grid if state is not None else None
+    return lower(node, engine.budget(), ref, grid, state.skip if state is not None else ())
+
+
+def _run(plan: Plan, states, ref, engine, description, units_skipped=0, units_total=0):
+    """Create the plan's temporaries, run it, delete them, verify the inputs.
+    Returns the result's values, the RunStats and the plan's other in-memory
+    named outputs (``{name: value}``)."""
+    side = [(name, o.keys[0]) for name, o in plan.outputs.items()
+            if name != "result" and o.kind == "value"]
+    keys = list(plan.result.keys)
+    create_temporaries(plan)
+    try:
+        values, stats = run_checked(
+            states, ref, engine.run, plan.graph(), keys + [k for _, k in side],
+            description=description, plan=plan, units_skipped=units_skipped,
+            stat_keys=list(plan.stat_keys), units_total=units_total + plan.temporary_units())
+        stats.skipped_units = units_skipped
+    finally:
+        cleanup(plan)
+    verify_inputs(states, ref)  # read unchanged from start to end: else never complete
+    return values[: len(keys)], stats, {name: v for (name, _), v in
+                                        zip(side, values[len(keys):], strict=True)}
+
+
+def _resume_refused(ref) -> StorageError:
+    return StorageError(
+        f"cannot resume {str(ref)!r}: it was written by a different expression or from "
+        "inputs that have changed since; pass overwrite=True to start again")
+
+
+class MatrixJob:
+    """A 2-D result written unit by unit into ``ref`` (``to_zarr``)."""
+
+    def __init__(self, ref, node, tile, shard, dims, overwrite, resume):
+        self.ref, self.node, self.tile, self.shard = ref, node, tile, shard
+        self.dims, self.overwrite, self.resume = dims, overwrite, resume
+        self.fp = None
+
+    def inspect(self, states) -> _State:
+        """Decide from the target's state; raises the refusals (nothing is written)."""
+        ref, node, tile, shard, dims = self.ref, self.node, self.tile, self.shard, self.dims
+        self.fp = self.fp or _fingerprint(node, states)
+        check_target_kind(ref, replace_abandoned=self.overwrite or self.resume)
         existing = existing_array(ref)
-        if existing is not None and resume and not overwrite:
+        if existing is not None and self.resume and not self.overwrite:
             meta = sarray.info_attrs(existing)
-            if meta.get("fingerprint") != fp or existing.shape != tuple(node.shape):
-                raise StorageError(
-                    f"cannot resume {str(ref)!r}: it was written by a different expression "
-                    "or from inputs that have changed since; pass overwrite=True to start again"
-                )
+            if meta.get("fingerprint") != self.fp or existing.shape != tuple(node.shape) \
+                    or existing.dtype != node.dtype:
+                raise _resume_refused(ref)
+            old = grid_of(existing)
+            for what, asked, has in (("tile", tile, old.tile), ("shard", shard, old.unit)):
+                if asked is not None and tuple(int(v) for v in asked) != has:
+                    raise StorageError(
+                        f"cannot resume {str(ref)!r} with {what}={tuple(asked)}: it is stored "
+                        f"with tile={old.tile}, shard={old.unit if old.sharded else None}; "
+                        "resume without tile=/shard= (or with these), or pass overwrite=True")
+            stored_dims = sarray.dims_of(existing)
+            if dims is not None and stored_dims is not None and tuple(dims) != stored_dims:
+                raise StorageError(f"cannot resume {str(ref)!r} with dims={tuple(dims)}: it is "
+                                   f"stored with dims={stored_dims}")
+            if meta.get("complete"):
+                return _State(existing, True, old)
+            return _State(existing, False, old, frozenset(done_units(ref)))
+        if existing is not None and not self.overwrite:
+            raise StorageError(
+                f"{str(ref)!r} already exists; pass overwrite=True to replace it "
+                "(or resume=True to finish an interrupted run of the same expression)")
+        return _State(existing, False, output_grid(node, tile, shard))
+
+    def create(self, state: _State) -> None:
+        if state.existing is None or self.overwrite:
+            node = self.node
+            labels = derive_dims(node, lambda src: ("row", "col"))
+            dims = sarray.choose_dims(self.ref, node.shape, self.dims, derive_dims(node), labels)
+            create(self.ref.store, node.shape, node.dtype, state.grid.tile, shard=self.shard,
+                   overwrite=True, path=self.ref.path, dims=dims,
+                   attributes={"tilearray": {"fingerprint": self.fp,
+                                             "expression": str(node)}})
+
+    def complete(self, state: _State) -> None:
+        mark_complete(self.ref, {"fingerprint": self.fp})
+
+
+class SmallJob:
+    """A reduction's vector or scalar, written by one worker task into a
+    plain Zarr array at ``ref``."""
+
+    def __init__(self, ref, node, dims, overwrite, resume):
+        self.ref, self.node, self.dims = ref, node, dims
+        self.overwrite, self.resume = overwrite, resume
+        self.fp = self.arr = self.meta = None
+
+    def inspect(self, states) -> _State:
+        ref, node, dims = self.ref, self.node, self.dims
+        self.fp = self.fp or _fingerprint(node, states)
+        check_target_kind(ref, replace_abandoned=self.overwrite or self.resume)
+        existing = existing_array(ref)
+        if existing is not None and self.resume and not self.overwrite:
+            meta = sarray.info_attrs(existing)
+            if meta.get("fingerprint") != self.fp or existing.shape != tuple(node.shape):
+                raise _resume_refused(ref)
             stored_dims = sarray.dims_of(existing)
             asked = None if dims is None else ((dims,) if isinstance(dims, str) else tuple(dims))
             if asked is not None and stored_dims is not None and asked != stored_dims:
@@ -230,71 +318,63 @@ def _write_small_result(x, ref, overwrite, resume, engine, dims, labels):
                                    f"stored with dims={stored_dims}; resume without dims= (or "
                                    "with these), or pass overwrite=True")
             if meta.get("complete"):
-                return existing
+                return _State(existing, True)
             # same expression, but its write was cut short: compute and write it again
-        elif existing is not None and not overwrite:
+        elif existing is not None and not self.overwrite:
             raise StorageError(
                 f"{str(ref)!r} already exists; pass overwrite=True to replace it "
-                "(or resume=True to reuse a complete result of the same expression)"
-            )
-        return None
+                "(or resume=True to reuse a complete result of the same expression)")
+        return _State(existing, False)
 
-    states = input_states(node)
-    fp = _fingerprint(node, states)
-    done = refusing(ref, inspect)
-    if done is not None:
-        log.info("%s is already complete", ref)
-        return small_return(done)
-    engine = engine or runtime.current_engine()
-    sarray.acquire_lock(ref)
-    try:
-        done = inspect()
-        if done is not None:
-            return small_return(done)
-        dims = sarray.choose_dims(ref, node.shape, dims, derive_dims(node), labels)
-        meta = {"format": sarray.FORMAT_VERSION, "fingerprint": fp, "expression": str(node)}
-        arr = create_small(ref, node.shape, node.dtype, dims, meta)
-        # a worker computes the value and writes it: nothing passes the driver
-        low = lower(node, engine.budget())
-        key = "store-small-" + tokenize(str(ref), low.keys[0])
-        low.graph[key] = (store_small, ref, low.keys[0])
-        create_temporaries(low)
-        try:
-            _, stats = run_checked(states, ref, engine.run, low.graph, [key],
-                                   description=f"-> {os.path.basename(str(ref))}",
-                                   plan=low.plan, stat_keys=low.stat_keys,
-                                   units_total=temporary_units(low))
-        finally:
-            cleanup(low)
-        verify_inputs(states, ref)
-        sarray.check_lock_held(ref)
-        if (0, 0) not in done_units(ref):  # the worker's write never reached this store
+    def create(self, state: _State) -> None:
+        node = self.node
+        labels = derive_dims(node, lambda src: ("row", "col"))
+        dims = sarray.choose_dims(self.ref, node.shape, self.dims, derive_dims(node), labels)
+        self.meta = {"format": sarray.FORMAT_VERSION, "fingerprint": self.fp,
+                     "expression": str(node)}
+        self.arr = create_small(self.ref, node.shape, node.dtype, dims, self.meta)
+
+    def complete(self, state: _State) -> None:
+        if (0, 0) not in done_units(self.ref):  # the worker's write never reached this store
             raise IncompleteOutputError(
-                f"{str(ref)!r}: the task that wrote the result succeeded but its write is not "
-                f"in the store{sarray.UNSEEN_WRITES}")
-        arr.attrs[sarray.ATTR_KEY] = {**meta, "complete": True}
-        sarray.refresh_consolidated(ref)
-    finally:
-        sarray.release_lock(ref)
-    x.stats = stats
-    return small_return(arr)
+                f"{str(self.ref)!r}: the task that wrote the result succeeded but its write is "
+                f"not in the store{sarray.UNSEEN_WRITES}")
+        self.arr.attrs[sarray.ATTR_KEY] = {**self.meta, "complete": True}
+        sarray.refresh_consolidated(self.ref)
 
 
-def create_temporaries(low: Lowered) -> None:
-    for c in low.creates:
+def write(x, path, tile, shard, overwrite, resume, engine, name="", dims=None):
+    """``x.to_zarr(...)``: run ``x`` into the Zarr array at ``path``/``name``
+    under :func:`commit`; returns ``(Source of the output, RunStats or None
+    when nothing ran)``, or for a reduction's small result ``(its NumPy
+    value, None)`` (``x.stats`` then holds the run's figures)."""
+    node = x._node
+    ref = ArrayRef.from_location(path, name)
+    sarray.check_parents(ref)  # inside an array or a Zarr v2 group: refused before any work
+    check_task_writable(ref)  # workers could not write into a MemoryStore of this process
+    check_target(ref, node)
+    small = node.small or (node.ndim != 2 and not is_big_vector(node))
+    job = SmallJob(ref, node, dims, overwrite, resume) if small else \
+        MatrixJob(ref, node, tile, shard, dims, overwrite, resume)
+    refusing(ref, job.inspect, input_states(node))  # refused before the engine starts
+    engine = engine or runtime.current_engine()
+    ran = commit(node, engine, job, f"-> {os.path.basename(str(ref))}")
+    if small:
+        x.stats = ran.stats if ran.stats is not None else x.stats
+        return small_return(ran.state.existing if ran.state.complete else job.arr), None
+    return source(ref), ran.stats
+
+
+def create_temporaries(plan: Plan) -> None:
+    for c in plan.creates:
         create(c.ref.store, c.shape, c.dtype, c.tile, shard=c.shard, overwrite=True,
                compressor=None)
 
 
-def temporary_units(low: Lowered) -> int:
-    """I/O units of the run's temporaries (they are written like outputs)."""
-    return sum(Grid.regular(c.shape, c.tile, c.shard).n_units for c in low.creates)
-
-
-def cleanup(low: Lowered) -> None:
+def cleanup(plan: Plan) -> None:
     import shutil
 
-    for c in low.creates:
+    for c in plan.creates:
         if c.temporary and getattr(c.ref.store, "root", None):
             shutil.rmtree(str(c.ref.store.root), ignore_errors=True)
 

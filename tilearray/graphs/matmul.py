@@ -107,19 +107,26 @@ def matmul_block(
     if not a_panels:
         return acc, stats.as_dict()
     deps = list(deps)
-
-    def load(item):
-        side, i = item
-        if side == "a":
-            return evaluate(a_spec, rows, a_panels[i], deps, stats, max_bytes=read_bytes)
-        return evaluate(b_spec, b_panels[i], cols, deps, stats, max_bytes=read_bytes)
-
     if is_gram(a_spec, b_spec, rows, cols, a_panels, b_panels):
         return _gram_block(a_spec, b_spec, rows, b_panels, acc, deps, stats, read_bytes,
                            slab_rows)
     if b_bands is not None and tuple(a_panels) == tuple(b_panels):
         return _streamed_block(a_spec, b_spec, rows, cols, a_panels, b_bands, acc, deps,
                                stats, read_bytes)
+    return _paired_block(a_spec, b_spec, rows, cols, a_panels, b_panels, acc, deps, stats,
+                         read_bytes)
+
+
+def _paired_block(a_spec, b_spec, rows, cols, a_panels, b_panels, acc, deps, stats, read_bytes):
+    """:func:`matmul_block` over pairs of A and B panels, in :func:`load_order`:
+    the next panel read on a thread while BLAS works (``read_bytes=None``),
+    else read in place, band by band."""
+    def load(item):
+        side, i = item
+        if side == "a":
+            return evaluate(a_spec, rows, a_panels[i], deps, stats, max_bytes=read_bytes)
+        return evaluate(b_spec, b_panels[i], cols, deps, stats, max_bytes=read_bytes)
+
     order = iter(load_order(a_panels, b_panels))
     t_wait = t_blas = 0.0
     with ThreadPoolExecutor(1, thread_name_prefix="tilearray-prefetch") as pool:

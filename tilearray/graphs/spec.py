@@ -26,6 +26,9 @@ class Read:
     ref: ArrayRef
     grid: Grid
     dtype: np.dtype
+    part: tuple = ()
+    """Which part of a concatenation reads it (``()``: none): the parts of
+    ``np.hstack([a, a])`` read ``a`` apart, as the planner prices them."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,120 @@ class Slice:
 
 
 @dataclass(frozen=True)
+class Concat:
+    """``parts`` joined along ``axis``: part ``k`` covers ``offsets[k]:offsets[k+1]``
+    of that axis (``np.concatenate``); only the parts a region meets are read."""
+
+    parts: tuple
+    axis: int
+    offsets: tuple
+    dtype: np.dtype
+
+
+class Index:
+    """Integer positions (a NumPy int64 vector), compared and hashed by content."""
+
+    __slots__ = ("values", "token")
+
+    def __init__(self, values):
+        from dask.base import tokenize
+
+        self.values = np.asarray(values, dtype=np.int64)
+        self.token = tokenize(self.values)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Index) and other.token == self.token
+
+    def __hash__(self) -> int:
+        return hash(self.token)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __reduce__(self):
+        # every task of a gather carries its spec: an increasing index (a
+        # boolean mask's positions) travels as the mask's bits when smaller
+        v = self.values
+        if len(v) > 64 and int(v[-1]) + 1 < 64 * len(v) and bool(np.all(np.diff(v) > 0)):
+            mask = np.zeros(int(v[-1]) + 1, dtype=bool)
+            mask[v] = True
+            return (_unpack_index, (np.packbits(mask), len(mask)))
+        return (Index, (v,))
+
+    def __dask_tokenize__(self):
+        return ("Index", self.token)
+
+
+def _unpack_index(bits, n: int) -> Index:
+    return Index(np.flatnonzero(np.unpackbits(bits, count=n)))
+
+
+@dataclass(frozen=True)
+class Gather:
+    """``np.take(x, index, axis)``: the rows (axis 0) or columns (axis 1) of
+    ``x`` at ``index``. A region reads, for each run of its positions that
+    falls between two of ``edges`` (the I/O unit edges of ``x`` along
+    ``axis``), the span from their smallest to their largest position: each
+    unit a region needs is read once, and no unit it does not need."""
+
+    x: Any
+    axis: int
+    index: Index
+    edges: tuple
+    dtype: np.dtype
+
+
+def tagged(spec, k: int):
+    """``spec`` with its reads marked as part ``k`` of a concatenation."""
+    import dataclasses
+
+    if isinstance(spec, Read):
+        return dataclasses.replace(spec, part=(k, *spec.part))
+    if isinstance(spec, Trans | Slice | Gather):
+        return dataclasses.replace(spec, x=tagged(spec.x, k))
+    if isinstance(spec, Op):
+        return dataclasses.replace(spec, args=tuple(tagged(a, k) for a in spec.args))
+    if isinstance(spec, Concat):
+        return dataclasses.replace(spec, parts=tuple(tagged(a, k) for a in spec.parts))
+    return spec
+
+
+def gather_spans(index: Index, edges, lo: int, hi: int) -> list:
+    """``(start, stop)`` spans of ``x`` that positions ``lo:hi`` of a gather
+    read, one per unit interval of ``edges`` they meet, in interval order
+    (pure; :func:`evaluate`, :func:`reads` and the layout costs share it)."""
+    sel = index.values[lo:hi]
+    if not len(sel):
+        return []
+    g = np.searchsorted(np.asarray(edges), sel, side="right")
+    order = np.argsort(g, kind="stable")
+    gs, ss = g[order], sel[order]
+    cut = np.flatnonzero(np.diff(gs)) + 1
+    return [(int(part.min()), int(part.max()) + 1) for part in np.split(ss, cut)]
+
+
+def map_spans(steps, spans) -> list:
+    """Map index spans of a result axis through a chain of axis maps to a
+    leaf's axis: ``("a", start, step)`` affine (a slice), ``("w", offset, n)``
+    a window (one part of a concatenation), ``("g", index, edges)`` a gather."""
+    for st in steps:
+        out = []
+        for lo, hi in spans:
+            if hi <= lo:
+                continue
+            if st[0] == "a":
+                out.append((st[1] + lo * st[2], st[1] + (hi - 1) * st[2] + 1))
+            elif st[0] == "w":
+                a, b = max(lo - st[1], 0), min(hi - st[1], st[2])
+                if b > a:
+                    out.append((a, b))
+            else:
+                out += gather_spans(st[1], st[2], lo, hi)
+        spans = out
+    return spans
+
+
+@dataclass(frozen=True)
 class Const:
     value: Any
 
@@ -54,7 +171,8 @@ class Dep:
     """A small array (vector or scalar) computed by dependency task ``index``.
 
     ``kind`` is "row" (broadcast along rows, length = n columns), "col"
-    (length = m rows) or "scalar".
+    (length = m rows), "scalar", or "block" (an ``m x k`` in-memory operand
+    sliced like the expression: the right-hand sides of a least squares).
     """
 
     index: int
@@ -72,12 +190,15 @@ class Op:
 
 _FUNCS = {
     "astype": lambda x, dtype: x.astype(dtype, copy=False),
+    "getitem": lambda x, key: x[key],
     "where": np.where,
     "clip": np.clip,
     "slice2d": lambda x, start, step, shape: x[
         start[0] : start[0] + shape[0] * step[0] : step[0],
         start[1] : start[1] + shape[1] * step[1] : step[1],
     ],
+    # np.concatenate / stack / hstack / vstack of small in-memory results
+    "join": lambda *xs, how, **kw: getattr(np, how)(xs, **kw),
 }
 
 
@@ -94,6 +215,10 @@ def leaves(spec) -> list[Read]:
         return leaves(spec.x)
     if isinstance(spec, Op):
         return [r for a in spec.args for r in leaves(a)]
+    if isinstance(spec, Concat):
+        return [r for a in spec.parts for r in leaves(a)]
+    if isinstance(spec, Gather):
+        return leaves(spec.x)
     return []
 
 
@@ -104,6 +229,10 @@ def deps_of(spec) -> set[int]:
         return deps_of(spec.x)
     if isinstance(spec, Op):
         return set().union(*(deps_of(a) for a in spec.args)) if spec.args else set()
+    if isinstance(spec, Concat):
+        return set().union(*(deps_of(a) for a in spec.parts))
+    if isinstance(spec, Gather):
+        return deps_of(spec.x)
     return set()
 
 
@@ -117,6 +246,10 @@ def n_temporaries(spec) -> int:
         return n_temporaries(spec.x) + 1
     if isinstance(spec, Op):
         return sum(n_temporaries(a) for a in spec.args) + 1
+    if isinstance(spec, Concat):
+        return sum(n_temporaries(a) for a in spec.parts) + 1
+    if isinstance(spec, Gather):
+        return n_temporaries(spec.x) + 1
     return 0
 
 
@@ -151,7 +284,31 @@ def _edges(spec, axis: int, common: bool = False):
             if e is not None:
                 out = e if out is None else (out & e if common else out | e)
         return out
+    if isinstance(spec, Concat):
+        return _concat_edges(spec, axis, common)
+    if isinstance(spec, Gather):
+        inner = _edges(spec.x, axis, common)
+        if inner is None or axis != spec.axis:
+            return inner
+        g = np.searchsorted(np.asarray(sorted(inner)), spec.index.values, side="right")
+        return {0, len(g)} | {int(i) for i in np.flatnonzero(np.diff(g)) + 1}
     return None
+
+
+def _concat_edges(spec: Concat, axis: int, common: bool):
+    """Block edges of a concatenation: along its axis, each part's edges
+    shifted to its place, and the places where parts meet; across it,
+    combined like an elementwise op's."""
+    out = None
+    for k, part in enumerate(spec.parts):
+        e = _edges(part, axis, common)
+        if axis == spec.axis:
+            off, n = spec.offsets[k], spec.offsets[k + 1] - spec.offsets[k]
+            e = {off + x for x in (e if e is not None else {0, n}) if 0 <= x <= n}
+            out = (out or set()) | e
+        elif e is not None:
+            out = e if out is None else (out & e if common else out | e)
+    return out
 
 
 def evaluate(spec, rows: Range, cols: Range, deps: list, stats: IOStats, _seen=None,
@@ -186,11 +343,49 @@ def evaluate(spec, rows: Range, cols: Range, deps: list, stats: IOStats, _seen=N
             return np.asarray(v).reshape(1, -1)[:, cols[0] : cols[1]]
         if spec.kind == "col":
             return np.asarray(v).reshape(-1, 1)[rows[0] : rows[1], :]
+        if spec.kind == "block":  # an in-memory operand of the expression's own shape
+            return np.asarray(v).reshape(len(v), -1)[rows[0] : rows[1], cols[0] : cols[1]]
         return v
     if isinstance(spec, Op):
         args = [evaluate(a, rows, cols, deps, stats, seen, max_bytes) for a in spec.args]
         return func(spec.name)(*args, **dict(spec.kwargs))
+    if isinstance(spec, Concat | Gather):
+        return _evaluate_joined(spec, rows, cols, deps, stats, seen, max_bytes)
     raise TypeError(f"unknown spec node {spec!r}")
+
+
+def _evaluate_joined(spec, rows: Range, cols: Range, deps, stats, seen, max_bytes):
+    """A region of a :class:`Concat` (the parts it meets, joined) or of a
+    :class:`Gather` (one read per span of :func:`gather_spans`, picked)."""
+    region = [tuple(rows), tuple(cols)]
+    ax = spec.axis
+    out = np.empty((rows[1] - rows[0], cols[1] - cols[0]), dtype=spec.dtype)
+    lo, hi = region[ax]
+    if isinstance(spec, Concat):
+        for k, part in enumerate(spec.parts):
+            a, b = max(lo, spec.offsets[k]), min(hi, spec.offsets[k + 1])
+            if b > a:
+                sub = list(region)
+                sub[ax] = (a - spec.offsets[k], b - spec.offsets[k])
+                piece = evaluate(part, *sub, deps, stats, seen, max_bytes)
+                dst = [slice(None), slice(None)]
+                dst[ax] = slice(a - lo, b - lo)
+                out[tuple(dst)] = piece
+        return out
+    sel = spec.index.values[lo:hi]
+    for a, b in gather_spans(spec.index, spec.edges, lo, hi):
+        sub = list(region)
+        sub[ax] = (a, b)
+        piece = evaluate(spec.x, *sub, deps, stats, seen, max_bytes)
+        shape = [rows[1] - rows[0], cols[1] - cols[0]]
+        shape[ax] = b - a
+        piece = np.broadcast_to(piece, shape)
+        pos = np.flatnonzero((sel >= a) & (sel < b))
+        if ax == 0:
+            out[pos, :] = piece[sel[pos] - a, :]
+        else:
+            out[:, pos] = piece[:, sel[pos] - a]
+    return out
 
 
 def prefetch(spec, rows: Range, cols: Range) -> None:
@@ -216,6 +411,21 @@ def reads(spec, rows: Range, cols: Range):
     elif isinstance(spec, Op):
         for a in spec.args:
             yield from reads(a, rows, cols)
+    elif isinstance(spec, Concat | Gather):
+        region, ax = [tuple(rows), tuple(cols)], spec.axis
+        if isinstance(spec, Concat):
+            for k, part in enumerate(spec.parts):
+                sub = list(region)
+                sub[ax] = map_spans([("w", spec.offsets[k], spec.offsets[k + 1]
+                                      - spec.offsets[k])], [region[ax]])
+                if sub[ax]:
+                    sub[ax] = sub[ax][0]
+                    yield from reads(part, *sub)
+        else:
+            for span in gather_spans(spec.index, spec.edges, *region[ax]):
+                sub = list(region)
+                sub[ax] = span
+                yield from reads(spec.x, *sub)
 
 
 def read_cost(spec, rows: Range, cols: Range) -> tuple[int, int, int]:

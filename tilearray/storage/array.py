@@ -23,7 +23,7 @@ from zarr.errors import ArrayNotFoundError, ContainsGroupError, NodeTypeValidati
 from zarr.storage import LocalStore
 
 from .. import _config
-from ..errors import IncompleteOutputError, StorageError
+from ..errors import IncompleteOutputError, StorageArgumentError, StorageError
 from .geometry import Grid, int_pair
 from .groups import (  # noqa: F401  (re-exported: callers use storage.array's names)
     _node_at,
@@ -63,18 +63,24 @@ SUPPORTED_KINDS = "biuf"  # bool, signed/unsigned integers, floats
 
 
 def grid_of(arr: zarr.Array) -> Grid:
-    """The tile / I/O-unit grid of an opened 2-D Zarr array (v2 or v3)."""
+    """The tile / I/O-unit grid of an opened 2-D Zarr array (v2 or v3); a 1-D
+    array of length n is seen as the column ``(n, 1)``."""
     shards = arr.shards
+    if arr.ndim == 1:
+        return Grid.regular((arr.shape[0], 1), (arr.chunks[0], 1),
+                            None if shards is None else (shards[0], 1))
     return Grid.regular(arr.shape, arr.chunks, shards, streams_rows(arr))
 
 
-def check_dtype(dtype: Any, where: str) -> np.dtype:
+def check_dtype(dtype: Any, where: str, error: type = StorageError) -> np.dtype:
+    """The NumPy dtype of ``dtype`` if tilearray handles it, else ``error``
+    (:class:`StorageArgumentError` where the user passed it)."""
     try:
         dt = np.dtype(dtype)
     except TypeError as e:
-        raise StorageError(f"{where}: unsupported dtype {dtype!r}: {e}") from None
+        raise error(f"{where}: unsupported dtype {dtype!r}: {e}") from None
     if dt.kind not in SUPPORTED_KINDS:
-        raise StorageError(
+        raise error(
             f"{where}: unsupported dtype {dt} (tilearray handles bool, integer and "
             "floating-point matrices)"
         )
@@ -101,7 +107,10 @@ def open_array(
     ref = where if isinstance(where, ArrayRef) else ArrayRef.from_location(where, path)
     loc = str(ref)
     if isinstance(ref.store, LocalStore) and not os.path.exists(ref.store.root):
-        raise StorageError(f"no Zarr array at {loc!r}: the path does not exist")
+        why = ("it is a symbolic link to a missing target "
+               f"({os.readlink(ref.store.root)!r})" if os.path.islink(ref.store.root)
+               else "the path does not exist")
+        raise StorageError(f"no Zarr array at {loc!r}: {why}")
     try:
         arr = zarr.open_array(ref.store, path=ref.path or None, mode=mode)
     except (ArrayNotFoundError, FileNotFoundError, KeyError) as e:
@@ -120,7 +129,7 @@ def open_array(
         raise StorageError(
             f"cannot read the metadata of {loc!r} (zarr.json / .zarray): {type(e).__name__}: "
             f"{e} — the file is damaged or cut short (a copy that ran out of space?)") from e
-    if arr.ndim != 2:
+    if arr.ndim not in (1, 2):
         raise StorageError(not_a_matrix_message(ref, arr))
     check_dtype(arr.dtype, loc)
     if check_complete:
@@ -159,8 +168,8 @@ def not_a_matrix_message(ref: ArrayRef, arr: zarr.Array) -> str:
                f"xarray.open_zarr({where!r})[{member!r}]")
     else:
         how = f"zarr.open_array({root!r})[...]"
-    return (f"{str(ref)!r} is a {arr.ndim}-D array of shape {arr.shape}, not a 2-D matrix: "
-            f"TiledArrays are 2-D; read it into memory with {how}")
+    return (f"{str(ref)!r} is a {arr.ndim}-D array of shape {arr.shape}: TiledArrays are "
+            f"1-D or 2-D; read it into memory with {how}")
 
 
 def check_output_complete(ref: ArrayRef, arr: zarr.Array) -> None:
@@ -176,9 +185,9 @@ def check_output_complete(ref: ArrayRef, arr: zarr.Array) -> None:
             f"{str(ref)!r} is an incomplete tilearray output being written right now by "
             f"{describe_holder(writer)}: {missing} of {grid.n_units} I/O units still to "
             "write; open it once that job has finished")
+    what, how = unfinished(meta, missing, grid.n_units)
     raise IncompleteOutputError(
-        f"{str(ref)!r} is an incomplete tilearray output: {missing} of {grid.n_units} "
-        f"I/O units were never written (the job that wrote it stopped early). {redo_hint(meta)}"
+        f"{str(ref)!r} is an incomplete tilearray output: {what}. {how}"
         ", or open it with allow_incomplete=True to inspect it."
     )
 
@@ -191,11 +200,72 @@ def resumable(meta: dict) -> bool:
 
 
 def redo_hint(meta: dict) -> str:
-    """How to finish an incomplete output (``meta``: its tilearray attributes)."""
+    """How to finish an incomplete output (``meta``: its tilearray attributes):
+    ``resume=True`` only when a resume would be accepted (written from an
+    expression whose recorded inputs are unchanged), else ``overwrite=True``."""
+    changed = changed_inputs(meta)
+    if changed:
+        more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+        return (f"Its input {changed[0]}{more} since the job started, so a resume would be "
+                "refused: rerun the expression with overwrite=True to compute it again")
     if resumable(meta):
         return "Rerun the same expression with to_zarr(..., resume=True) to finish it"
     return ("It was not written from an expression (random, from_numpy or from_dask), so it "
             "cannot be resumed: rerun what wrote it with overwrite=True")
+
+
+def unfinished(meta: dict, missing: int, n_units: int) -> tuple[str, str]:
+    """(what is wrong, how to finish it) for an incomplete output no job is
+    writing: ``missing`` of its ``n_units`` I/O units have no done marker."""
+    if missing:
+        what = (f"{missing} of {n_units} I/O units were never written (the job that wrote it "
+                "stopped early)")
+    else:
+        why = ("its inputs changed" if changed_inputs(meta)
+               else "it was killed or failed before its commit")
+        what = (f"all {n_units} I/O units were written, but the job stopped before marking "
+                f"it complete ({why})")
+    how = redo_hint(meta)
+    if not missing and how.startswith("Rerun the same expression"):
+        how = ("Rerun the same expression with to_zarr(..., resume=True) to mark it complete "
+               "(nothing is recomputed)")
+    return what, how
+
+
+INPUTS_KEY = "inputs"
+"""The output attribute (under :data:`ATTR_KEY`) holding, while it is
+incomplete, the state of each local input when its job started:
+``[[path, [newest mtime ns, bytes, files]], ...]``. A resume is refused when
+an input changed (the fingerprint covers these states), so an unfinished
+output whose inputs differ now says to rerun with ``overwrite=True``."""
+
+
+def record_inputs(ref: ArrayRef, states: dict[str, tuple[str, tuple]]) -> None:
+    """Record ``states`` (``{location: (local path, files state)}``) in the
+    incomplete output at ``ref`` (nothing when empty: no local inputs)."""
+    if not states:
+        return
+    arr = zarr.open_array(ref.store, path=ref.path or None, mode="r+")
+    meta = info_attrs(arr)
+    meta[INPUTS_KEY] = [[path, list(state)] for path, state in states.values()]
+    arr.attrs[ATTR_KEY] = meta
+
+
+def changed_inputs(meta: dict) -> list[str]:
+    """What happened to each recorded input (:data:`INPUTS_KEY`) whose files
+    differ now from when the job started: ``"'path' was modified"`` or
+    ``"... was deleted"``; [] when none did or none were recorded."""
+    out = []
+    recorded = meta.get(INPUTS_KEY) if meta else None
+    for item in recorded if isinstance(recorded, list) else []:
+        try:
+            path, state = str(item[0]), tuple(int(v) for v in item[1])
+        except (TypeError, ValueError, IndexError):
+            continue
+        now = files_state(path)
+        if now != state:
+            out.append(f"{path!r} " + ("was deleted" if now[2] == 0 else "was modified"))
+    return out
 
 
 def _compressor(name: str | None, dtype: np.dtype, loc: str) -> list:
@@ -208,7 +278,8 @@ def _compressor(name: str | None, dtype: np.dtype, loc: str) -> list:
                            typesize=dtype.itemsize)]
     if name == "zstd":
         return [ZstdCodec(level=int(_config.get("storage.zstd-level")))]
-    raise StorageError(f"{loc!r}: unknown compressor {name!r} (use 'lz4', 'zstd' or None)")
+    raise StorageArgumentError(f"{loc!r}: unknown compressor {name!r} (use 'lz4', 'zstd' or "
+                               "None)")
 
 
 def create(
@@ -240,19 +311,27 @@ def create(
     ref = ArrayRef.from_location(where, path)
     loc = str(ref)
     check_parents(ref)
+    vector = _is_vector_shape(shape)
+    if vector:  # a 1-D array: planned as the column (n, 1)
+        shape = (shape[0], 1)
+        tile = (_first(tile), 1)
+        shard = None if shard is None else (_first(shard), 1)
+        dims = None if dims is None else ((dims,) if isinstance(dims, str) else tuple(dims))
     given, shape = shape, int_pair(shape)
     if shape is None or any(s < 0 for s in shape):
-        raise StorageError(f"{loc!r}: shape must be 2 non-negative integers, got {given!r}")
-    dt = check_dtype(dtype, loc)
+        raise StorageArgumentError(
+            f"{loc!r}: shape must be 2 non-negative integers, got {given!r}")
+    dt = check_dtype(dtype, loc, StorageArgumentError)
     tile = _clip_block(shape, tile, "tile", loc)
     if shard is None:  # a tile larger than the array is clipped to it, as dask's chunks
         tile = tuple(min(t, max(s, 1)) for t, s in zip(tile, shape, strict=True))
     else:
         given, shard = shard, int_pair(shard)
         if shard is None:
-            raise StorageError(f"{loc!r}: shard must be 2 positive integers, got {given!r}")
+            raise StorageArgumentError(
+                f"{loc!r}: shard must be 2 positive integers, got {given!r}")
         if any(s <= 0 or s % t for s, t in zip(shard, tile, strict=True)):
-            raise StorageError(
+            raise StorageArgumentError(
                 f"{loc!r}: shard {shard} must be a positive multiple of the tile {tile}"
             )
     compressors = [*_compressor(compressor, dt, loc), Crc32cCodec()]
@@ -263,6 +342,9 @@ def create(
         prepare_member(ref, replacing=bool(overwrite))
     if overwrite:
         overwrite = clear_for_overwrite(ref)
+    default_dims = ("row", "col")
+    if vector:
+        shape, tile, shard, default_dims = shape[:1], tile[:1], shard and shard[:1], ("row",)
     try:
         arr = zarr.create_array(
             ref.store,
@@ -273,7 +355,7 @@ def create(
             shards=shard,
             compressors=compressors,
             fill_value=0,
-            dimension_names=tuple(dims) if dims is not None else ("row", "col"),
+            dimension_names=tuple(dims) if dims is not None else default_dims,
             attributes=attrs,
             zarr_format=3,
             overwrite=overwrite,
@@ -288,6 +370,22 @@ def create(
     # an overwritten member leaves the group's listing until it is complete again
     refresh_consolidated(ref)
     return arr
+
+
+def _is_vector_shape(shape) -> bool:
+    try:
+        return len(shape) == 1
+    except TypeError:
+        return False
+
+
+def _first(block):
+    """The first entry of a tile / shard given for a 1-D array (an int, or a
+    tuple of one or two entries: ``(t,)`` or ``(t, 1)``)."""
+    try:
+        return block[0]
+    except (TypeError, IndexError):
+        return block
 
 
 def clear_for_overwrite(ref: ArrayRef) -> bool:
@@ -312,7 +410,8 @@ def clear_for_overwrite(ref: ArrayRef) -> bool:
 def _clip_block(shape, block, name: str, loc: str) -> tuple[int, int]:
     pair = int_pair(block)
     if pair is None or any(b <= 0 for b in pair):
-        raise StorageError(f"{loc!r}: {name} must be 2 positive integers, got {block!r}")
+        raise StorageArgumentError(
+            f"{loc!r}: {name} must be 2 positive integers, got {block!r}")
     return pair
 
 
@@ -353,6 +452,7 @@ def mark_complete(ref: ArrayRef, extra: dict | None = None) -> None:
         )
     meta = info_attrs(arr)
     meta.update(extra or {})
+    meta.pop(INPUTS_KEY, None)  # only an unfinished output's advice needs them
     meta["complete"] = True
     arr.attrs[ATTR_KEY] = meta
     refresh_consolidated(ref)
@@ -385,8 +485,13 @@ def local_files_state(ref: ArrayRef) -> tuple[int, int, int] | None:
         from .objects import objects_state
 
         return objects_state(ref)
+    return files_state(os.path.join(str(root), ref.path))
+
+
+def files_state(path: str) -> tuple[int, int, int]:
+    """``(newest mtime ns, total bytes, file count)`` of the files under ``path``."""
     newest = total = count = 0
-    for dirpath, _, files in os.walk(os.path.join(str(root), ref.path)):
+    for dirpath, _, files in os.walk(path):
         for f in files:
             try:
                 st = os.stat(os.path.join(dirpath, f))

@@ -2,7 +2,7 @@
 whether it changed under a running job), what kind of thing stands at a
 target, and the whole write of a small in-memory result (created incomplete,
 filled, then marked complete). The order of a job's steps -- checks, lock,
-create, run, verify, commit -- is :func:`tilearray.engine.output.write`'s."""
+create, run, verify, commit -- is :func:`tilearray.engine.output.commit`'s."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from ..errors import IncompleteOutputError, StorageError
 from . import array as sarray
 from . import locks
 from .array import ArrayRef
+from .ref import not_a_directory, refusal_of_non_directory
 
 
 def input_state(ref: ArrayRef):
@@ -57,7 +58,14 @@ def verify_inputs(states: dict, out: ArrayRef | None) -> None:
 
 def run_checked(states: dict, out: ArrayRef | None, fn, *args, **kwargs):
     """``fn(...)``; when it fails, an input that changed meanwhile is named
-    (a deleted input otherwise surfaces as a raw FileNotFoundError)."""
+    (a deleted input otherwise surfaces as a raw FileNotFoundError). The
+    output ``out`` (created, incomplete) first records its local inputs'
+    states: should the job stop, opening it tells whether a resume would be
+    accepted (:func:`~.array.changed_inputs`)."""
+    if out is not None:
+        sarray.record_inputs(out, {
+            loc: (local_path(ref), state) for loc, (ref, state) in states.items()
+            if isinstance(state, tuple) and local_path(ref) is not None})
     try:
         return fn(*args, **kwargs)
     except Exception as e:
@@ -84,10 +92,9 @@ def check_target_kind(ref: ArrayRef, replace_abandoned: bool = False) -> None:
     when ``replace_abandoned`` (resume / overwrite), else refused with
     :class:`IncompleteOutputError`."""
     out_file = local_path(ref)
-    if out_file is not None and os.path.exists(out_file) and not os.path.isdir(out_file):
-        raise StorageError(
-            f"{str(ref)!r} is a regular file, not a Zarr array; refusing to replace it "
-            "(also with overwrite=True) — choose another path or remove it first")
+    found = None if out_file is None else not_a_directory(out_file)
+    if found is not None:
+        raise refusal_of_non_directory(str(ref), found, "a Zarr array")
     if existing_array(ref) is None and has_data(ref):
         if abandoned(ref, replace_abandoned):
             return

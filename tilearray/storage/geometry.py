@@ -110,10 +110,6 @@ class Grid:
         """Boundaries of the I/O units along ``axis``."""
         return boundaries(self.shape[axis], self.unit[axis])
 
-    def tile_edges(self, axis: int) -> tuple[int, ...]:
-        """Boundaries of the tiles along ``axis``."""
-        return boundaries(self.shape[axis], self.tile[axis])
-
     def unit_range(self, axis: int, index: int) -> Range:
         """Element range covered by unit ``index`` along ``axis`` (clipped)."""
         u = self.unit[axis]

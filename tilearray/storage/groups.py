@@ -13,9 +13,9 @@ from zarr.abc.store import Store
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import collect_aiterator, sync
 
-from ..errors import StorageError
+from ..errors import StorageArgumentError, StorageError
 from .locks import group_lock, local_root
-from .ref import ATTR_KEY, ArrayRef, describe
+from .ref import ATTR_KEY, ArrayRef, describe, not_a_directory, refusal_of_non_directory
 
 
 def dims_of(arr: zarr.Array) -> tuple[str, ...] | None:
@@ -97,12 +97,12 @@ def choose_dims(ref: ArrayRef, shape: tuple, dims=None, derived=None,
         dims = (dims,) if isinstance(dims, str) else tuple(dims)
         if len(dims) != len(shape) or len(set(dims)) != len(dims) \
                 or not all(isinstance(d, str) and d for d in dims):
-            raise StorageError(
+            raise StorageArgumentError(
                 f"{str(ref)!r}: dims {dims!r} must be {len(shape)} distinct names for shape {shape}"
             )
         bad = conflict(dims)
         if bad:
-            raise StorageError(
+            raise StorageArgumentError(
                 f"{str(ref)!r}: dimension {bad[0]!r} would have size {bad[1]}, but member "
                 f"{bad[3]!r} of the same group uses it with size {bad[2]}; xarray needs one "
                 "size per dimension name; pass other dims="
@@ -157,12 +157,11 @@ def _check_enclosing_directories(ref: ArrayRef) -> None:
     root = local_root(ref.store)
     if root is None:
         return
-    if os.path.lexists(root) and not os.path.isdir(root):
-        what = "a Zarr array" if not ref.path else "a Zarr group (to hold member " \
+    found = not_a_directory(root)
+    if found is not None:
+        wanted = "a Zarr array" if not ref.path else "a Zarr group (to hold member " \
             f"{ref.path!r})"
-        raise StorageError(
-            f"{str(root)!r} is a regular file, not {what}; refusing to replace it (also with "
-            "overwrite=True) — choose another path or remove it first")
+        raise refusal_of_non_directory(str(root), found, wanted)
     here = os.path.dirname(os.path.abspath(root))
     while True:
         kind = None

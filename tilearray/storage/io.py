@@ -356,6 +356,22 @@ def store_small(ref: ArrayRef, result) -> tuple[None, dict]:
     return None, st
 
 
+def read_vector(ref: ArrayRef, shape: tuple):
+    """Worker task: a stored 1-D array read whole, as ``(value, stats)`` (one
+    request per I/O unit, counted as :func:`plan_vector_read` plans it)."""
+    arr = ref.open()
+    if arr.ndim != 1 or tuple(arr.shape) != tuple(shape):
+        raise StorageError(f"{str(ref)!r} changed: shape {tuple(arr.shape)}, was {tuple(shape)}")
+    try:
+        value = np.asarray(arr[...])
+    except OSError as e:
+        raise StorageError(f"reading {str(ref)!r} failed: {e}") from e
+    stats = IOStats(bytes_read=value.nbytes, read_requests=1,
+                    store_gets=grid_of(arr).n_units).as_dict()
+    stats["tasks"] = 1
+    return value, stats
+
+
 def prefetch_region(ref: ArrayRef, rows: Range, cols: Range) -> None:
     """Hint that ``rows x cols`` of the array at ``ref`` will be read soon: its
     chunk files are loaded into the OS page cache in the background (local,
@@ -398,7 +414,11 @@ def write_block(
             r0, r1 = grid.unit_range(0, i)
             for j in grid.units_touching(1, cols):
                 c0, c1 = grid.unit_range(1, j)
-                arr[r0:r1, c0:c1] = data[r0 - rows[0] : r1 - rows[0], c0 - cols[0] : c1 - cols[0]]
+                block = data[r0 - rows[0] : r1 - rows[0], c0 - cols[0] : c1 - cols[0]]
+                if arr.ndim == 1:  # a vector, written as the column (n, 1)
+                    arr[r0:r1] = block[:, 0]
+                else:
+                    arr[r0:r1, c0:c1] = block
                 mark_unit_done(ref, i, j)
                 stats.units_written += 1
     except OSError as e:

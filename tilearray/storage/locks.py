@@ -37,6 +37,7 @@ file to remove once that job is known to be gone.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import socket
@@ -98,8 +99,21 @@ def _exclusive_put(store: Store, key: str, value: bytes) -> bool | None:
     return True
 
 
-class _CannotCreate(StorageError):
-    """The lock itself cannot be written (read-only store, no permission)."""
+def _cannot_create(slot: _Slot, target: str, e: OSError) -> StorageError:
+    """Why the lock for writing ``target`` cannot be created: a read-only
+    store or a directory this process may not write into is said so."""
+    if getattr(slot.store, "read_only", False):
+        return StorageError(f"cannot write {target!r}: the store {describe(slot.store)!r} was "
+                            "opened read-only; write to a location this process can write to")
+    if isinstance(e, PermissionError) or e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        where = (f"the directory {os.path.dirname(slot.file)!r} is not writable"
+                 if slot.file is not None else
+                 f"the store {describe(slot.store)!r} is not writable")
+    else:
+        return StorageError(f"cannot write {target!r}: its lock {str(slot)!r} cannot be "
+                            f"created: {type(e).__name__}: {e}")
+    return StorageError(f"cannot write {target!r}: {where} ({type(e).__name__}: {e}); write "
+                        "to a location this process can write to")
 
 
 class _Slot:
@@ -265,8 +279,12 @@ def describe_holder(owner: dict) -> str:
             f"lock taken {owner.get('taken', '?')})")
 
 
-def _acquire(slot: _Slot, what: str, refuse) -> str:
-    """Take ``slot``; returns the token. ``refuse(owner)`` raises for a live holder."""
+def _acquire(slot: _Slot, what: str, refuse, target: str,
+             unwritable_ok: bool = False) -> str | None:
+    """Take ``slot``; returns the token. ``refuse(owner)`` raises for a live holder.
+    A lock that cannot be created (read-only store, no permission) is a
+    :class:`StorageError` naming ``target``, what is written -- or, with
+    ``unwritable_ok``, None."""
     me = _me(what)
     mine = json.dumps(me).encode()
     claim = _Slot(slot.store, slot.key + ".reclaim",
@@ -276,8 +294,9 @@ def _acquire(slot: _Slot, what: str, refuse) -> str:
             if slot.create(mine):
                 return me["token"]
         except OSError as e:
-            raise _CannotCreate(f"cannot create the lock {str(slot)!r}: {type(e).__name__}: "
-                                f"{e}") from None
+            if unwritable_ok:
+                return None
+            raise _cannot_create(slot, target, e) from None
         owner = _parse(slot.read())
         if owner is None:  # released meanwhile: try again
             continue
@@ -287,8 +306,9 @@ def _acquire(slot: _Slot, what: str, refuse) -> str:
         try:
             claimed = claim.create(mine)
         except OSError as e:
-            raise _CannotCreate(f"cannot create {str(claim)!r}: {type(e).__name__}: {e}") \
-                from None
+            if unwritable_ok:
+                return None
+            raise _cannot_create(claim, target, e) from None
         if not claimed:
             other = _parse(claim.read())
             if other and is_stale(other):
@@ -344,7 +364,7 @@ def acquire_lock(ref) -> None:
         Another live job holds it (the message names it: pid, host, start time).
     """
     slot = _output_slot(ref)
-    _held[str(ref)] = _acquire(slot, "output", _refuse_output(ref, slot))
+    _held[str(ref)] = _acquire(slot, "output", _refuse_output(ref, slot), str(ref))
 
 
 def check_unlocked(ref) -> None:
@@ -435,17 +455,16 @@ def group_lock(store: Store, timeout: float = 60.0):
     def refuse(owner):
         raise _Busy(owner)
 
-    while token is None:
+    while True:
         try:
-            token = _acquire(slot, "group", refuse)
+            token = _acquire(slot, "group", refuse, describe(store), unwritable_ok=True)
+            break  # held, or None: it cannot be created
         except _Busy as e:
             if time.monotonic() > deadline:
                 raise StorageError(
                     f"timed out after {timeout:.0f} s waiting for {str(slot)!r}, held by "
                     f"{describe_holder(e.args[0])}; if that job is gone, remove it") from None
             time.sleep(0.002)
-        except _CannotCreate:
-            break
     try:
         yield token is not None
     finally:

@@ -17,7 +17,7 @@ from zarr.core.sync import collect_aiterator, sync
 from zarr.errors import ArrayNotFoundError
 from zarr.storage import LocalStore
 
-from ..errors import StorageError
+from ..errors import StorageArgumentError, StorageArgumentTypeError, StorageError
 
 ATTR_KEY = "tilearray"
 
@@ -148,6 +148,33 @@ def _close_sessions() -> None:
             pass
 
 
+def not_a_directory(path: str) -> str | None:
+    """What stands at a local ``path`` that a Zarr array or group cannot be
+    written into -- "a regular file", "a symbolic link to a missing target
+    ('...')", ... -- or None (nothing there, or a directory)."""
+    if os.path.islink(path) and not os.path.exists(path):
+        return f"a symbolic link to a missing target ({os.readlink(path)!r})"
+    if not os.path.lexists(path) or os.path.isdir(path):
+        return None
+    what = "a regular file" if os.path.isfile(path) else \
+        "a special file (a socket, FIFO or device)"
+    if os.path.islink(path):
+        return f"a symbolic link to {what} ({os.path.realpath(path)!r})"
+    return what
+
+
+def refusal_of_non_directory(location: str, what: str, wanted: str) -> StorageError:
+    """The refusal to write ``wanted`` (e.g. "a Zarr array") at ``location``
+    where :func:`not_a_directory` found ``what``."""
+    if what.startswith("a symbolic link"):
+        return StorageError(
+            f"{location!r} is {what}, not {wanted}; tilearray does not replace a link (also "
+            "with overwrite=True) — write to its target's path itself, or remove the link")
+    return StorageError(
+        f"{location!r} is {what}, not {wanted}; refusing to replace it (also with "
+        "overwrite=True) — choose another path or remove it first")
+
+
 def process_local(store: Store) -> bool:
     """Whether ``store`` (or the store it wraps) keeps its data in this
     process's memory (a zarr ``MemoryStore``): tasks that run in dask workers
@@ -202,7 +229,8 @@ def check_name(name: str | None) -> str:
     if name is None:
         return ""
     if not isinstance(name, str):
-        raise StorageError(f"member name must be a string, got {type(name).__name__} {name!r}")
+        raise StorageArgumentTypeError(
+            f"member name must be a string, got {type(name).__name__} {name!r}")
     if name == "":
         return ""
     if name.startswith("/"):
@@ -216,7 +244,7 @@ def check_name(name: str | None) -> str:
         why = "it uses a name Zarr or tilearray keeps for its own keys"
     else:
         return name
-    raise StorageError(
+    raise StorageArgumentError(
         f"bad member name {name!r}: {why}; use a relative path such as 'x' or 'sub/x'"
     )
 
@@ -304,9 +332,6 @@ class ArrayRef:
     def get_key(self, key: str) -> bytes | None:
         buf = sync(self.store.get(self._key(key), default_buffer_prototype()))
         return None if buf is None else buf.to_bytes()
-
-    def delete_key(self, key: str) -> None:
-        sync(self.store.delete(self._key(key)))
 
     def has_key(self, key: str) -> bool:
         return sync(self.store.exists(self._key(key)))

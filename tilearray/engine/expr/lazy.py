@@ -10,6 +10,7 @@ import numpy as np
 from ...errors import PlanningError
 from ...graphs.reduction import NO_IDENTITY
 from ...storage import Grid
+from . import routines
 from .nodes import Elemwise, SliceNode, Source, Transpose, derive_dims
 from .ops import (
     _DTYPE_OPS,
@@ -223,27 +224,39 @@ class LazyArray(ExprBase):
 
     def __getitem__(self, key) -> LazyArray:
         """Lazy basic slicing with positive steps, e.g. ``a[:100, ::2]``,
-        ``a[..., :3]`` (``...`` stands for the axes not given).
+        ``a[..., :3]`` (``...`` stands for the axes not given); integer
+        lists on one axis (``a[:, [0, 5, 9]]``, :func:`~.routines.take`);
+        boolean masks (``a[a[:, 0] > 0]``: a lazy mask is computed now, in
+        one pass over what it reads -- the result's shape depends on it --
+        and the rows are gathered when the result is stored or computed);
+        an integer drops its axis (``a[:, 0]``: a small 1-D result).
 
         Raises
         ------
         PlanningError
-            For integer, fancy or boolean indexing, or negative steps.
+            Negative steps, or lists on both axes (NumPy's pointwise indexing).
+        IndexError
+            Positions out of range, a mask of the wrong length.
         """
         n = self._node
+        if n.ndim == 1:
+            return self._vector_item(key)
         if n.ndim != 2:
-            raise PlanningError(f"indexing is supported on 2-D arrays, not shape {n.shape}")
+            raise PlanningError(f"indexing is supported on 1-D and 2-D arrays, not shape "
+                                f"{n.shape}")
         if not isinstance(key, tuple):
             key = (key,)
         if sum(k is Ellipsis for k in key) > 1:
             raise PlanningError(f"an index can only have a single ellipsis ('...'), got {key!r}")
-        if Ellipsis in key:
+        if any(k is Ellipsis for k in key):
             i = next(i for i, k in enumerate(key) if k is Ellipsis)
             fill = (slice(None),) * max(n.ndim - (len(key) - 1), 0)
             key = key[:i] + fill + key[i + 1:]
         if len(key) > n.ndim:
             raise PlanningError(f"too many indices for a {n.ndim}-D array: {key!r}")
         key = key + (slice(None),) * (n.ndim - len(key))
+        if len(key) == 2 and not all(isinstance(k, slice) for k in key):
+            return routines.index(self, key)
         if len(key) != 2 or not all(isinstance(k, slice) for k in key):
             raise PlanningError(f"only slices are supported for indexing, got {key!r}")
         starts, steps, shape = [], [], []
@@ -255,6 +268,23 @@ class LazyArray(ExprBase):
             steps.append(step)
             shape.append(len(range(start, stop, step)))
         return type(self)(SliceNode(tuple(shape), n.dtype, n, tuple(starts), tuple(steps)))
+
+    def _vector_item(self, key) -> LazyArray:
+        """``v[a:b:c]``, ``v[:, None]`` (a column) or ``v[None, :]`` (a row) of
+        a 1-D array held in memory (a stored vector, a reduction's result)."""
+        n = self._node
+        key = key if isinstance(key, tuple) else (key,)
+        if not n.small:
+            raise PlanningError(f"indexing {n}: a 1-D product is not held in memory; "
+                                "store it with .to_zarr(path) and index ta.open(path)")
+        if sum(k is None for k in key) > 1 or len(key) - sum(k is None for k in key) > 1 \
+                or not all(k is None or isinstance(k, slice) for k in key):
+            raise PlanningError(f"a 1-D array takes one slice and at most one None (np.newaxis)"
+                                f", e.g. v[2:10], v[:, None]; got {key!r}")
+        shape = np.empty(n.shape, dtype=bool)[key].shape  # NumPy's own shape rules
+        if any(isinstance(k, slice) and (k.step or 1) < 0 for k in key):
+            raise PlanningError(f"slice step must be positive, got {key!r}")
+        return type(self)(Elemwise(shape, n.dtype, "getitem", (n,), (("key", key),)))
 
     # -- reductions -------------------------------------------------------------------
     def _reduce(self, op, axis=None, keepdims=False, ddof=0) -> LazyArray:
@@ -277,6 +307,28 @@ class LazyArray(ExprBase):
     argmin = _reduction("argmin", "Index of the minimum (flat index for ``axis=None``)")
     argmax = _reduction("argmax", "Index of the maximum (flat index for ``axis=None``)")
 
+    # -- NumPy routines (issue 30) ------------------------------------------------------
+    def cumsum(self, axis=None, dtype=None) -> LazyArray:
+        """Cumulative sum along ``axis`` (0 or 1), like :func:`numpy.cumsum`;
+        two passes over the input (see :func:`~.routines.scan`)."""
+        return routines.scan("cumsum", self, axis, dtype)
+
+    def cumprod(self, axis=None, dtype=None) -> LazyArray:
+        """Cumulative product along ``axis`` (0 or 1), like :func:`numpy.cumprod`."""
+        return routines.scan("cumprod", self, axis, dtype)
+
+    def diagonal(self, offset=0, axis1=0, axis2=1) -> LazyArray:
+        """The diagonal (a small 1-D result), reading only the units it crosses."""
+        return routines.diagonal(self, offset, axis1, axis2)
+
+    def trace(self, offset=0, axis1=0, axis2=1, dtype=None) -> LazyArray:
+        """Sum of the diagonal (reads only the units it crosses)."""
+        return routines.trace(self, offset, axis1, axis2, dtype)
+
+    def take(self, indices, axis=None) -> LazyArray:
+        """Rows or columns at integer positions (see :func:`~.routines.take`)."""
+        return routines.take(self, indices, axis)
+
     # -- NumPy protocol ---------------------------------------------------------------
     def __array_function__(self, func, types, args, kwargs):
         if not all(issubclass(t, LazyArray | np.ndarray) for t in types):
@@ -285,9 +337,9 @@ class LazyArray(ExprBase):
         if impl is None:
             name = getattr(func, "__module__", "numpy") + "." + getattr(func, "__name__", "?")
             raise TypeError(
-                f"{name} is not supported on TiledArrays (supported: "
-                f"{', '.join(sorted({f.__name__ for f in HANDLED}))}); for a small array "
-                "compute it first, e.g. np.asarray(a)"
+                f"{name} is not supported on TiledArrays (the supported NumPy functions are "
+                f"listed in the README, 'NumPy functions'); for a small array compute it "
+                "first, e.g. np.asarray(a)"
             )
         return impl(*args, **kwargs)
 

@@ -32,6 +32,11 @@ class Source(Node):
     dims: tuple | None = None
     """Stored dimension names (None when the array has none)."""
 
+    @property
+    def small(self) -> bool:
+        """A stored 1-D array is read whole by one task, like a reduction's result."""
+        return len(self.shape) == 1
+
     def __str__(self) -> str:
         return f"open({str(self.ref)!r})"
 
@@ -110,6 +115,31 @@ class MatMul(Node):
 
 
 @dataclass(frozen=True, eq=False)
+class MatVec(Node):
+    """A product with one small in-memory operand ``w`` (a NumPy array, a
+    reduction's result): ``a @ w`` (``side="right"``: ``a`` is p x q, ``w``
+    (q,) or q x k) or ``w @ a`` (``side="left"``: ``w`` (p,) or k x p).
+
+    Read as a pass over the blocks of ``a``: a right product is a map over
+    ``a``'s row blocks (a big result, p rows), a left product a reduction
+    over them (a small result); ``a.T @ w`` is ``(w.T @ a).T``, so a
+    product over a transpose is the other kind."""
+
+    a: Node = None
+    w: Node = None
+    side: str = "right"
+
+    @property
+    def small(self) -> bool:
+        return (self.side == "left") != isinstance(self.a, Transpose)
+
+    def __str__(self) -> str:
+        if self.side == "right":
+            return f"({_fmt(self.a)} @ {_fmt(self.w)})"
+        return f"({_fmt(self.w)} @ {_fmt(self.a)})"
+
+
+@dataclass(frozen=True, eq=False)
 class Reduce(Node):
     op: str = ""
     x: Node = None
@@ -125,6 +155,30 @@ class Reduce(Node):
         extra = f", ddof={self.ddof}" if self.ddof else ""
         extra += ", keepdims=True" if self.keepdims else ""
         return f"{_paren(self.x)}.{self.op}(axis={self.axis}{extra})"
+
+
+@dataclass(frozen=True, eq=False)
+class TSQR(Node):
+    """A result of the TSQR of a tall-skinny ``x`` (or of ``[x | y]``):
+    ``part`` "R", "Q" (stored, ``m x r``), "s", "U" (stored), "Vt" of the thin
+    SVD, or "lstsq" (NumPy's tuple, ``y`` the right-hand sides). Every part
+    but Q and U is small (in memory)."""
+
+    x: Node = None
+    part: str = "R"
+    y: Node | None = None
+    options: tuple = ()
+    """Sorted ``(name, value)`` pairs: ``rcond``, ``vector`` (lstsq)."""
+
+    @property
+    def small(self) -> bool:
+        return self.part not in ("Q", "U")
+
+    def __str__(self) -> str:
+        what = {"R": "qr(%s).R", "Q": "qr(%s).Q", "s": "svd(%s).s", "U": "svd(%s).U",
+                "Vt": "svd(%s).Vt", "lstsq": "lstsq(%s)"}[self.part]
+        arg = str(self.x) if self.y is None else f"{self.x}, {self.y}"
+        return what % arg
 
 
 _SYMBOLS = {
@@ -158,6 +212,11 @@ def derive_dims(x, leaf=lambda src: src.dims) -> tuple | None:
     if isinstance(x, MatMul):
         da, db = derive_dims(x.a, leaf), derive_dims(x.b, leaf)
         return None if da is None or db is None else (da[0], db[1])
+    if isinstance(x, MatVec):
+        da = derive_dims(x.a, leaf)
+        if da is None or len(x.shape) != 1:
+            return None
+        return (da[0],) if x.side == "right" else (da[1],)
     if isinstance(x, Reduce):
         d = derive_dims(x.x, leaf)
         if d is None or x.keepdims:
@@ -170,11 +229,16 @@ def derive_dims(x, leaf=lambda src: src.dims) -> tuple | None:
     return None
 
 
+def is_big_vector(node) -> bool:
+    """A 1-D result written block by block (``x @ w``), not held in memory."""
+    return isinstance(node, MatVec) and not node.small and len(node.shape) == 1
+
+
 def sources(node):
     """The stored arrays an expression reads (``Source`` leaves; repeats kept)."""
     if isinstance(node, Source):
         yield node
-    for child in ("x", "a", "b"):
+    for child in ("x", "a", "b", "y", "w"):
         c = getattr(node, child, None)
         if isinstance(c, Node):
             yield from sources(c)
@@ -188,15 +252,125 @@ def structure(x):
     identity used for temporaries, graph keys and resume fingerprints."""
     if isinstance(x, Node):
         fields = [type(x).__name__, tuple(x.shape), str(np.dtype(x.dtype))]
-        for name in ("ref", "start", "step", "name", "op", "axis", "keepdims", "ddof", "token"):
+        for name in ("ref", "start", "step", "name", "op", "axis", "keepdims", "ddof", "token",
+                     "part", "options", "side", "offset", "q", "scalar_q", "method",
+                     "fill"):
             if hasattr(x, name):
                 v = getattr(x, name)
                 fields.append((name, str(v) if name == "ref" else v))
-        for name in ("x", "a", "b"):
+        for name in ("x", "a", "b", "y", "w"):
             if isinstance(getattr(x, name, None), Node):
                 fields.append(structure(getattr(x, name)))
         if isinstance(x, Elemwise):
             fields.append(tuple(structure(a) for a in x.args))
             fields.append(tuple((k, repr(v)) for k, v in x.kwargs))
+        if isinstance(x, Concat):
+            fields.append(tuple(structure(a) for a in x.args))
         return tuple(fields)
     return ("const", type(x).__name__, repr(x))
+
+
+# -- NumPy functions (issue 30): joins, gathers, diagonals, scans, quantiles ------------
+
+
+@dataclass(frozen=True, eq=False)
+class Concat(Node):
+    """``np.concatenate(args, axis)`` of 2-D expressions: read in place, never copied."""
+
+    args: tuple = ()
+    axis: int = 0
+
+    def __str__(self) -> str:
+        return f"concatenate([{', '.join(_fmt(a) for a in self.args)}], axis={self.axis})"
+
+
+@dataclass(frozen=True, eq=False)
+class Take(Node):
+    """``np.take(x, index, axis)``: rows or columns of ``x`` at integer positions."""
+
+    x: Node = None
+    axis: int = 0
+    index: Any = None
+    """The positions (a read-only NumPy int64 vector, in range)."""
+    token: str = ""
+
+    @property
+    def small(self) -> bool:
+        return self.x.small
+
+    def __str__(self) -> str:
+        n = len(self.index)
+        shown = ", ".join(str(int(i)) for i in self.index[:4]) + (", ..." if n > 4 else "")
+        return f"take({_fmt(self.x)}, [{shown}] ({n}), axis={self.axis})"
+
+
+@dataclass(frozen=True, eq=False)
+class Diagonal(Node):
+    """``np.diagonal(x, offset)`` of a 2-D expression: a small 1-D result
+    computed from the blocks the diagonal crosses only."""
+
+    x: Node = None
+    offset: int = 0
+
+    @property
+    def small(self) -> bool:
+        return True
+
+    def __str__(self) -> str:
+        return f"diagonal({_fmt(self.x)}, offset={self.offset})"
+
+
+@dataclass(frozen=True, eq=False)
+class Scan(Node):
+    """``np.cumsum`` / ``np.cumprod`` of a 2-D expression along ``axis``."""
+
+    op: str = "cumsum"
+    x: Node = None
+    axis: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.op}({_fmt(self.x)}, axis={self.axis})"
+
+
+@dataclass(frozen=True, eq=False)
+class Quantile(Node):
+    """Exact ``np.quantile(x, q, axis, method=...)`` (``op``: quantile or
+    nanquantile), whole lines along ``axis`` in one task each."""
+
+    op: str = "quantile"
+    x: Node = None
+    axis: int = 0
+    q: tuple = ()
+    """The quantiles in [0, 1]; ``scalar_q``: a single one (no leading axis)."""
+    scalar_q: bool = True
+    method: str = "linear"
+
+    @property
+    def small(self) -> bool:
+        return True
+
+    def __str__(self) -> str:
+        q = self.q[0] if self.scalar_q else list(self.q)
+        return f"{self.op}({_fmt(self.x)}, q={q}, axis={self.axis})"
+
+
+@dataclass(frozen=True, eq=False)
+class Outer(Node):
+    """``np.outer(a, b)`` of two small vectors: a big lazy matrix."""
+
+    a: Node = None
+    b: Node = None
+
+    def __str__(self) -> str:
+        return f"outer({_fmt(self.a)}, {_fmt(self.b)})"
+
+
+@dataclass(frozen=True, eq=False)
+class Full(Node):
+    """A matrix of one value (``np.full``): nothing is read (the ones column
+    appended to ``X`` so that ``X.T @ X`` also gives the column sums)."""
+
+    fill: Any = 0
+
+    def __str__(self) -> str:
+        return f"full({tuple(self.shape)}, {self.fill!r})"

@@ -12,6 +12,7 @@ import inspect
 
 import numpy as np
 
+from . import routines, statistics
 from .lazy import LazyArray
 from .ops import HANDLED, _elemwise, matmul, reduce_as
 
@@ -110,3 +111,122 @@ def size(a, axis=None):
 def result_type(*arrays_and_dtypes):
     return np.result_type(*(x.dtype if isinstance(x, LazyArray) else x
                             for x in arrays_and_dtypes))
+
+
+# -- joins, gathers, diagonals, scans (issue 30) ----------------------------------------
+
+
+@implements(np.concatenate)
+def concatenate(arrays, axis=0, out=None, dtype=None, casting="same_kind"):
+    if out is not None:
+        raise TypeError("np.concatenate: out= is not supported on TiledArrays")
+    return routines.concatenate(arrays, axis, dtype)
+
+
+@implements(np.hstack)
+def hstack(tup, *, dtype=None, casting="same_kind"):
+    tup = list(tup)
+    res = routines.join_small("hstack", tup, dtype)
+    return res if res is not None else routines.concatenate(tup, 1, dtype)
+
+
+@implements(np.vstack)
+def vstack(tup, *, dtype=None, casting="same_kind"):
+    tup = list(tup)
+    res = routines.join_small("vstack", tup, dtype)
+    return res if res is not None else routines.concatenate(tup, 0, dtype)
+
+
+@implements(np.stack)
+def stack(arrays, axis=0, out=None, *, dtype=None, casting="same_kind"):
+    """Small results (vectors) stack in memory into a matrix; 2-D TiledArrays
+    would make a 3-D array: refused."""
+    if out is not None:
+        raise TypeError("np.stack: out= is not supported on TiledArrays")
+    res = routines.join_small("stack", arrays, dtype, axis=axis)
+    if res is None:
+        raise TypeError("np.stack of 2-D TiledArrays makes a 3-D array; " + routines.NOT_3D)
+    if res.ndim > 2:
+        raise TypeError(f"np.stack gives shape {res.shape}; tilearray arrays are 1-D or 2-D")
+    return res
+
+
+@implements(np.take)
+def take(a, indices, axis=None, out=None, mode="raise"):
+    if out is not None or mode != "raise":
+        raise TypeError("np.take: out= and mode= are not supported on TiledArrays")
+    return routines.take(a, indices, axis)
+
+
+implements(np.diagonal)(routines.diagonal)
+implements(np.diag)(routines.diag)
+
+
+@implements(np.trace)
+def trace(a, offset=0, axis1=0, axis2=1, dtype=None, out=None):
+    if out is not None:
+        raise TypeError("np.trace: out= is not supported on TiledArrays")
+    return routines.trace(a, offset, axis1, axis2, dtype)
+
+
+
+
+def _scan(op):
+    def impl(a, axis=None, dtype=None, out=None):
+        if out is not None:
+            raise TypeError(f"np.{op}: out= is not supported on TiledArrays")
+        return routines.scan(op, a, axis, dtype)
+
+    impl.__name__ = op
+    return impl
+
+
+HANDLED[np.cumsum], HANDLED[np.cumprod] = _scan("cumsum"), _scan("cumprod")
+
+
+# -- statistics and comparisons (issue 30) -------------------------------------------------
+
+implements(np.cov)(statistics.cov)
+implements(np.corrcoef)(statistics.corrcoef)
+implements(np.isclose)(statistics.isclose)
+implements(np.allclose)(statistics.allclose)
+implements(np.average)(statistics.average)
+
+
+@implements(np.outer)
+def outer(a, b, out=None):
+    if out is not None:
+        raise TypeError("np.outer: out= is not supported on TiledArrays")
+    return statistics.outer(a, b)
+
+
+def _quantile(name: str, op: str, scale: float):
+    def impl(a, q=None, axis=None, out=None, overwrite_input=False, method="linear",
+             keepdims=False, *, weights=None, interpolation=None):
+        if out is not None or weights is not None or interpolation is not None:
+            raise TypeError(f"np.{name}: out=, weights= and interpolation= are not supported "
+                            "on TiledArrays")
+        qv = np.asarray(q, dtype=np.float64) / scale
+        # NumPy's result dtype (NEP 50: a Python float q keeps float32 data float32)
+        dtype = np.asarray(np_func(np.ones((2, 2), a.dtype), q, axis=0, method=method)).dtype
+        return statistics.quantile(op, a, qv, axis, method, keepdims, dtype)
+
+    np_func = getattr(np, name)
+    impl.__name__ = name
+    return impl
+
+
+for _f, _op, _scale in [(np.quantile, "quantile", 1.0), (np.nanquantile, "nanquantile", 1.0),
+                        (np.percentile, "quantile", 100.0),
+                        (np.nanpercentile, "nanquantile", 100.0)]:
+    HANDLED[_f] = _quantile(_f.__name__, _op, _scale)
+
+
+@implements(np.median)
+def median(a, axis=None, out=None, overwrite_input=False, keepdims=False):
+    return HANDLED[np.quantile](a, 0.5, axis, out, keepdims=keepdims)
+
+
+@implements(np.nanmedian)
+def nanmedian(a, axis=None, out=None, overwrite_input=False, keepdims=False):
+    return HANDLED[np.nanquantile](a, 0.5, axis, out, keepdims=keepdims)

@@ -14,7 +14,7 @@ from dask.base import tokenize
 from ...errors import PlanningError
 from ...graphs.reduction import NO_IDENTITY, OPS
 from ...graphs.spec import func
-from .nodes import Constant, Elemwise, MatMul, Node, Reduce
+from .nodes import Constant, Elemwise, MatMul, MatVec, Node, Reduce
 
 
 class ExprBase:
@@ -202,47 +202,76 @@ def _reduce(op, x, axis, keepdims, ddof) -> ExprBase:
 
 
 def matmul(a, b) -> ExprBase:
-    """Matrix product ``a @ b`` of two 2-D TiledArrays or expressions (lazy).
+    """Matrix product ``a @ b`` (lazy).
 
-    Planned as streaming output blocks that accumulate K-panels, sized to
-    the budget; the contraction is split and tree-summed when the output has
-    too few blocks (``x.T @ x``). Same as ``a @ b``, ``np.matmul(a, b)`` and
-    ``np.dot(a, b)``.
+    Two 2-D TiledArrays: planned as streaming output blocks that accumulate
+    K-panels, sized to the budget; the contraction is split and tree-summed
+    when the output has too few blocks (``x.T @ x``). With one small operand
+    -- a NumPy vector or thin matrix, a reduction's result, a 1-D array, a
+    product of that kind (``x.T @ (x @ w)``) -- one pass over the blocks of
+    the other (:class:`~.nodes.MatVec`): ``x @ w`` maps over x's row
+    blocks, ``v @ x`` sums partial products over them. The small operand
+    goes to the workers once and must fit in a task with its block (else
+    the plan refuses: store it with ``ta.from_numpy``). Same as ``a @ b``,
+    ``np.matmul(a, b)`` and ``np.dot(a, b)``.
 
     Parameters
     ----------
-    a, b : TiledArray
-        Shapes ``(m, k)`` and ``(k, n)``; any tilings.
+    a, b : TiledArray or numpy.ndarray
+        Shapes ``(m, k)`` and ``(k, n)``, or a 1-D operand (``(k,)``) on
+        either side, as NumPy.
 
     Returns
     -------
     TiledArray
-        Shape ``(m, n)``, NumPy's result dtype.
+        NumPy's result shape and dtype.
 
     Raises
     ------
     TypeError
-        An operand is not a TiledArray (NumPy arrays: store them first).
+        An operand is neither a TiledArray nor a NumPy array.
     PlanningError
-        An operand is a small result (a reduction), or the shapes do not
-        align (the message names both).
+        The shapes do not align (the message names both), or an operand is
+        not 1-D or 2-D.
     """
     for x in (a, b):
-        if isinstance(x, np.ndarray):
-            raise TypeError(f"matmul: a NumPy array operand (shape {x.shape}) is not supported; "
-                            "store it with ta.from_numpy(x, path) and multiply the TiledArrays")
-        if not isinstance(x, ExprBase):
-            raise TypeError(f"matmul: operands must be TiledArrays, got {type(x).__name__}")
-    na, nb = _node(a), _node(b)
-    if na.ndim != 2 or nb.ndim != 2 or na.small or nb.small:
-        raise PlanningError(
-            f"matmul needs two stored 2-D arrays or expressions; got shapes {na.shape} and "
-            f"{nb.shape}"
-        )
-    if na.shape[1] != nb.shape[0]:
+        if not isinstance(x, ExprBase | np.ndarray):
+            raise TypeError(f"matmul: operands must be TiledArrays or NumPy arrays, got "
+                            f"{type(x).__name__}")
+    na, nb = _operand(a), _operand(b)
+    if na.ndim not in (1, 2) or nb.ndim not in (1, 2):
+        raise PlanningError(f"matmul needs 1-D or 2-D operands; got shapes {na.shape} and "
+                            f"{nb.shape}")
+    ka, kb = na.shape[-1], nb.shape[0]
+    if ka != kb:
         raise PlanningError(
             f"matmul: shapes {na.shape} and {nb.shape} are not aligned: "
-            f"{na.shape[1]} (dim 1) != {nb.shape[0]} (dim 0)"
+            f"{ka} (dim {na.ndim - 1}) != {kb} (dim 0)"
         )
+    shape = na.shape[:-1] + nb.shape[1:]
     dtype = np.matmul(np.ones((1, 1), na.dtype), np.ones((1, 1), nb.dtype)).dtype
-    return _like(a, MatMul((na.shape[0], nb.shape[1]), dtype, na, nb))
+    if na.small and nb.small:  # both in memory: one small task
+        return _wrap((a, b), Elemwise(shape, dtype, "matmul", (na, nb)))
+    if na.ndim == 2 and nb.ndim == 2 and not na.small and not nb.small \
+            and not isinstance(nb, MatVec) and not isinstance(na, MatVec):
+        return _wrap((a, b), MatMul(shape, dtype, na, nb))
+    # one operand is small (or a vector, or a product with a small operand):
+    # it is held in memory, the other read in one pass
+    if not na.small and na.ndim == 2 and (nb.small or nb.ndim == 1 or isinstance(nb, MatVec)):
+        return _wrap((a, b), MatVec(shape, dtype, na, nb, "right"))
+    if not nb.small and nb.ndim == 2:
+        return _wrap((a, b), MatVec(shape, dtype, nb, na, "left"))
+    raise PlanningError(f"matmul: {na.shape} @ {nb.shape} needs one 2-D TiledArray operand "
+                        "read from storage and one small (in-memory) operand")
+
+
+def _operand(x) -> Node:
+    """A matmul operand's node: a NumPy array becomes a small constant (of
+    any shape: whether a task can hold it is the plan's decision)."""
+    if isinstance(x, ExprBase):
+        return x._node
+    if x.dtype.kind not in "biuf":
+        raise TypeError(f"matmul: a NumPy operand of dtype {x.dtype} is not supported; "
+                        "tilearray handles bool, integer and floating-point values")
+    value = np.array(x, copy=True)
+    return Constant(tuple(value.shape), value.dtype, value, tokenize(value))

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...graphs.blocks import group_edges, max_interval
-from ...graphs.spec import Op, Read, Slice, Trans, unit_edges
+from ...graphs.spec import Concat, Gather, Op, Read, Slice, Trans, map_spans, unit_edges
 
 #: Above this many blocks the peak is bounded per axis instead of block by block.
 EXACT_BLOCKS = 1 << 16
@@ -44,28 +44,48 @@ class Path:
     axes: tuple[int, int]
     start: tuple[int, int]
     step: tuple[int, int]
+    steps: tuple | None = None
+    """Through a concatenation or a gather: per leaf axis, the chain of axis
+    maps (:func:`~tilearray.graphs.spec.map_spans`) from the result's
+    coordinates (``start``/``step`` unused); None for an affine path."""
 
 
 def paths(spec) -> list[Path]:
     """The distinct stored-array reads of ``spec`` (each read once per block)."""
     out: dict[Path, None] = {}
 
-    def walk(s, axes, start, step):
+    def walk(s, axes, chains):
         if isinstance(s, Read):
-            out[Path(s, axes, start, step)] = None
+            out[_path(s, axes, chains)] = None
         elif isinstance(s, Trans):
-            walk(s.x, axes[::-1], start[::-1], step[::-1])
-        elif isinstance(s, Slice):
-            # x[s0::st] then our map: i -> start + i*step on the sliced axis
-            walk(s.x, axes,
-                 tuple(s.start[d] + start[d] * s.step[d] for d in (0, 1)),
-                 tuple(step[d] * s.step[d] for d in (0, 1)))
+            walk(s.x, axes[::-1], chains[::-1])
+        elif isinstance(s, Slice):  # x[s0::st] then our map on the sliced axis
+            walk(s.x, axes, tuple(chains[d] + (("a", s.start[d], s.step[d]),) for d in (0, 1)))
         elif isinstance(s, Op):
             for a in s.args:
-                walk(a, axes, start, step)
+                walk(a, axes, chains)
+        elif isinstance(s, Concat):
+            for k, part in enumerate(s.parts):
+                w = ("w", s.offsets[k], s.offsets[k + 1] - s.offsets[k])
+                walk(part, axes, tuple(c + (w,) if d == s.axis else c
+                                       for d, c in enumerate(chains)))
+        elif isinstance(s, Gather):
+            g = ("g", s.index, s.edges)
+            walk(s.x, axes, tuple(c + (g,) if d == s.axis else c for d, c in enumerate(chains)))
 
-    walk(spec, (0, 1), (0, 0), (1, 1))
+    walk(spec, (0, 1), ((), ()))
     return list(out)
+
+
+def _path(leaf: Read, axes, chains) -> Path:
+    """A leaf's path; affine chains composed into ``start + i * step``."""
+    if any(st[0] != "a" for c in chains for st in c):
+        return Path(leaf, axes, (0, 0), (1, 1), tuple(chains))
+    start, step = [0, 0], [1, 1]
+    for d in (0, 1):
+        for _, s0, st in chains[d]:  # i -> start + i*step, then s0 + (.)*st
+            start[d], step[d] = s0 + start[d] * st, step[d] * st
+    return Path(leaf, axes, tuple(start), tuple(step))
 
 
 @dataclass
@@ -100,6 +120,25 @@ def _axis(edges: np.ndarray, start: int, step: int, n: int, unit: int, tile: int
     return _Axis(*(np.where(empty, zero, v) for v in (length, units, tiles, full_tiles)))
 
 
+def _mapped_axis(edges: np.ndarray, steps, n: int, unit: int, tile: int) -> _Axis:
+    """:func:`_axis` through a chain of axis maps (a concatenation's window,
+    a gather's spans): each block interval reads the spans
+    :func:`~tilearray.graphs.spec.map_spans` gives, one request each."""
+    cols = [[], [], [], []]
+    for lo, hi in zip(edges[:-1].tolist(), edges[1:].tolist(), strict=True):
+        spans = map_spans(steps, [(lo, hi)])
+        if not spans:
+            parts = [0, 0, 0, 0]
+        else:
+            one = _axis(np.asarray([e for sp in spans for e in sp], dtype=np.int64),
+                        0, 1, n, unit, tile)
+            parts = [int(v[::2].sum()) for v in (one.length, one.units, one.tiles,
+                                                 one.full_tiles)]
+        for c, v in zip(cols, parts, strict=True):
+            c.append(v)
+    return _Axis(*(np.asarray(c, dtype=np.int64) for c in cols))
+
+
 class BlockCosts:
     """Reads of every block of a layout: decoded bytes, requests, store gets.
 
@@ -116,6 +155,8 @@ class BlockCosts:
         for p in paths(spec):
             g = p.leaf.grid
             ax = [_axis(e[p.axes[d]], p.start[d], p.step[d], g.shape[d], g.unit[d], g.tile[d])
+                  if p.steps is None else
+                  _mapped_axis(e[p.axes[d]], p.steps[d], g.shape[d], g.unit[d], g.tile[d])
                   for d in (0, 1)]
             # as (result rows, result cols)
             r, c = (ax[0], ax[1]) if p.axes == (0, 1) else (ax[1], ax[0])

@@ -1,9 +1,16 @@
-"""The planner: expression + budget -> sized stages (a Plan) and a dask graph.
+"""The planner: an expression and a Budget -> a :class:`~.types.Plan`, the
+ordered list of stage records that ``compute()`` / ``to_zarr()`` run.
 
 Pure: block sizes, read requests and memory are computed from array metadata
-already held by the expression; nothing is read or written here. Arrays the
-run must create first (outputs, temporaries for a matmul used inside another
-expression) are listed in ``creates`` for the engine.
+already held by the expression; nothing is read or written here. Each
+operation is lowered by a pure function (:func:`~.map.lower_map`,
+:func:`~.reduce.lower_reduce`, :func:`~.matmul.lower_matmul`, the small ops
+below) from its node, its inputs' specs and the budget to a frozen
+:class:`~.types.Stage`; :class:`Planner` only walks the expression, resolves
+each node's inputs (stored arrays, small results of earlier stages,
+temporaries) and orders the records. Arrays the run must create first
+(outputs, temporaries for a matmul used inside another expression) are
+listed in the plan's ``creates``.
 """
 
 from __future__ import annotations
@@ -12,22 +19,38 @@ import dataclasses
 import os
 import tempfile
 import uuid
-from dataclasses import dataclass, field
 
 import numpy as np
 from dask.base import tokenize
+from dask.utils import format_bytes
 
 from ... import _config
 from ...errors import PlanningError
 from ...graphs import elemwise as gel
-from ...graphs import matmul as gmm
-from ...graphs.blocks import intervals, max_interval
-from ...graphs.spec import Const, Dep, Op, Read, Slice, Trans, leaves
+from ...graphs.emit import Tasks, barrier, constant
+from ...graphs.spec import (
+    Concat,
+    Const,
+    Dep,
+    Gather,
+    Index,
+    Op,
+    Read,
+    Slice,
+    Trans,
+    leaves,
+    tagged,
+    unit_edges,
+)
 from ...storage import ArrayRef, Grid
+from ...storage.io import read_vector, store_small
+from ..expr import nodes as nd
 from ..expr.nodes import (
+    TSQR,
     Constant,
     Elemwise,
     MatMul,
+    MatVec,
     Node,
     Reduce,
     SliceNode,
@@ -35,217 +58,98 @@ from ..expr.nodes import (
     Transpose,
     structure,
 )
-from . import layout
-from .matmul import MatmulLowering
-from .reduce import ReductionLowering
-from .sizing import (
-    _all_done,
-    _as_rss,
-    _DoesNotFit,
-    _io_overhead,
-    _op_temporaries,
-    _per_element,
-    _short,
-    leaf_tile,
-)
-from .types import Budget, Plan, Stage
+from .map import lower_map
+from .matmul import lower_matmul
+from .matvec import lower_matvec, oriented
+from .npfuncs import lower_diagonal, lower_quantile, lower_scan
+from .reduce import fusable_groups, lower_empty_reduce, lower_reduce, unshifted
+from .sizing import DoesNotFit, leaf_tile
+from .tsqr import lower_tsqr
+from .types import Budget, Create, Output, Plan, Stage
 
 
-@dataclass(frozen=True)
-class Create:
-    """An array the engine creates before running (output or temporary)."""
-
-    ref: ArrayRef
-    shape: tuple
-    dtype: np.dtype
-    tile: tuple
-    shard: tuple | None
-    temporary: bool = False
+def lower_small_op(node: Node, fn_name: str, kwargs: tuple, inputs: list) -> Stage:
+    """One in-memory NumPy op on small results (``inputs``: their keys or
+    plain values): a 1-task "small" stage whose output ``"0"`` is its value."""
+    key = "small-" + tokenize(structure(node), inputs)
+    work = Tasks()
+    work.add(key, gel.small_op, fn_name, kwargs, *inputs)
+    return Stage("small", f"in-memory {node}", 1, 0, 0, work=work.freeze(),
+                 outputs={"0": Output("value", (key,))})
 
 
-@dataclass
-class Lowered:
-    plan: Plan
-    graph: dict
-    keys: list
-    """Keys whose results the run gathers: ``(value, stats)`` pairs."""
-    result: str
-    """"store" (write to output), "blocks" (assemble 2-D), "small" (one value)."""
-    blocks: list = field(default_factory=list)
-    """For "blocks": ``(rows, cols)`` of each key."""
-    creates: list = field(default_factory=list)
-    skipped_units: int = 0
-    stat_keys: list = field(default_factory=list)
-    """More keys to gather for their stats only: small results big tasks read
-    as operands (a reduction feeding a map) and matmul temporaries' barriers,
-    whose figures no gathered key carries (each counted once)."""
+def lower_store_small(node: Node, key, target: ArrayRef) -> Stage:
+    """A worker writes the small result ``key`` into ``target`` (created by the run)."""
+    nbytes = int(np.prod(node.shape, dtype=np.int64)) * np.dtype(node.dtype).itemsize
+    skey = "store-small-" + tokenize(str(target), key)
+    work = Tasks()
+    work.add(skey, store_small, target, key)
+    return Stage("store", f"a worker writes the {tuple(node.shape)} result into "
+                 f"{str(target)!r}", 1, 0, 0, nbytes, work=work.freeze(),
+                 outputs={"result": Output("store", (skey,))})
 
 
-class Lowerer(MatmulLowering, ReductionLowering):
-    """Lowers one expression: specs, stages and graph, filled as it walks
-    (matrix products: :class:`~.matmul.MatmulLowering`; reductions:
-    :class:`~.reduce.ReductionLowering`)."""
+def lower_load(node: Source) -> Stage:
+    """A stored 1-D array read whole by one task: a small operand like a
+    reduction's result (output ``"0"``)."""
+    key = "load-" + tokenize(str(node.ref), node.shape, str(node.dtype))
+    work = Tasks()
+    work.add(key, read_vector, node.ref, tuple(node.shape))
+    nbytes = int(np.prod(node.shape, dtype=np.int64)) * np.dtype(node.dtype).itemsize
+    return Stage("small", f"read {str(node.ref)!r} ({format_bytes(nbytes)}) into memory", 1,
+                 nbytes, nbytes, reads=1, store_gets=node.grid.n_units, work=work.freeze(),
+                 outputs={"0": Output("value", (key,))})
 
-    def __init__(self, budget: Budget, temp_dir: str | None = None):
+
+def result_stage(node: Node) -> Stage:
+    """No task: ``compute()`` brings the small result to the driver."""
+    nbytes = int(np.prod(node.shape, dtype=np.int64)) * np.dtype(node.dtype).itemsize
+    return Stage("result", f"compute() brings {format_bytes(nbytes)} to the driver", 0, 0, 0)
+
+
+class Planner:
+    """Walks one expression and orders its stage records.
+
+    Its state is the walk's own memo (the key of each small result, each
+    matmul temporary, each rewritten reduction, the arrays read so far);
+    the lowering functions it calls share none of it."""
+
+    def __init__(self, budget: Budget):
         self.budget = budget
-        self.graph: dict = {}
         self.stages: list[Stage] = []
-        self._counted = 0  # graph tasks already attributed to a stage
         self.creates: list[Create] = []
+        self._loose = Tasks()  # constants, barriers: counted with the next stage
         self._small: dict[int, str] = {}
         self._shifted: dict = {}  # id(var/std node) -> (node, its unshifted form)
-        self._temps: dict[int, Read] = {}
+        self._temps: dict[int, tuple] = {}
         self._read_leaves: set = set()  # stored arrays read by the stages so far
         self._covers: dict = {}  # small key -> keys whose stats its result carries
         self._dep_keys: list = []  # small keys big tasks read as operands
-        self.temp_dir = temp_dir
+        self._stats_only: list = []  # keys stages gather for their figures only
         self.run_id = uuid.uuid4().hex
 
-    # -- specs ------------------------------------------------------------------
-    def spec(self, node: Node, deps: list):
-        """Spec for a 2-D node; small operands become ``Dep`` on their keys."""
-        if isinstance(node, Source):
-            return Read(node.ref, node.grid, node.dtype)
-        if isinstance(node, Transpose):
-            return Trans(self.spec(node.x, deps))
-        if isinstance(node, SliceNode):
-            return Slice(self.spec(node.x, deps), node.start, node.step)
-        if isinstance(node, Elemwise) and not node.small:
-            args = tuple(self._arg(a, deps, node.shape) for a in node.args)
-            return Op(node.name, args, node.kwargs)
-        if isinstance(node, MatMul):
-            read, barrier = self._materialise(node)
-            if barrier not in deps:
-                deps.append(barrier)  # wait for every block of the temporary
-            if barrier not in self._dep_keys:
-                self._dep_keys.append(barrier)
-            return read
-        raise PlanningError(f"cannot tile {node}")
+    # -- records ----------------------------------------------------------------
+    def add(self, stage: Stage, spec=None, deps=None) -> Stage:
+        """Append ``stage``, with the loose tasks added since the previous one
+        (so the plan's task total is the graph's size, which RunStats counts)
+        and, for a stage reading ``spec``, a note when it reads again what an
+        earlier stage read."""
+        loose, self._loose = self._loose.freeze(), Tasks()
+        note = self._reread(spec, deps) if spec is not None else ""
+        stage = dataclasses.replace(stage, description=stage.description + note,
+                                    work=loose + stage.work, tasks=len(loose) + stage.tasks)
+        self.stages.append(stage)
+        self._stats_only += [k for name, o in stage.outputs.items()
+                             if o.kind == "stats" or name == "factors" for k in o.keys]
+        return stage
 
-    def _arg(self, a, deps: list, shape):
-        if not isinstance(a, Node):
-            return Const(a)
-        if not a.small:
-            return self.spec(a, deps)
-        key = self.small(a)
-        if key not in deps:
-            deps.append(key)
-        if key not in self._dep_keys:
-            self._dep_keys.append(key)
-        return Dep(deps.index(key), _dep_kind(a.shape, shape))
-
-    def _materialise(self, node: MatMul) -> Read:
-        if id(node) in self._temps:
-            return self._temps[id(node)]
-        # unique per run: concurrent runs never share (or delete) a temporary
-        token = tokenize(structure(node), self.run_id)
-        base = self.temp_dir or _config.get("temporary-directory") or tempfile.gettempdir()
-        ref = ArrayRef.from_location(os.path.join(base, f"tilearray-tmp-{token}.zarr"))
-        tile = (leaf_tile(node.a, 0), leaf_tile(node.b, 1))
-        create = Create(ref, node.shape, node.dtype, tile, None, temporary=True)
-        self.creates.append(create)
-        grid = Grid.regular(node.shape, tile)
-        keys = self.matmul(node, ref, grid, skip=set())
-        # later readers of the temporary wait for every block of it
-        barrier = "barrier-" + token
-        self.graph[barrier] = (_barrier, *keys)
-        read = Read(ref, grid, np.dtype(node.dtype))
-        self._temps[id(node)] = (read, barrier)
-        return read, barrier
-
-    # -- small values (reductions and ops on them) -------------------------------
-    def small(self, node: Node) -> str:
-        if id(node) in self._small:
-            return self._small[id(node)]
-        if isinstance(node, Constant):
-            key = "const-" + node.token
-            self.graph[key] = (_constant, node.value)
-        elif isinstance(node, Reduce) and not node.x.small:
-            key = self.reduce(self._unshifted(node))
-        elif isinstance(node, Reduce):
-            inner = self.small(node.x)
-            key = "small-" + tokenize(structure(node), inner)
-            kwargs = {"axis": node.axis, "keepdims": node.keepdims}
-            if node.op in ("var", "std"):
-                kwargs["ddof"] = node.ddof
-            self.graph[key] = (gel.small_op, node.op, tuple(kwargs.items()), inner)
-            self._stage_small(str(node))
-        elif isinstance(node, Elemwise):
-            args = [self.small(a) if isinstance(a, Node) else a for a in node.args]
-            key = "small-" + tokenize(structure(node), args)
-            self.graph[key] = (gel.small_op, node.name, node.kwargs, *args)
-            self._stage_small(str(node))
-        elif isinstance(node, Transpose | SliceNode) and node.x.small:
-            inner = self.small(node.x)
-            key = "small-" + tokenize(structure(node), inner)
-            if isinstance(node, Transpose):
-                self.graph[key] = (gel.small_op, "transpose", (), inner)
-            else:
-                kwargs = (("shape", tuple(node.shape)), ("start", node.start), ("step", node.step))
-                self.graph[key] = (gel.small_op, "slice2d", kwargs, inner)
-            self._stage_small(str(node))
-        else:
-            raise PlanningError(f"cannot compute {node} in memory")
-        self._small[id(node)] = key
-        if key not in self._covers:  # small ops merge their operands' stats
-            self._covers[key] = {key}.union(*(
-                self._covers.get(self._small.get(id(c)), set())
-                for c in [getattr(node, "x", None), *getattr(node, "args", ())]
-                if isinstance(c, Node) and c.small))
-        return key
-
-    def stat_keys(self, gathered: list) -> list:
-        """Keys whose stats reach no gathered result: operands of big tasks
-        not merged into a gathered small result nor into another such key."""
-        covered = set().union(*(self._covers.get(k, {k}) for k in gathered)) if gathered \
-            else set()
-        todo = [d for d in self._dep_keys if d not in covered]
-        return [d for d in todo
-                if not any(d in self._covers.get(e, ()) for e in todo if e != d)]
-
-    def _stage_small(self, what: str) -> None:
-        self._add_stage(Stage("small", f"in-memory {what}", 1, 0, 0))
-
-    def _add_stage(self, stage: Stage) -> None:
-        """Append ``stage``, counting as its tasks every graph task added since
-        the previous stage (its combines, picks, barriers and squeezes too), so
-        the plan's task total is the graph's size, which RunStats counts."""
-        self.stages.append(dataclasses.replace(stage, tasks=len(self.graph) - self._counted))
-        self._counted = len(self.graph)
-
-    # -- map: elementwise into blocks --------------------------------------------
-    def map_blocks(self, node: Node, out: ArrayRef | None, out_grid: Grid | None, skip):
-        deps: list = []
-        spec = self.spec(node, deps)
-        m, n = node.shape
-        dtype = np.dtype(node.dtype)
-        temps = _op_temporaries(spec) * max(dtype.itemsize, 8)
-        costs, peak = self._fit_blocks(spec, node.shape, out_grid, temps, dtype.itemsize)
-        row_edges, col_edges = costs.row_edges, costs.col_edges
-        token = tokenize("map", spec, row_edges, col_edges, str(out), str(dtype), deps)
-        keys, blocks = [], []
-        nbytes = nreq = gets = written = 0
-        for i, rows in enumerate(intervals(row_edges)):
-            for j, cols in enumerate(intervals(col_edges)):
-                if out_grid is not None and _all_done(out_grid, rows, cols, skip):
-                    continue
-                b, r, g = costs.at(i, j)
-                nbytes, nreq, gets = nbytes + b, nreq + r, gets + g
-                size = (rows[1] - rows[0]) * (cols[1] - cols[0])
-                key = ("map-" + token, i, j)
-                if out is None:
-                    self.graph[key] = (gel.block_compute, spec, rows, cols, dtype, deps)
-                else:
-                    self.graph[key] = (gel.block_store, spec, rows, cols, dtype, out, deps)
-                    written += size * dtype.itemsize
-                keys.append(key)
-                blocks.append((rows, cols))
-        self._check_fits("map", peak, str(node))
-        self._add_stage(Stage(
-            "map", f"{_short(node)} in blocks of up to {max_interval(row_edges)}x"
-            f"{max_interval(col_edges)}{self._reread(spec, deps)}", len(keys), peak, nbytes,
-            written, reads=nreq, store_gets=gets))
-        return keys, blocks
+    def finish(self) -> None:
+        """Tasks after the last stage are its own."""
+        if len(self._loose) and self.stages:
+            loose, self._loose = self._loose.freeze(), Tasks()
+            last = self.stages[-1]
+            self.stages[-1] = dataclasses.replace(last, work=last.work + loose,
+                                                  tasks=last.tasks + len(loose))
 
     def _reread(self, spec, deps) -> str:
         """Note for a stage reading stored arrays an earlier stage read: it
@@ -258,56 +162,234 @@ class Lowerer(MatmulLowering, ReductionLowering):
         return (f"; reads {', '.join(repr(a) for a in again)} again: it needs the result of "
                 "an earlier pass over it")
 
-    def _fit_blocks(self, spec, shape, out_grid, temp_bytes_per_elem, out_itemsize=0):
-        """The layout whose every task fits and that reads least (see
-        :func:`layout.search`): its :class:`~layout.BlockCosts` and peak.
+    # -- specs ------------------------------------------------------------------
+    def spec(self, node: Node, deps: list):
+        """Spec for a 2-D node; small operands become ``Dep`` on their keys."""
+        if isinstance(node, Source):
+            return Read(node.ref, node.grid, node.dtype)
+        if isinstance(node, Transpose):
+            return Trans(self.spec(node.x, deps))
+        if isinstance(node, SliceNode):
+            return Slice(self.spec(node.x, deps), node.start, node.step)
+        if isinstance(node, Elemwise) and not node.small:
+            return Op(node.name, tuple(self._arg(a, deps, node.shape) for a in node.args),
+                      node.kwargs)
+        if isinstance(node, MatMul | TSQR | nd.Scan) or (isinstance(node, MatVec) and node.ndim == 2):
+            read, wait = self._materialise(node)
+            self._depend(wait, deps)  # wait for every block of the temporary
+            return read
+        if isinstance(node, nd.Concat):
+            parts = tuple(tagged(self._arg(a, deps, node.shape), k)  # a small part: a Dep
+                          for k, a in enumerate(node.args))
+            offsets = tuple(np.cumsum([0] + [a.shape[node.axis] for a in node.args]).tolist())
+            return Concat(parts, node.axis, offsets, np.dtype(node.dtype))
+        if isinstance(node, nd.Take):
+            inner = self.spec(node.x, deps)
+            edges = unit_edges(inner, node.axis, node.x.shape[node.axis])
+            return Gather(inner, node.axis, Index(node.index), edges, np.dtype(node.dtype))
+        if isinstance(node, nd.Full):
+            return Const(np.dtype(node.dtype).type(node.fill))
+        if isinstance(node, nd.Outer):  # a column times a row, both small
+            return Op("multiply", (Dep(self._depend(self.small(node.a), deps), "col"),
+                                   Dep(self._depend(self.small(node.b), deps), "row")))
+        raise PlanningError(f"cannot tile {node}")
 
-        A task holds its reads compressed and decoded (``2b``), zarr's chunk
-        buffers in flight (at most ``async.concurrency`` chunks, never more
-        than the reads), the temporaries of its ops, and, when it stores, the
-        output block and its encoded chunks in flight.
-        """
-        per_elem = _per_element(spec, np.dtype("u1")) + temp_bytes_per_elem + 2 * out_itemsize
-        read_flight = _io_overhead(spec, spec, None, np.dtype("u1")) // 2
-        write_flight = 0
-        if out_grid is not None:  # one output unit copied + encoded at a time
-            write_flight = 2 * out_grid.unit[0] * out_grid.unit[1] * max(out_itemsize, 1)
+    def _depend(self, key, deps: list) -> int:
+        if key not in deps:
+            deps.append(key)
+        if key not in self._dep_keys:
+            self._dep_keys.append(key)
+        return deps.index(key)
 
-        def peak_of(costs: layout.BlockCosts) -> int:
-            b = costs.read_bytes()
-            if b is None:  # many blocks: bound by the largest along each axis
-                b = costs.max_read_bytes()
-                size = int(costs.sizes[0].max(initial=0)) * int(costs.sizes[1].max(initial=0))
-            else:
-                size = np.multiply.outer(costs.sizes[0], costs.sizes[1])
-            out = size * out_itemsize
-            task = (2 * b + np.minimum(read_flight, b) + size * temp_bytes_per_elem
-                    + out + np.minimum(write_flight, out))
-            return _as_rss(int(np.max(task, initial=0)))
+    def _arg(self, a, deps: list, shape):
+        if not isinstance(a, Node):
+            return Const(a)
+        if not a.small:
+            return self.spec(a, deps)
+        return Dep(self._depend(self.small(a), deps), _dep_kind(a.shape, shape))
 
-        cap = min(self.budget.task_memory, _config.get_bytes("map.block-bytes"))
-        hard = (None, None) if out_grid is None else (out_grid.unit_edges(0),
-                                                      out_grid.unit_edges(1))
-        return layout.search(spec, shape, *hard, max(cap // max(per_elem, 1), 1), peak_of,
-                             self.budget.task_memory)
+    def _materialise(self, node: MatMul | TSQR) -> tuple:
+        """A matmul (or a TSQR's Q / U) inside another expression: computed
+        into a temporary array first; returns its ``Read`` and the key of the
+        barrier after its blocks."""
+        if id(node) in self._temps:
+            return self._temps[id(node)]
+        # unique per run: concurrent runs never share (or delete) a temporary
+        token = tokenize(structure(node), self.run_id)
+        base = _config.get("temporary-directory") or tempfile.gettempdir()
+        ref = ArrayRef.from_location(os.path.join(base, f"tilearray-tmp-{token}.zarr"))
+        if isinstance(node, MatMul):
+            tile = (leaf_tile(node.a, 0), leaf_tile(node.b, 1))
+        elif isinstance(node, MatVec):
+            tile = (leaf_tile(node.a, 0), max(node.shape[1], 1))
+        elif isinstance(node, nd.Scan):
+            tile = (leaf_tile(node, 0), leaf_tile(node, 1))
+        else:
+            tile = (leaf_tile(node.x, 0), max(node.shape[1], 1))
+        self.creates.append(Create(ref, node.shape, node.dtype, tile, None, temporary=True))
+        grid = Grid.regular(node.shape, tile)
+        lowering = {MatMul: self.matmul, MatVec: self.matvec, nd.Scan: self.scan}.get(type(node), self.tsqr)
+        stage = lowering(node, ref, grid)
+        wait = self._loose.add("barrier-" + token, barrier, *stage.outputs["result"].keys)
+        self._temps[id(node)] = (Read(ref, grid, np.dtype(node.dtype)), wait)
+        return self._temps[id(node)]
 
-    def _check_fits(self, kind: str, peak: int, what: str) -> None:
-        if peak > self.budget.task_memory:
-            raise _DoesNotFit(kind, peak, what, self.budget)
+    # -- the operations -----------------------------------------------------------
+    def matmul(self, node: MatMul, out=None, out_grid=None, skip=frozenset()) -> Stage:
+        deps: list = []
+        a_spec, b_spec = self.spec(node.a, deps), self.spec(node.b, deps)
+        return self.add(lower_matmul(node, a_spec, b_spec, deps, self.budget, out, out_grid,
+                                     skip))
 
+    def matvec(self, node: MatVec, out=None, out_grid=None, skip=frozenset(),
+               value: bool = False) -> Stage:
+        """``node``'s pass over its stored operand; its small operand is
+        resolved first (one task holds it) and read by every block task."""
+        deps: list = []
+        w_index = self._depend(self.small(node.w), deps)
+        spec = self.spec(node.a, deps)
+        _, transposed, _ = oriented(node)
+        if transposed and not node.small and node.ndim == 2 and not value:
+            if out is not None:
+                raise PlanningError(f"{node}: a product of a small matrix with a transposed "
+                                    "array is written as its transpose: store (a @ w.T) "
+                                    "and use its .T")
+            value = True  # compute(): joined in one task
+        return self.add(lower_matvec(node, spec, w_index, deps, self.budget, out, out_grid,
+                                     skip, value), spec, deps)
 
+    def tsqr(self, node: TSQR, out=None, out_grid=None, skip=frozenset()) -> Stage:
+        """The TSQR stages of ``node`` over ``[x | y]`` (``y`` stored, or a small
+        in-memory operand split by rows); returns the last."""
+        deps: list = []
+        specs, widths = [self.spec(node.x, deps)], [node.x.shape[1]]
+        if node.y is not None:
+            y = node.y
+            specs.append(self.spec(y, deps) if not y.small
+                         else Dep(self._depend(self.small(y), deps), "block"))
+            widths.append(y.shape[1])
+        for stage in lower_tsqr(node, specs, widths, deps, self.budget, out, out_grid, skip):
+            last = self.add(stage)
+        return last
 
+    def map(self, node: Node, out=None, out_grid=None, skip=frozenset()) -> Stage:
+        deps: list = []
+        spec = self.spec(node, deps)
+        return self.add(lower_map(node, spec, deps, self.budget, out, out_grid, skip), spec, deps)
 
-def _constant(value):
-    return value, {"tasks": 1}
+    def scan(self, node, out=None, out_grid=None, skip=frozenset()) -> Stage:
+        """``cumsum``/``cumprod``: :func:`~.npfuncs.lower_scan`'s two stages."""
+        deps: list = []
+        spec = self.spec(node.x, deps)
+        stages, carries = lower_scan(node, spec, deps, self.budget, out, out_grid, skip)
+        for st in stages:
+            last = self.add(st, spec, deps)
+        for key in carries:
+            if key not in self._dep_keys:
+                self._dep_keys.append(key)
+        return last
 
+    def _lines(self, node) -> str:
+        """A diagonal or exact quantiles: one stage, its joined small value."""
+        deps: list = []
+        spec = self.spec(node.x, deps)
+        lowering = lower_diagonal if isinstance(node, nd.Diagonal) else lower_quantile
+        return self.add(lowering(node, spec, deps, self.budget), spec, deps).outputs["0"].keys[0]
 
-def _barrier(*args):
-    stats: dict = {}
-    for a in args:
-        st = a[1] if isinstance(a, tuple) else a
-        stats = gmm.merge_stats(stats, st)
-    return None, gmm.counted(stats)
+    def _unshifted(self, node: Reduce) -> Reduce:
+        """:func:`~.reduce.unshifted`, once per node (the plan text names the rewrite)."""
+        if id(node) not in self._shifted:
+            self._shifted[id(node)] = (node, unshifted(node))
+        return self._shifted[id(node)][1]
+
+    def _reduce_pass(self, nodes: list[Reduce], specs: list, deps: list) -> list:
+        shifts = [str(orig) for orig, new in self._shifted.values()
+                  if new is not orig and any(new is r for r in nodes)]
+        note = (f" ({', '.join(shifts)}: computed unshifted, as a shift constant along the "
+                "reduced axis leaves the variance unchanged)") if shifts else ""
+        joint = specs[0] if len(specs) == 1 else Op("fused", tuple(specs))
+        stage = self.add(lower_reduce(nodes, specs, deps, self.budget, note), joint, deps)
+        keys = [stage.outputs[str(q)].keys[0] for q in range(len(nodes))]
+        for key in keys:
+            self._covers[key] = {key}  # its map tasks' stats, not their operands'
+        return keys
+
+    def fuse_reductions(self, root: Node) -> None:
+        """Lower together the reductions of ``root`` that can share a pass
+        (:func:`~.reduce.fusable_groups`)."""
+        for group in fusable_groups(root, lambda x: self.spec(x, []), self._unshifted):
+            nodes = [r for r, _ in group]
+            keys = self._reduce_pass([self._unshifted(r) for r in nodes],
+                                     [sp for _, sp in group], [])
+            for r, key in zip(nodes, keys, strict=True):
+                self._small[id(r)] = key
+
+    def small(self, node: Node) -> str:
+        """The key of a small (in-memory) result, lowering what it needs first."""
+        if id(node) in self._small:
+            return self._small[id(node)]
+        if isinstance(node, Constant):
+            key = self._loose.add("const-" + node.token, constant, node.value)
+        elif isinstance(node, Reduce) and not node.x.small and node.x.ndim == 2:
+            key = self._reduce(self._unshifted(node))
+        elif isinstance(node, TSQR):
+            key = self.tsqr(node).outputs["R"].keys[0]
+        elif isinstance(node, MatVec):
+            key = self.matvec(node, value=True).outputs["0"].keys[0]
+            self._covers[key] = {key}  # its tasks' stats, not its operand's
+        elif isinstance(node, Source):  # a stored 1-D array
+            key = self.add(lower_load(node)).outputs["0"].keys[0]
+        elif isinstance(node, nd.Diagonal | nd.Quantile) and not node.x.small:
+            key = self._lines(node)
+        else:
+            key = self.add(self._small_op(node)).outputs["0"].keys[0]
+        self._small[id(node)] = key
+        if key not in self._covers:  # small ops merge their operands' stats
+            self._covers[key] = {key}.union(*(
+                self._covers.get(self._small.get(id(c)), set())
+                for c in [getattr(node, "x", None), *getattr(node, "args", ())]
+                if isinstance(c, Node) and c.small))
+        return key
+
+    def _reduce(self, node: Reduce) -> str:
+        if 0 in node.x.shape:  # nothing to read: NumPy's answer for an empty array
+            return self.add(lower_empty_reduce(node)).outputs["0"].keys[0]
+        deps: list = []
+        spec = self.spec(node.x, deps)
+        return self._reduce_pass([node], [spec], deps)[0]
+
+    def _small_op(self, node: Node) -> Stage:
+        if isinstance(node, Reduce):
+            kwargs = {"axis": node.axis, "keepdims": node.keepdims}
+            if node.op in ("var", "std"):
+                kwargs["ddof"] = node.ddof
+            return lower_small_op(node, node.op, tuple(kwargs.items()), [self.small(node.x)])
+        if isinstance(node, Elemwise):
+            args = [self.small(a) if isinstance(a, Node) else a for a in node.args]
+            return lower_small_op(node, node.name, node.kwargs, args)
+        if isinstance(node, Transpose) and node.x.small:
+            return lower_small_op(node, "transpose", (), [self.small(node.x)])
+        if isinstance(node, nd.Take) and node.x.small:
+            kwargs = (("indices", node.index), ("axis", node.axis))
+            return lower_small_op(node, "take", kwargs, [self.small(node.x)])
+        if isinstance(node, nd.Quantile) and node.x.small:
+            q = np.asarray(node.q) if not node.scalar_q else node.q[0]
+            kwargs = (("q", q), ("axis", node.axis), ("method", node.method))
+            return lower_small_op(node, node.op, kwargs, [self.small(node.x)])
+        if isinstance(node, SliceNode) and node.x.small:
+            kwargs = (("shape", tuple(node.shape)), ("start", node.start), ("step", node.step))
+            return lower_small_op(node, "slice2d", kwargs, [self.small(node.x)])
+        raise PlanningError(f"cannot compute {node} in memory")
+
+    def stat_keys(self, gathered: list) -> list:
+        """Keys whose stats reach no gathered result: operands of big tasks
+        not merged into a gathered small result nor into another such key."""
+        covered = set().union(*(self._covers.get(k, {k}) for k in gathered)) if gathered \
+            else set()
+        todo = [d for d in self._dep_keys if d not in covered]
+        return [d for d in todo
+                if not any(d in self._covers.get(e, ()) for e in todo if e != d)] + [
+            k for k in self._stats_only if k not in covered and k not in todo]
 
 
 def _dep_kind(small_shape: tuple, shape: tuple) -> str:
@@ -318,8 +400,11 @@ def _dep_kind(small_shape: tuple, shape: tuple) -> str:
     return "col"
 
 
-def lower(node, budget, out=None, out_grid=None, skip=()) -> Lowered:
-    """Plan ``node`` against ``budget``: stages, graph and keys (pure).
+def lower(node, budget, out=None, out_grid=None, skip=()) -> Plan:
+    """Plan ``node`` against ``budget`` (pure): the stage records, named
+    outputs, arrays to create and keys to gather. ``out``: the target array
+    (a matrix written into ``out_grid``, units in ``skip`` already done; a
+    small result written by one task); None to return the result.
 
     Raises PlanningError when a task cannot fit, naming the smallest
     ``memory_per_worker`` under which the whole expression fits (later stages
@@ -327,42 +412,41 @@ def lower(node, budget, out=None, out_grid=None, skip=()) -> Lowered:
     stage's need until all fit).
     """
     try:
-        return _lower(node, budget, out, out_grid, skip)
-    except _DoesNotFit as first:
+        return _lower(node, budget, out, out_grid, frozenset(skip))
+    except DoesNotFit as first:
         err, need = first, None
         for _ in range(16):
             try:
                 _lower(node, dataclasses.replace(budget, memory_per_worker=err.need), out,
-                       out_grid, skip)
+                       out_grid, frozenset(skip))
                 need = err.need
                 break
-            except _DoesNotFit as again:
+            except DoesNotFit as again:
                 if again.need <= err.need:  # no budget helps (e.g. a fixed overhead)
                     break
                 err = again
         raise first.explain(budget, need) from None
 
 
-def _lower(node, budget, out, out_grid, skip) -> Lowered:
-    low = Lowerer(budget)
-    low.fuse_reductions(node)
-    blocks: list = []
-    if node.small:
-        key = low.small(node)
-        keys, result = [key], "small"
-    elif isinstance(node, MatMul):
-        res = low.matmul(node, out, out_grid, skip)
-        keys, blocks = (res, []) if out is not None else res
-        result = "store" if out is not None else "blocks"
+def _lower(node, budget, out, out_grid, skip) -> Plan:
+    p = Planner(budget)
+    p.fuse_reductions(node)
+    side = {}
+    if node.small or (node.ndim != 2 and not isinstance(node, MatVec)):
+        key = p.small(node)
+        p.finish()
+        stat_keys = p.stat_keys([key])
+        last = p.add(lower_store_small(node, key, out) if out is not None else result_stage(node))
+        result = last.outputs.get("result", Output("value", (key,)))
     else:
-        keys, blocks = low.map_blocks(node, out, out_grid, skip)
-        result = "store" if out is not None else "blocks"
-    if len(low.graph) > low._counted and low.stages:  # tasks after the last stage: its own
-        last = low.stages[-1]
-        low.stages[-1] = dataclasses.replace(
-            last, tasks=last.tasks + len(low.graph) - low._counted)
-    plan = Plan(str(node), tuple(node.shape), str(node.dtype), budget, tuple(low.stages),
-                str(out) if out else None)
-    skipped = len(skip)
-    return Lowered(plan, low.graph, keys, result, blocks, low.creates, skipped,
-                   low.stat_keys(keys if result == "small" else []))
+        lowering = {MatMul: p.matmul, TSQR: p.tsqr, MatVec: p.matvec,
+                    nd.Scan: p.scan}.get(type(node), p.map)
+        stage = lowering(node, out, out_grid, skip)
+        result = stage.outputs.get("result") or stage.outputs["0"]
+        if isinstance(node, TSQR):  # R (and s, Vt) computed on the way: a named output
+            side = {"factors": p.stages[-2].outputs["factors"]}
+        p.finish()
+        stat_keys = p.stat_keys([])
+    return Plan(str(node), tuple(node.shape), str(node.dtype), budget, tuple(p.stages),
+                str(out) if out is not None else None, {"result": result, **side},
+                tuple(p.creates), tuple(stat_keys))

@@ -1,12 +1,19 @@
 """Lowering a matrix product: the block layout that reads least within the
 budget (output blocks accumulating K panels, prefetched or read in place in
 bands, a split and tree-summed contraction when blocks are too few) and its
-graph of :mod:`tilearray.graphs.matmul` tasks. Pure, like the rest of the plan."""
+:mod:`tilearray.graphs.matmul` tasks. Pure: node, specs and budget in, a
+:class:`~.types.Stage` out.
+
+The steps, one function each: the operands' panels and the memory terms of a
+task (:func:`operands`), the candidate layouts that fit (:func:`candidates`),
+the choice among them and the K split (:func:`choose`), the tasks
+(:func:`tasks`), and the I/O lower bound and the stage text."""
 
 from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from dask.base import tokenize
@@ -15,270 +22,335 @@ from dask.utils import format_bytes
 from ... import _config
 from ...graphs import matmul as gmm
 from ...graphs.blocks import compact, group_edges, intervals, max_interval, split_points, tree
+from ...graphs.emit import Tasks
 from ...graphs.spec import Read, Trans, leaves, unit_edges
-from ...storage import ArrayRef, Grid
 from ...storage.stream import slab_plan
-from ..expr.nodes import (
-    MatMul,
-)
 from . import layout
-from .sizing import (
-    _all_done,
-    _as_rss,
-    _band_bytes,
-    _leaf_itemsize,
-    _op_temporaries,
-    _panels,
-    _short,
+from .map import check_fits
+from .memory import (
+    MatmulTask,
+    band_bytes,
+    combine_peak,
+    leaf_itemsize,
+    matmul_peak,
+    op_temporaries,
 )
-from .types import Stage
+from .sizing import all_done, panels, short
+from .types import Budget, Output, Stage
+
+MODES = ("prefetch", "stream", "in-place", "slabs")
+"""Read modes, in order of preference among layouts that read as little."""
 
 
-class MatmulLowering:
-    """:meth:`matmul` of :class:`~.lower.Lowerer` (a mixin: it uses the
-    Lowerer's ``spec``, ``budget``, ``graph``, ``stages`` and ``_check_fits``)."""
+@dataclass(frozen=True)
+class Operands:
+    """What the layout search needs to know of ``A @ B``: shapes, K panels,
+    per-task memory terms and whether it is a symmetric product."""
 
-    # -- matmul -------------------------------------------------------------------
-    def matmul(self, node: MatMul, out: ArrayRef | None, out_grid: Grid | None, skip):
-        deps: list = []
-        a_spec = self.spec(node.a, deps)
-        b_spec = self.spec(node.b, deps)
-        (m, k), n = node.a.shape, node.b.shape[1]
-        dtype = np.dtype(node.dtype)
-        a_units, b_units = unit_edges(a_spec, 1, k), unit_edges(b_spec, 0, k)
-        a_k, b_k = _panels(a_units), _panels(b_units)
-        ka, kb = max_interval(a_k), max_interval(b_k)
-        # bytes per panel element of each fused temporary, cast to dtype
-        ca = max(_leaf_itemsize(a_spec), dtype.itemsize)
-        cb = max(_leaf_itemsize(b_spec), dtype.itemsize)
-        ta, tb = _op_temporaries(a_spec), _op_temporaries(b_spec)
-        band = _band_bytes(a_spec, b_spec, max(ka, kb), self.budget.task_memory)
-        gram = (a_spec == Trans(b_spec) or b_spec == Trans(a_spec)) and a_k == b_k
-        out_unit = (out_grid.unit[0] * out_grid.unit[1] if out_grid is not None else 0) \
-            * dtype.itemsize
-        a_panel_cache: dict = {}
-        b_panel_cache: dict = {}
+    a_spec: object
+    b_spec: object
+    m: int
+    k: int
+    n: int
+    a_units: tuple
+    b_units: tuple
+    a_k: tuple
+    """A's K panel edges."""
+    b_k: tuple
+    b_cols: tuple
+    """B's column unit edges (the bands of streaming)."""
+    gram: bool
+    """``X.T @ X`` / ``X @ X.T`` with the same K panels."""
+    stream: bool
+    """A and B share their K panels: B may be streamed band by band."""
+    slabs: bool
+    """``X.T @ X`` whose chunks decode in row slabs."""
+    slab_rows: int
+    task: MatmulTask
+    ca: int
+    """Bytes per A panel element (cast to the result dtype)."""
+    cb: int
+    ta: int
+    """Temporaries per A panel element of its fused ops."""
+    tb: int
 
-        def panel_bytes(rows_edges, cols_edges) -> tuple[int, int]:
-            """Largest A panel (rows block x K panel) and B panel (K panel x
-            cols block): the whole units read, or the region cast to dtype,
-            plus fused temporaries."""
-            if rows_edges not in a_panel_cache:
-                c = layout.BlockCosts(a_spec, rows_edges, a_k)
-                a_panel_cache[rows_edges] = c.max_read_bytes(exact=False), c.min_request_bytes()
-            if cols_edges not in b_panel_cache:
-                c = layout.BlockCosts(b_spec, b_k, cols_edges)
-                b_panel_cache[cols_edges] = c.max_read_bytes(exact=False), c.min_request_bytes()
-            (ra, qa), (rb, qb) = a_panel_cache[rows_edges], b_panel_cache[cols_edges]
-            bm, bn = max_interval(rows_edges), max_interval(cols_edges)
-            pa = max(ra, bm * ka * ca) + bm * ka * ca * ta
-            pb = max(rb, kb * bn * cb) + kb * bn * cb * tb
-            return pa, pb, max(qa, qb)
 
-        # B streamed band by band (A and B share their K panels): one B band
-        # -- a K panel by one of B's column I/O units -- resident, not a panel
-        stream = a_k == b_k and k > 0
-        b_cols = unit_edges(b_spec, 1, n)
-        if stream:
-            c = layout.BlockCosts(b_spec, b_k, b_cols)
-            wb = max_interval(b_cols)
-            b_band = max(c.max_read_bytes(exact=False), kb * wb * cb) + kb * wb * cb * tb
-            b_band_request = c.min_request_bytes()
+def operands(a_spec, b_spec, shape_a, n: int, dtype: np.dtype, budget: Budget,
+             out_grid) -> Operands:
+    """Panels and memory terms of ``a_spec @ b_spec`` (A ``shape_a``, B ``k x n``)."""
+    m, k = shape_a
+    a_units, b_units = unit_edges(a_spec, 1, k), unit_edges(b_spec, 0, k)
+    a_k, b_k = panels(a_units), panels(b_units)
+    ka, kb = max_interval(a_k), max_interval(b_k)
+    ca = max(leaf_itemsize(a_spec), dtype.itemsize)
+    cb = max(leaf_itemsize(b_spec), dtype.itemsize)
+    tb = op_temporaries(b_spec)
+    band = band_bytes(a_spec, b_spec, max(ka, kb), budget.task_memory)
+    gram = (a_spec == Trans(b_spec) or b_spec == Trans(a_spec)) and a_k == b_k
+    out_unit = (out_grid.unit[0] * out_grid.unit[1] if out_grid is not None else 0) \
+        * dtype.itemsize
+    stream = a_k == b_k and k > 0
+    b_cols = unit_edges(b_spec, 1, n)
+    b_band = b_band_request = 0
+    if stream:  # one B band -- a K panel by one of B's column I/O units -- resident
+        c = layout.BlockCosts(b_spec, b_k, b_cols)
+        wb = max_interval(b_cols)
+        b_band = max(c.max_read_bytes(exact=False), kb * wb * cb) + kb * wb * cb * tb
+        b_band_request = c.min_request_bytes()
+    slabs = gram and k > 0 and m > 0 and a_spec == Trans(b_spec) \
+        and isinstance(b_spec, Read) and b_spec.grid.row_slabs
+    slab_rows = slab_mem = 0
+    if slabs:  # X streamed slab by slab (slab buffer + zstd decoders, never a whole chunk)
+        slab_rows, slab_mem = slab_plan(b_spec.grid.tile, b_spec.dtype.itemsize, (0, n),
+                                        budget.task_memory, b_spec.grid.row_slabs)
+    task = MatmulTask(dtype.itemsize, out_unit, band, b_band, b_band_request, slab_mem)
+    return Operands(a_spec, b_spec, m, k, n, a_units, b_units, a_k, b_k, b_cols, gram, stream,
+                    bool(slabs), slab_rows, task, ca, cb, op_temporaries(a_spec), tb)
 
-        # X.T @ X in one block, X's chunks decodable in row slabs: X streamed slab
-        # by slab (slab buffer + zstd decoders, never a whole chunk)
-        slabs = gram and k > 0 and m > 0 and a_spec == Trans(b_spec) \
-            and isinstance(b_spec, Read) and b_spec.grid.row_slabs
-        slab_rows = slab_mem = 0
-        if slabs:
-            slab_rows, slab_mem = slab_plan(b_spec.grid.tile, b_spec.dtype.itemsize, (0, n),
-                                            self.budget.task_memory, b_spec.grid.row_slabs)
 
-        def memory(re, ce, mode: str) -> int:
-            """Peak of one task: the accumulator and the current panels, plus
-            the panel in flight (compressed + decoded) when prefetching, or,
-            reading in place, one band's buffers while a panel fills (a panel
-            read in one request is its own decoded buffer); at the end the
-            accumulator and one output unit copied and encoded at a time.
-            Streaming B holds the accumulator, one A panel and one B band,
-            each a single large buffer freed whole (so priced as allocated),
-            plus one read's buffers."""
-            bm, bn = max_interval(re), max_interval(ce)
-            acc = bm * bn * dtype.itemsize
-            if mode == "slabs":
-                return _as_rss(acc + max(2 * out_unit, slab_mem))
-            pa, pb, request = panel_bytes(re, ce)
-            if gram and bm == m and bn == n:
-                pa = 0  # X.T @ X in one block: each panel serves as both operands
-            if mode == "stream":
-                reading = min(2 * max(band, request, b_band_request), max(pa, b_band))
-                return acc + max(2 * out_unit, pa + b_band + _as_rss(reading))
-            if mode == "prefetch":
-                reading = 2 * max(pa, pb)
-            else:  # each request compressed + decoded, at most the panel twice
-                reading = min(2 * max(band, request), max(pa, pb))
-            return _as_rss(acc + max(2 * out_unit, pa + pb + reading))
+class _Peaks:
+    """:func:`~.memory.matmul_peak` of candidate layouts, panel sizes cached per edge list."""
 
-        budget = self.budget.task_memory
-        hard = (None, None) if out_grid is None else (out_grid.unit_edges(0),
-                                                      out_grid.unit_edges(1))
-        layouts = []  # every distinct layout that fits, for either read mode
-        smallest = None
-        for rows_c in layout.bases(a_spec, 0, m, hard[0]):
-            for cols_c in layout.bases(b_spec, 1, n, hard[1]):
-                step = max(min(max_interval(rows_c), max_interval(cols_c)), 1)
-                # roughly square blocks (and 1:2 / 2:1), growing until they no longer fit
-                modes = ("prefetch", "in-place") + (("stream",) if stream else ())
-                # square blocks for a symmetric product: block pairs are computed once
-                ratios = ((1, 1),) if gram and out is not None else ((1, 1), (1, 2), (2, 1))
-                for mode, (fr, fc) in itertools.product(modes, ratios):
-                    t, last = step, None
-                    while True:
-                        re, ce = group_edges(rows_c, t * fr), group_edges(cols_c, t * fc)
-                        if (re, ce) != last:
-                            mem = memory(re, ce, mode)
-                            if mem <= budget:
-                                layouts.append((re, ce, mem, mode))
-                            elif smallest is None or mem < smallest[2]:
-                                smallest = (re, ce, mem, mode)
-                            last = (re, ce)
-                        if mem > budget or t >= max(m, n):
-                            break
-                        t += step
-                if not (gram and out is not None):
-                    for mode in modes:
-                        layouts += [(re, ce, mem, mode) for re, ce, mem in layout.widest_blocks(
-                            rows_c, cols_c, m, n, lambda re, ce, mode=mode: memory(re, ce, mode),
-                            budget)]
-        if slabs:  # one block, whole: every task is a diagonal (syrk) block
-            mem = memory((0, m), (0, n), "slabs")
-            if mem <= budget:
-                layouts.append(((0, m), (0, n), mem, "slabs"))
-            elif smallest is None or mem < smallest[2]:
-                smallest = ((0, m), (0, n), mem, "slabs")
-        if not layouts:
-            self._check_fits("matmul", smallest[2], str(node))
+    def __init__(self, op: Operands):
+        self.op, self._a, self._b = op, {}, {}
 
-        def n_of(lay):
-            return (len(lay[0]) - 1) * (len(lay[1]) - 1)
+    def panels(self, rows_edges, cols_edges) -> tuple[int, int, int]:
+        """Largest A panel (rows block x K panel) and B panel (K panel x cols
+        block): the whole units read, or the region cast to dtype, plus fused
+        temporaries; and the least read request of either."""
+        op = self.op
+        if rows_edges not in self._a:
+            c = layout.BlockCosts(op.a_spec, rows_edges, op.a_k)
+            self._a[rows_edges] = c.max_read_bytes(exact=False), c.min_request_bytes()
+        if cols_edges not in self._b:
+            c = layout.BlockCosts(op.b_spec, op.b_k, cols_edges)
+            self._b[cols_edges] = c.max_read_bytes(exact=False), c.min_request_bytes()
+        (ra, qa), (rb, qb) = self._a[rows_edges], self._b[cols_edges]
+        bm, bn = max_interval(rows_edges), max_interval(cols_edges)
+        ka, kb = max_interval(op.a_k), max_interval(op.b_k)
+        pa = max(ra, bm * ka * op.ca) + bm * ka * op.ca * op.ta
+        pb = max(rb, kb * bn * op.cb) + kb * bn * op.cb * op.tb
+        if op.gram and bm == op.m and bn == op.n:
+            pa = 0  # X.T @ X in one block: each panel serves as both operands
+        return pa, pb, max(qa, qb)
 
-        def reads_of(lay):  # elements read: A once per block column, B once per block row
-            return m * k * (len(lay[1]) - 1) + k * n * (len(lay[0]) - 1)
+    def __call__(self, rows_edges, cols_edges, mode: str) -> int:
+        if mode == "slabs":
+            return matmul_peak(self.op.task, rows_edges, cols_edges, mode, None)
+        return matmul_peak(self.op.task, rows_edges, cols_edges, mode,
+                           self.panels(rows_edges, cols_edges))
 
-        def rank(lay):  # least read, then fewest tasks, then prefetch > stream > in place
-            return (reads_of(lay), n_of(lay),
-                    ("prefetch", "stream", "in-place", "slabs").index(lay[3]))
 
-        best = min(layouts, key=rank)
-        threads = self.budget.total_threads
-        split_every = int(_config.get("reduction.split-every"))
-        k_split = (0, k)
-        if 0 < n_of(best) < threads and k > 0:
-            # too few blocks for the workers: split K (tree-summing partial
-            # blocks) if the sums fit, else use smaller blocks
-            acc = max_interval(best[0]) * max_interval(best[1]) * dtype.itemsize
-            parts = math.ceil(threads / n_of(best))
-            combine = _as_rss((min(split_every, parts) + 2) * acc)
-            if combine <= budget:
-                k_split = split_points(a_units, b_units, parts)
-                best = (*best[:2], max(best[2], combine), best[3])
-            else:
-                enough = [lay for lay in layouts if n_of(lay) >= threads]
-                if enough:
-                    best = min(enough, key=rank)
-        row_edges, col_edges, peak, mode = best
-        read_bytes = None if mode == "prefetch" else band
-        slab = slab_rows if mode == "slabs" else None
-        if len(k_split) > 2:  # panels never straddle a split point
-            a_k = tuple(sorted(set(a_k) | set(k_split)))
-            b_k = tuple(sorted(set(b_k) | set(k_split)))
-        token = tokenize("matmul", a_spec, b_spec, row_edges, col_edges, k_split, str(out), deps)
-        name = "matmul-" + token
-        a_costs = layout.BlockCosts(a_spec, row_edges, a_k)
-        # streaming reads B in bands split at its column units and the block edges
-        b_edges = tuple(sorted(set(col_edges) | set(b_cols))) if mode == "stream" \
-            else col_edges
-        b_at = {e: q for q, e in enumerate(b_edges)}
-        b_costs = layout.BlockCosts(b_spec, b_k, b_edges)
-        a_iv, b_iv = intervals(a_k), intervals(b_k)
-        segments = []  # per K segment: its A and B panels and their index ranges
-        for k0, k1 in (intervals(k_split) if k > 0 else [(0, 0)]):
-            qa = [q for q, p in enumerate(a_iv) if k0 <= p[0] < k1]
-            qb = [q for q, p in enumerate(b_iv) if k0 <= p[0] < k1]
-            segments.append((compact(a_iv[q] for q in qa), compact(b_iv[q] for q in qb),
-                             (qa[0], qa[-1] + 1) if qa else (0, 0),
-                             (qb[0], qb[-1] + 1) if qb else (0, 0)))
-        keys, blocks = [], []
-        nbytes = nreq = gets = written = 0
-        # X.T @ X, X @ X.T into storage: the result is symmetric, so each pair of
-        # blocks (i, j), (j, i) is computed once and written twice
-        sym = gram and out is not None and len(k_split) <= 2 and row_edges == col_edges
-        for i, rows in enumerate(intervals(row_edges)):
-            for j, cols in enumerate(intervals(col_edges)):
-                if sym and i > j:
-                    continue
-                if out_grid is not None and _all_done(out_grid, rows, cols, skip) and (
-                        not sym or _all_done(out_grid, cols, rows, skip)):
-                    continue
-                parts = []
-                j0, j1 = b_at[cols[0]], b_at[cols[1]]
-                b_bands = compact(intervals(b_edges[j0 : j1 + 1])) if mode == "stream" else None
-                for s, (pa, pb, qa, qb) in enumerate(segments):
-                    if not gmm.is_gram(a_spec, b_spec, rows, cols, pa, pb):
-                        b, r, g = a_costs.band(0, i, *qa)
-                        nbytes, nreq, gets = nbytes + b, nreq + r, gets + g
-                    for jj in range(j0, j1):
-                        b, r, g = b_costs.band(1, jj, *qb)
-                        nbytes, nreq, gets = nbytes + b, nreq + r, gets + g
-                    args = (a_spec, b_spec, rows, cols, pa, pb, dtype)
-                    if len(k_split) <= 2 and out is not None:
-                        key = (name, i, j)
-                        store = gmm.matmul_store_pair if sym and i < j else gmm.matmul_store
-                        self.graph[key] = (store, *args, out, deps, read_bytes, b_bands, slab)
-                    else:
-                        key = (name + "-part", i, j, s)
-                        self.graph[key] = (gmm.matmul_block, *args, deps, read_bytes, b_bands,
-                                           slab)
-                    parts.append(key)
-                if len(parts) > 1 or (out is None and len(k_split) > 2):
-                    root = tree(
-                        parts, split_every,
-                        lambda level, q, i=i, j=j: (name + "-sum", i, j, level, q),
-                        lambda children: (gmm.sum_partials, *children), self.graph)
-                    parts = [root]
-                key = parts[0]
-                if out is not None and len(k_split) > 2:
-                    sk = (name, i, j)
-                    self.graph[sk] = (gmm.store_partials, out, rows, cols, key)
-                    key = sk
-                if out is not None:
-                    written += (rows[1] - rows[0]) * (cols[1] - cols[0]) * dtype.itemsize \
-                        * (2 if sym and i < j else 1)
-                keys.append(key)
-                blocks.append((rows, cols))
-        flops = 2 * m * n * k
-        sym_txt = ", symmetric: each block pair computed once, diagonal blocks by syrk" \
-            if gram else ""
-        itemsize = max(np.dtype(node.a.dtype).itemsize, np.dtype(node.b.dtype).itemsize)
-        lb = int(flops / math.sqrt(max(budget, 1) / itemsize) * itemsize) if flops else 0
-        # and every input is read at least once (the bound's leading term is below
-        # that for tall-skinny products)
-        once = {tokenize(leaf): leaf.grid.shape[0] * leaf.grid.shape[1] * leaf.dtype.itemsize
-                for leaf in leaves(a_spec) + leaves(b_spec)}
-        lb = max(lb, sum(once.values())) if flops else 0
-        ksplit_txt = f", K split in {len(k_split) - 1}" if len(k_split) > 2 else ""
-        self._add_stage(Stage(
-            "matmul", f"{_short(node)}: output blocks up to {max_interval(row_edges)}x"
-            f"{max_interval(col_edges)}, K panels A {ka} / B {kb}{ksplit_txt}{sym_txt}, "
-            + {"prefetch": "next panel prefetched",
-               "stream": f"A panels read in place, B streamed in bands of {max_interval(b_cols)}"
-                         " columns",
-               "in-place": "panels read in place",
-               "slabs": f"X decoded in row slabs of {slab} rows, never a whole chunk "
-                        f"({format_bytes(slab_mem)} of slab and decoder buffers)"}[mode]
-            + ("" if mode in ("prefetch", "slabs")
-               else f" (requests <= {format_bytes(read_bytes)})"),
-            len(keys) * max(len(k_split) - 1, 1), peak, nbytes, written, flops,
-            io_lower_bound=lb or None, reads=nreq, store_gets=gets))
-        return keys if out is not None else (keys, blocks)
+def candidates(op: Operands, peak: _Peaks, budget: int, hard, symmetric_out: bool):
+    """Every distinct layout that fits, for each read mode: ``[(row_edges,
+    col_edges, peak, mode)]``, and the smallest one that does not (or None).
 
+    Square blocks and 1:2 / 2:1 grow from each base until they no longer fit,
+    and for every block height the widest block that fits joins them; a
+    symmetric product written to storage keeps square blocks only (block
+    pairs are computed once)."""
+    layouts, smallest = [], None
+    modes = ("prefetch", "in-place") + (("stream",) if op.stream else ())
+    ratios = ((1, 1),) if symmetric_out else ((1, 1), (1, 2), (2, 1))
+
+    def consider(re, ce, mode):
+        nonlocal smallest
+        mem = peak(re, ce, mode)
+        if mem <= budget:
+            layouts.append((re, ce, mem, mode))
+        elif smallest is None or mem < smallest[2]:
+            smallest = (re, ce, mem, mode)
+        return mem
+
+    for rows_c in layout.bases(op.a_spec, 0, op.m, hard[0]):
+        for cols_c in layout.bases(op.b_spec, 1, op.n, hard[1]):
+            step = max(min(max_interval(rows_c), max_interval(cols_c)), 1)
+            for mode, (fr, fc) in itertools.product(modes, ratios):
+                t, last = step, None
+                while True:
+                    re, ce = group_edges(rows_c, t * fr), group_edges(cols_c, t * fc)
+                    if (re, ce) != last:
+                        mem = consider(re, ce, mode)
+                        last = (re, ce)
+                    if mem > budget or t >= max(op.m, op.n):
+                        break
+                    t += step
+            if not symmetric_out:
+                for mode in modes:
+                    layouts += [(re, ce, mem, mode) for re, ce, mem in layout.widest_blocks(
+                        rows_c, cols_c, op.m, op.n,
+                        lambda re, ce, mode=mode: peak(re, ce, mode), budget)]
+    if op.slabs:  # one block, whole: every task is a diagonal (syrk) block
+        consider((0, op.m), (0, op.n), "slabs")
+    return layouts, smallest
+
+
+def _n_blocks(lay) -> int:
+    return (len(lay[0]) - 1) * (len(lay[1]) - 1)
+
+
+def choose(op: Operands, layouts: list, budget: Budget, dtype: np.dtype):
+    """The layout that reads least (then fewest tasks, then by :data:`MODES`)
+    and the K split: when it has fewer blocks than the cluster has threads,
+    K is split and partial blocks tree-summed if the sums fit, else smaller
+    blocks are taken. Returns ``(layout, k_split)``."""
+    def rank(lay):  # elements read: A once per block column, B once per block row
+        reads = op.m * op.k * (len(lay[1]) - 1) + op.k * op.n * (len(lay[0]) - 1)
+        return reads, _n_blocks(lay), MODES.index(lay[3])
+
+    best = min(layouts, key=rank)
+    threads = budget.total_threads
+    k_split = (0, op.k)
+    if 0 < _n_blocks(best) < threads and op.k > 0:
+        acc = max_interval(best[0]) * max_interval(best[1]) * dtype.itemsize
+        parts = math.ceil(threads / _n_blocks(best))
+        combine = combine_peak(acc, min(int(_config.get("reduction.split-every")), parts))
+        if combine <= budget.task_memory:
+            k_split = split_points(op.a_units, op.b_units, parts)
+            best = (*best[:2], max(best[2], combine), best[3])
+        else:
+            enough = [lay for lay in layouts if _n_blocks(lay) >= threads]
+            if enough:
+                best = min(enough, key=rank)
+    return best, k_split
+
+
+def _segments(op: Operands, k_split):
+    """Per K segment: its A and B panels (compact) and their index ranges;
+    panels never straddle a split point. Also the refined panel edges."""
+    a_k, b_k = op.a_k, op.b_k
+    if len(k_split) > 2:
+        a_k = tuple(sorted(set(a_k) | set(k_split)))
+        b_k = tuple(sorted(set(b_k) | set(k_split)))
+    a_iv, b_iv = intervals(a_k), intervals(b_k)
+    segments = []
+    for k0, k1 in (intervals(k_split) if op.k > 0 else [(0, 0)]):
+        qa = [q for q, p in enumerate(a_iv) if k0 <= p[0] < k1]
+        qb = [q for q, p in enumerate(b_iv) if k0 <= p[0] < k1]
+        segments.append((compact(a_iv[q] for q in qa), compact(b_iv[q] for q in qb),
+                         (qa[0], qa[-1] + 1) if qa else (0, 0),
+                         (qb[0], qb[-1] + 1) if qb else (0, 0)))
+    return segments, a_k, b_k
+
+
+@dataclass
+class _Totals:
+    nbytes: int = 0
+    reads: int = 0
+    gets: int = 0
+    written: int = 0
+
+    def add(self, cost) -> None:
+        b, r, g = cost
+        self.nbytes, self.reads, self.gets = self.nbytes + b, self.reads + r, self.gets + g
+
+
+def tasks(op: Operands, chosen, k_split, dtype, deps, out=None, out_grid=None, skip=frozenset()):
+    """The stage's tasks: per output block, one task per K segment (tree-summed
+    when split), storing or returning the block. Returns ``(Tasks, Output,
+    _Totals)``."""
+    row_edges, col_edges, _, mode = chosen
+    read_bytes = None if mode == "prefetch" else op.task.band
+    slab = op.slab_rows if mode == "slabs" else None
+    segments, a_k, b_k = _segments(op, k_split)
+    name = "matmul-" + tokenize("matmul", op.a_spec, op.b_spec, row_edges, col_edges, k_split,
+                                str(out), deps)
+    a_costs = layout.BlockCosts(op.a_spec, row_edges, a_k)
+    # streaming reads B in bands split at its column units and the block edges
+    b_edges = tuple(sorted(set(col_edges) | set(op.b_cols))) if mode == "stream" else col_edges
+    b_at = {e: q for q, e in enumerate(b_edges)}
+    b_costs = layout.BlockCosts(op.b_spec, b_k, b_edges)
+    split_every = int(_config.get("reduction.split-every"))
+    split = len(k_split) > 2
+    # X.T @ X, X @ X.T into storage: the result is symmetric, so each pair of
+    # blocks (i, j), (j, i) is computed once and written twice
+    sym = op.gram and out is not None and not split and row_edges == col_edges
+    work, keys, blocks, tot = Tasks(), [], [], _Totals()
+    for i, rows in enumerate(intervals(row_edges)):
+        for j, cols in enumerate(intervals(col_edges)):
+            if sym and i > j:
+                continue
+            if out_grid is not None and all_done(out_grid, rows, cols, skip) and (
+                    not sym or all_done(out_grid, cols, rows, skip)):
+                continue
+            j0, j1 = b_at[cols[0]], b_at[cols[1]]
+            b_bands = compact(intervals(b_edges[j0 : j1 + 1])) if mode == "stream" else None
+            parts = []
+            for s, (pa, pb, qa, qb) in enumerate(segments):
+                if not gmm.is_gram(op.a_spec, op.b_spec, rows, cols, pa, pb):
+                    tot.add(a_costs.band(0, i, *qa))
+                for jj in range(j0, j1):
+                    tot.add(b_costs.band(1, jj, *qb))
+                args = (op.a_spec, op.b_spec, rows, cols, pa, pb, dtype)
+                if not split and out is not None:
+                    store = gmm.matmul_store_pair if sym and i < j else gmm.matmul_store
+                    parts.append(work.add((name, i, j), store, *args, out, deps, read_bytes,
+                                          b_bands, slab))
+                else:
+                    parts.append(work.add((name + "-part", i, j, s), gmm.matmul_block, *args,
+                                          deps, read_bytes, b_bands, slab))
+            if len(parts) > 1 or (out is None and split):
+                parts = [tree(parts, split_every,
+                              lambda level, q, i=i, j=j: (name + "-sum", i, j, level, q),
+                              lambda children: (gmm.sum_partials, *children), work)]
+            key = parts[0]
+            if out is not None and split:
+                key = work.add((name, i, j), gmm.store_partials, out, rows, cols, key)
+            if out is not None:
+                tot.written += (rows[1] - rows[0]) * (cols[1] - cols[0]) * dtype.itemsize \
+                    * (2 if sym and i < j else 1)
+            keys.append(key)
+            blocks.append((rows, cols))
+    result = Output("store", tuple(keys)) if out is not None else \
+        Output("blocks", tuple(keys), tuple(blocks))
+    return work, result, tot
+
+
+def io_lower_bound(op: Operands, node, budget: Budget) -> int:
+    """max(2mnk / sqrt(M / itemsize), every input read once), in bytes (0 without FLOPs)."""
+    flops = 2 * op.m * op.n * op.k
+    if not flops:
+        return 0
+    itemsize = max(np.dtype(node.a.dtype).itemsize, np.dtype(node.b.dtype).itemsize)
+    lb = int(flops / math.sqrt(max(budget.task_memory, 1) / itemsize) * itemsize)
+    once = {tokenize(leaf): leaf.grid.shape[0] * leaf.grid.shape[1] * leaf.dtype.itemsize
+            for leaf in leaves(op.a_spec) + leaves(op.b_spec)}
+    return max(lb, sum(once.values()))
+
+
+def describe(op: Operands, node, chosen, k_split) -> str:
+    row_edges, col_edges, _, mode = chosen
+    sym = ", symmetric: each block pair computed once, diagonal blocks by syrk" \
+        if op.gram else ""
+    ksplit = f", K split in {len(k_split) - 1}" if len(k_split) > 2 else ""
+    how = {"prefetch": "next panel prefetched",
+           "stream": f"A panels read in place, B streamed in bands of {max_interval(op.b_cols)}"
+                     " columns",
+           "in-place": "panels read in place",
+           "slabs": f"X decoded in row slabs of {op.slab_rows} rows, never a whole chunk "
+                    f"({format_bytes(op.task.slab_mem)} of slab and decoder buffers)"}[mode]
+    if mode not in ("prefetch", "slabs"):
+        how += f" (requests <= {format_bytes(op.task.band)})"
+    return (f"{short(node)}: output blocks up to {max_interval(row_edges)}x"
+            f"{max_interval(col_edges)}, K panels A {max_interval(op.a_k)} / B "
+            f"{max_interval(op.b_k)}{ksplit}{sym}, {how}")
+
+
+def lower_matmul(node, a_spec, b_spec, deps: list, budget: Budget, out=None, out_grid=None,
+                 skip=frozenset()) -> Stage:
+    """The matmul stage of ``node`` (``a_spec @ b_spec``, reading the small
+    results ``deps``): blocks stored into ``out`` (units in ``skip`` already
+    done) or returned."""
+    dtype = np.dtype(node.dtype)
+    op = operands(a_spec, b_spec, node.a.shape, node.b.shape[1], dtype, budget, out_grid)
+    hard = (None, None) if out_grid is None else (out_grid.unit_edges(0), out_grid.unit_edges(1))
+    layouts, smallest = candidates(op, _Peaks(op), budget.task_memory, hard,
+                                   op.gram and out is not None)
+    if not layouts:
+        check_fits("matmul", smallest[2], str(node), budget)
+    chosen, k_split = choose(op, layouts, budget, dtype)
+    work, result, tot = tasks(op, chosen, k_split, dtype, deps, out, out_grid, skip)
+    return Stage("matmul", describe(op, node, chosen, k_split), len(work), chosen[2],
+                 tot.nbytes, tot.written, 2 * op.m * op.n * op.k,
+                 io_lower_bound=io_lower_bound(op, node, budget) or None, reads=tot.reads,
+                 store_gets=tot.gets, work=work.freeze(), outputs={"result": result})

@@ -1,6 +1,7 @@
 """Lowering reductions: sibling reductions over the same stored arrays fused
 into one pass, each pass a map over blocks whose partials a tree combines
-(:mod:`tilearray.graphs.reduction` tasks). Pure, like the rest of the plan."""
+(:mod:`tilearray.graphs.reduction` tasks). Pure: nodes, specs and budget
+in, a :class:`~.types.Stage` out."""
 
 from __future__ import annotations
 
@@ -13,181 +14,146 @@ from ... import _config
 from ...graphs import elemwise as gel
 from ...graphs import reduction as gred
 from ...graphs.blocks import intervals, max_interval, tree
+from ...graphs.emit import Tasks
 from ...graphs.spec import Op, leaves
-from ..expr.nodes import (
-    Elemwise,
-    MatMul,
-    Node,
-    Reduce,
-    structure,
-)
-from .sizing import (
-    _op_temporaries,
-)
-from .types import Stage
+from ..expr.nodes import Elemwise, MatMul, MatVec, Node, Reduce, Scan, structure
+from .map import check_fits, fit_blocks
+from .memory import op_temporaries
+from .types import Budget, Output, Stage
 
 
-class ReductionLowering:
-    """:meth:`reduce` and :meth:`fuse_reductions` of :class:`~.lower.Lowerer`
-    (a mixin: it uses the Lowerer's ``spec``, ``budget``, ``graph``,
-    ``stages``, ``_fit_blocks`` and ``_check_fits``)."""
+def fusable_groups(root: Node, spec_of, unshift) -> list[list[tuple[Reduce, object]]]:
+    """The reductions of ``root`` to lower together: those that read the same
+    stored arrays over the same shape and need no other reduction first
+    (``(a * a).sum() + a.sum()``, ``a.mean(0)`` and ``a.std(0)``), so one
+    pass over the blocks evaluates all of them and each array is read once.
+    ``spec_of(node)`` gives a node's spec; ``unshift`` is :func:`unshifted`
+    (memoised by the caller). Returns groups of two or more ``(node, spec)``."""
+    groups: dict = {}
+    seen: set = set()
 
-    # -- reductions -------------------------------------------------------------
-    def fuse_reductions(self, root: Node) -> None:
-        """Lower together the reductions of ``root`` that read the same stored
-        arrays over the same shape and need no other reduction first
-        (``(a * a).sum() + a.sum()``, ``a.mean(0)`` and ``a.std(0)``): one pass
-        over the blocks evaluates all of them, so each array is read once."""
-        groups: dict = {}
-        seen: set = set()
+    def visit(node):
+        if not isinstance(node, Node) or id(node) in seen:
+            return
+        seen.add(id(node))
+        red = unshift(node) if isinstance(node, Reduce) else None
+        if red is not None and not red.x.small and 0 not in red.x.shape \
+                and _reads_only_stored(red.x):  # so it can share a pass
+            spec = spec_of(red.x)
+            reads = frozenset(tokenize(leaf) for leaf in leaves(spec))
+            groups.setdefault(tuple(red.x.shape), []).append((node, spec, reads))
+        if red is not None:  # a rewritten var/std no longer needs its shift's mean
+            node = red
+        for child in ("x", "a", "b", "w"):
+            visit(getattr(node, child, None))
+        for a in getattr(node, "args", ()):
+            visit(a)
 
-        def visit(node):
-            if not isinstance(node, Node) or id(node) in seen:
-                return
-            seen.add(id(node))
-            red = self._unshifted(node) if isinstance(node, Reduce) else None
-            if red is not None and not red.x.small and 0 not in red.x.shape \
-                    and _reads_only_stored(red.x):  # so it can share a pass
-                deps: list = []
-                spec = self.spec(red.x, deps)
-                if not deps:
-                    reads = frozenset(tokenize(leaf) for leaf in leaves(spec))
-                    groups.setdefault(tuple(red.x.shape), []).append((node, spec, reads))
-            if red is not None:  # a rewritten var/std no longer needs its shift's mean
-                node = red
-            for child in ("x", "a", "b"):
-                visit(getattr(node, child, None))
-            for a in getattr(node, "args", ()):
-                visit(a)
+    visit(root)
+    out = []
+    for members in groups.values():
+        # reductions sharing a stored array, directly or through others, share a pass
+        parts: list[tuple[set, list]] = []
+        for r, spec, reads in members:
+            joined = [p for p in parts if p[0] & reads]
+            parts = [p for p in parts if not p[0] & reads]
+            keys = set(reads).union(*(p[0] for p in joined))
+            parts.append((keys, [m for p in joined for m in p[1]] + [(r, spec)]))
+        out += [group for _, group in parts if len(group) > 1]
+    return out
 
-        visit(root)
-        for members in groups.values():
-            # reductions sharing a stored array, directly or through others, share a pass
-            parts: list[tuple[set, list]] = []
-            for r, spec, reads in members:
-                joined = [p for p in parts if p[0] & reads]
-                parts = [p for p in parts if not p[0] & reads]
-                keys = set(reads).union(*(p[0] for p in joined))
-                parts.append((keys, [m for p in joined for m in p[1]] + [(r, spec)]))
-            for _, group in parts:
-                if len(group) > 1:
-                    nodes = [r for r, _ in group]
-                    keys = self._reduce_pass([self._unshifted(r) for r in nodes],
-                                             [sp for _, sp in group], [])
-                    for r, key in zip(nodes, keys, strict=True):
-                        self._small[id(r)] = key
 
-    def _unshifted(self, node: Reduce) -> Reduce:
-        """:func:`unshifted`, once per node (the plan text names the rewrite)."""
-        if id(node) not in self._shifted:
-            new = unshifted(node)
-            self._shifted[id(node)] = (node, new)
-        return self._shifted[id(node)][1]
+def lower_empty_reduce(node: Reduce) -> Stage:
+    """A reduction of an empty array: nothing to read, NumPy's answer."""
+    kwargs = {"axis": node.axis, "keepdims": node.keepdims}
+    if node.op in ("var", "std"):
+        kwargs["ddof"] = node.ddof
+    key = "reduce-empty-" + tokenize(structure(node))
+    empty = np.empty(node.x.shape, dtype=node.x.dtype)
+    work = Tasks()
+    work.add(key, gel.small_op, node.op, tuple(kwargs.items()), empty)
+    return Stage("small", f"in-memory {node}", 1, 0, 0, work=work.freeze(),
+                 outputs={"0": Output("value", (key,))})
 
-    def reduce(self, node: Reduce) -> str:
-        m, n = node.x.shape
-        if m == 0 or n == 0:  # nothing to read: NumPy's answer for an empty array
-            kwargs = {"axis": node.axis, "keepdims": node.keepdims}
-            if node.op in ("var", "std"):
-                kwargs["ddof"] = node.ddof
-            key = "reduce-empty-" + tokenize(structure(node))
-            empty = np.empty(node.x.shape, dtype=node.x.dtype)
-            self.graph[key] = (gel.small_op, node.op, tuple(kwargs.items()), empty)
-            self._stage_small(str(node))
-            return key
-        deps: list = []
-        spec = self.spec(node.x, deps)
-        return self._reduce_pass([node], [spec], deps)[0]
 
-    def _reduce_pass(self, nodes: list[Reduce], specs: list, deps: list) -> list[str]:
-        """One map over the blocks of ``nodes``' common input shape, then a
-        combine tree and final value per reduction; returns their keys."""
-        m, n = nodes[0].x.shape
-        # op results, plus the float64 accumulation copy / (x - mean)**2 of var
-        temps = sum((_op_temporaries(spec) + (2 if r.op in ("var", "std") else 1))
-                    * max(np.dtype(r.x.dtype).itemsize, 8) for r, spec in zip(nodes, specs,
-                                                                                strict=True))
-        joint = specs[0] if len(specs) == 1 else Op("fused", tuple(specs))  # for costs only
-        costs, peak = self._fit_blocks(joint, (m, n), None, temps)
-        row_edges, col_edges = costs.row_edges, costs.col_edges
-        what = [(r.op, r.axis, r.ddof) for r in nodes]
-        token = tokenize("reduce", what, specs, row_edges, col_edges, deps)
-        name = f"reduce-{'-'.join(dict.fromkeys(r.op for r in nodes))}-{token}"
-        parts = {}
-        nbytes = nreq = gets = 0
-        for i, rows in enumerate(intervals(row_edges)):
-            for j, cols in enumerate(intervals(col_edges)):
-                key = (name, "map", i, j)
-                if len(nodes) == 1:
-                    self.graph[key] = (gred.reduce_map, specs[0], rows, cols, nodes[0].op,
-                                       nodes[0].axis, n, deps)
-                else:
-                    self.graph[key] = (gred.reduce_map_many, tuple(specs), rows, cols,
-                                       tuple(r.op for r in nodes), tuple(r.axis for r in nodes),
-                                       n, deps)
-                parts[i, j] = key
-                b, r, g = costs.at(i, j)
-                nbytes, nreq, gets = nbytes + b, nreq + r, gets + g
-        self._check_fits("reduce", peak, " and ".join(str(r) for r in nodes))
-        split_every = int(_config.get("reduction.split-every"))
-        nr, nc = len(row_edges) - 1, len(col_edges) - 1
-        out_keys, n_tasks = [], len(parts)
-        for q, node in enumerate(nodes):
-            qname = name if len(nodes) == 1 else f"{name}-{q}"
-            mine = parts
-            if len(nodes) > 1:  # this reduction's partials out of the shared map
-                mine = {}
-                for (i, j), key in parts.items():
-                    mine[i, j] = (qname, "pick", i, j)
-                    self.graph[mine[i, j]] = (gred.pick, q, key)
-                n_tasks += len(mine)
-            if node.axis is None:
-                groups = {0: [mine[i, j] for i in range(nr) for j in range(nc)]}
-            elif node.axis == 0:
-                groups = {j: [mine[i, j] for i in range(nr)] for j in range(nc)}
+def lower_reduce(nodes: list[Reduce], specs: list, deps: list, budget: Budget,
+                 note: str = "") -> Stage:
+    """One map over the blocks of ``nodes``' common input shape, then a
+    combine tree and final value per reduction: outputs ``"0"``, ``"1"``, ...
+    (one per node, in order). ``note`` is appended to the description."""
+    m, n = nodes[0].x.shape
+    # op results, plus the float64 accumulation copy / (x - mean)**2 of var
+    temps = sum((op_temporaries(spec) + (2 if r.op in ("var", "std") else 1))
+                * max(np.dtype(r.x.dtype).itemsize, 8) for r, spec in zip(nodes, specs,
+                                                                            strict=True))
+    joint = specs[0] if len(specs) == 1 else Op("fused", tuple(specs))  # for costs only
+    costs, peak = fit_blocks(joint, (m, n), None, temps, budget)
+    row_edges, col_edges = costs.row_edges, costs.col_edges
+    what = [(r.op, r.axis, r.ddof) for r in nodes]
+    token = tokenize("reduce", what, specs, row_edges, col_edges, deps)
+    name = f"reduce-{'-'.join(dict.fromkeys(r.op for r in nodes))}-{token}"
+    work, parts = Tasks(), {}
+    nbytes = nreq = gets = 0
+    for i, rows in enumerate(intervals(row_edges)):
+        for j, cols in enumerate(intervals(col_edges)):
+            if len(nodes) == 1:
+                parts[i, j] = work.add((name, "map", i, j), gred.reduce_map, specs[0], rows, cols,
+                                       nodes[0].op, nodes[0].axis, n, deps)
             else:
-                groups = {i: [mine[i, j] for j in range(nc)] for i in range(nr)}
-            finals = []
-            for g, keys in groups.items():
-                root = tree(
-                    keys, split_every,
-                    lambda level, k, g=g, qname=qname: (qname, "combine", g, level, k),
-                    lambda children, node=node: (gred.reduce_combine, node.op, *children),
-                    self.graph,
-                )
-                fk = (qname, "final", g)
-                self.graph[fk] = (gred.reduce_final, node.op, node.dtype, node.ddof, root)
-                finals.append(fk)
-            key = qname
-            self.graph[key] = (gred.concat_final, node.axis, *finals)
-            if not node.keepdims:
-                flat = qname + "-squeezed"
-                self.graph[flat] = (gel.small_op, "reshape", (), key, node.shape)
-                key = flat
-            n_tasks += len(finals) + 1
-            out_keys.append(key)
-            self._covers[key] = {key}  # its map tasks' stats, not their operands'
-        ops = ", ".join(f"{r.op}(axis={r.axis})" for r in nodes)
-        shifts = [str(orig) for orig, new in self._shifted.values()
-                  if new is not orig and any(new is r for r in nodes)]
-        if shifts:
-            ops += (f" ({', '.join(shifts)}: computed unshifted, as a shift constant along the "
-                    "reduced axis leaves the variance unchanged)")
-        shared_note = self._reread(joint, deps)
-        shared = f" in one pass ({len(nodes)} reductions read each block once)" \
-            if len(nodes) > 1 else ""
-        self._add_stage(Stage(
-            "reduce", f"{ops} over {len(parts)} blocks of up to "
-            f"{max_interval(row_edges)}x{max_interval(col_edges)}, fan-in {split_every}{shared}"
-            f"{shared_note}",
-            n_tasks, peak, nbytes, reads=nreq, store_gets=gets))
-        return out_keys
+                parts[i, j] = work.add((name, "map", i, j), gred.reduce_map_many, tuple(specs),
+                                       rows, cols, tuple(r.op for r in nodes),
+                                       tuple(r.axis for r in nodes), n, deps)
+            b, r, g = costs.at(i, j)
+            nbytes, nreq, gets = nbytes + b, nreq + r, gets + g
+    check_fits("reduce", peak, " and ".join(str(r) for r in nodes), budget)
+    split_every = int(_config.get("reduction.split-every"))
+    outputs = {}
+    for q, node in enumerate(nodes):
+        qname = name if len(nodes) == 1 else f"{name}-{q}"
+        mine = parts
+        if len(nodes) > 1:  # this reduction's partials out of the shared map
+            mine = {ij: work.add((qname, "pick", *ij), gred.pick, q, key)
+                    for ij, key in parts.items()}
+        key = _combine(work, node, qname, mine, len(row_edges) - 1, len(col_edges) - 1,
+                       split_every)
+        outputs[str(q)] = Output("value", (key,))
+    ops = ", ".join(f"{r.op}(axis={r.axis})" for r in nodes)
+    shared = f" in one pass ({len(nodes)} reductions read each block once)" \
+        if len(nodes) > 1 else ""
+    return Stage(
+        "reduce", f"{ops}{note} over {len(parts)} blocks of up to "
+        f"{max_interval(row_edges)}x{max_interval(col_edges)}, fan-in {split_every}{shared}",
+        len(work), peak, nbytes, reads=nreq, store_gets=gets, work=work.freeze(),
+        outputs=outputs)
+
+
+def _combine(work: Tasks, node: Reduce, qname: str, parts: dict, nr: int, nc: int,
+             split_every: int):
+    """The combine trees, finals and result of one reduction over its block
+    partials ``parts[i, j]``; returns the result's key."""
+    if node.axis is None:
+        groups = {0: [parts[i, j] for i in range(nr) for j in range(nc)]}
+    elif node.axis == 0:
+        groups = {j: [parts[i, j] for i in range(nr)] for j in range(nc)}
+    else:
+        groups = {i: [parts[i, j] for j in range(nc)] for i in range(nr)}
+    finals = []
+    for g, keys in groups.items():
+        root = tree(keys, split_every,
+                    lambda level, k, g=g: (qname, "combine", g, level, k),
+                    lambda children: (gred.reduce_combine, node.op, *children), work)
+        finals.append(work.add((qname, "final", g), gred.reduce_final, node.op, node.dtype,
+                               node.ddof, root))
+    key = work.add(qname, gred.concat_final, node.axis, *finals)
+    if not node.keepdims:
+        key = work.add(qname + "-squeezed", gel.small_op, "reshape", (), key, node.shape)
+    return key
 
 
 def _reads_only_stored(node) -> bool:
     """True if a big node is computed from stored arrays alone: no small
     operand (a reduction's result) and no matmul temporary below it."""
-    if isinstance(node, MatMul) or (isinstance(node, Node) and node.small):
+    if isinstance(node, MatMul | MatVec | Scan) or (isinstance(node, Node) and node.small):
         return False
     children = [getattr(node, c, None) for c in ("x", "a", "b")] + list(getattr(node, "args", ()))
     return all(_reads_only_stored(c) for c in children if isinstance(c, Node))

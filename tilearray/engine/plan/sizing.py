@@ -1,20 +1,20 @@
-"""Block sizing for the lowering (pure): the memory a task projects, the
-refusal when even the smallest task does not fit, the output grid and the
-tile an expression inherits from its inputs. Numbers in, numbers out."""
+"""Block sizing for the lowering (pure): the refusal when even the smallest
+task does not fit, the output grid and the tile an expression inherits from
+its inputs. Numbers in, numbers out (what a task holds: :mod:`.memory`)."""
 
 from __future__ import annotations
 
 import numpy as np
 from dask.utils import format_bytes
 
-from ... import _config
 from ...errors import PlanningError
 from ...graphs.blocks import group_edges
-from ...graphs.spec import leaves, n_temporaries
 from ...storage import Grid, int_pair
 from ..expr.nodes import (
+    TSQR,
     Elemwise,
     MatMul,
+    MatVec,
     Node,
     SliceNode,
     Source,
@@ -25,7 +25,7 @@ from .types import Budget
 MIN_PANEL = 512  # elements: K panels narrower than this waste BLAS efficiency
 
 
-class _DoesNotFit(PlanningError):
+class DoesNotFit(PlanningError):
     """One stage's smallest task is over the per-task budget."""
 
     def __init__(self, kind: str, peak: int, what: str, budget: Budget):
@@ -52,75 +52,32 @@ def _round_up_mib(nbytes: int) -> str:
     return f"{-(-nbytes // 2**20)}MiB"
 
 
-
-def _panels(edges) -> tuple[int, ...]:
+def panels(edges) -> tuple[int, ...]:
     return group_edges(edges, max(MIN_PANEL, 1))
 
 
-def _op_temporaries(spec) -> int:
-    """Arrays a region evaluation makes beyond the reads themselves."""
-    return max(n_temporaries(spec) - len(leaves(spec)), 0)
-
-
-def _as_rss(allocated: int) -> int:
-    """Resident memory for ``allocated`` bytes of buffers: the allocator keeps
-    some freed memory (measured here: worker RSS 10-20% above traced peaks)."""
-    return int(allocated * float(_config.get("memory.allocator-overhead")))
-
-
-def _io_overhead(a_spec, b_spec, out_grid, dtype) -> int:
-    """Zarr's own buffers: up to ``async.concurrency`` chunks in flight, each
-    held compressed and decoded, on the read side and on the write side."""
-    import zarr
-
-    tiles = [leaf.grid.tile[0] * leaf.grid.tile[1] * leaf.dtype.itemsize
-             for leaf in leaves(a_spec) + leaves(b_spec)]
-    if out_grid is not None:
-        tiles.append(out_grid.tile[0] * out_grid.tile[1] * np.dtype(dtype).itemsize)
-    return 2 * int(zarr.config.get("async.concurrency")) * max(tiles, default=0)
-
-
-def _leaf_itemsize(spec) -> int:
-    return max((leaf.dtype.itemsize for leaf in leaves(spec)), default=8)
-
-
-def _band_bytes(a_spec, b_spec, panel_width: int, task_memory: int) -> int:
-    """Read request bound when panels are read in place, band by band: one
-    unit deep across the panel's width, at most an eighth of the task's
-    memory, and never less than one whole unit (units are never split)."""
-    out = 0
-    for leaf in leaves(a_spec) + leaves(b_spec):
-        u0, u1 = leaf.grid.unit
-        unit = u0 * u1 * leaf.dtype.itemsize
-        wide = max(u0, u1) * max(panel_width, min(u0, u1)) * leaf.dtype.itemsize
-        out = max(out, unit, min(wide, task_memory // 8))
-    return out
-
-
-def _per_element(spec, dtype: np.dtype) -> int:
-    """Projected bytes per output element of evaluating a region of ``spec``:
-    each read twice (compressed + decoded), plus every temporary."""
-    reads_ = sum(2 * leaf.dtype.itemsize for leaf in leaves(spec))
-    return reads_ + (n_temporaries(spec) * max(dtype.itemsize, 8) if dtype.itemsize > 1 else 0)
-
-
-def _all_done(grid: Grid, rows, cols, done) -> bool:
+def all_done(grid: Grid, rows, cols, done) -> bool:
     if not done:
         return False
     return all((i, j) in done for i in grid.units_touching(0, rows)
                for j in grid.units_touching(1, cols))
 
 
-def _short(node) -> str:
+def short(node) -> str:
     s = str(node)
     return s if len(s) < 90 else s[:87] + "..."
 
 
-
 def output_grid(node, tile, shard) -> Grid:
-    """Output grid: the given tile, else the tiling of the inputs it derives from."""
+    """Output grid: the given tile, else the tiling of the inputs it derives
+    from. A 1-D result of length m is the column ``(m, 1)`` (``tile`` and
+    ``shard``: an int, ``(t,)`` or ``(t, 1)``)."""
+    if len(node.shape) == 1:
+        return _vector_grid(node, tile, shard)
     if tile is None:
-        if isinstance(node, MatMul):
+        if isinstance(node, MatVec):
+            tile = (leaf_tile(node.a, 0), node.shape[1])
+        elif isinstance(node, MatMul):
             tile = (leaf_tile(node.a, 0), leaf_tile(node.b, 1))
         else:
             tile = (leaf_tile(node, 0), leaf_tile(node, 1))
@@ -146,6 +103,36 @@ def output_grid(node, tile, shard) -> Grid:
                 f"tile that divides the shard, e.g. tile={hint}"
             )
     return Grid.regular(node.shape, tile, shard)
+
+
+def _vector_grid(node, tile, shard) -> Grid:
+    m = node.shape[0]
+
+    def first(block, what):
+        if isinstance(block, int | np.integer) and not isinstance(block, bool):
+            block = (int(block),)
+        try:
+            items = tuple(block)
+        except TypeError:
+            items = ()
+        if len(items) not in (1, 2) or (len(items) == 2 and items[1] != 1) \
+                or not isinstance(items[0], int | np.integer) or items[0] <= 0:
+            raise PlanningError(f"{what} of a 1-D result must be a positive integer or (t,), "
+                                f"got {block!r}")
+        return int(items[0])
+
+    if tile is None:
+        t = leaf_tile(node.a, 1 if isinstance(node.a, Transpose) else 0) \
+            if isinstance(node, MatVec) else 1024
+        t = min(_capped((t, 1), np.dtype(node.dtype).itemsize)[0], max(m, 1))
+    else:
+        t = first(tile, "tile")
+    s = None if shard is None else first(shard, "shard")
+    if s is None:
+        t = min(t, max(m, 1))
+    elif s % t:
+        raise PlanningError(f"shard {s} is not a positive multiple of the tile {t}")
+    return Grid.regular((m, 1), (t, 1), None if s is None else (s, 1))
 
 
 MAX_INHERITED_TILE = 64 * 2**20
@@ -176,8 +163,14 @@ def leaf_tile(node, axis: int, default: int = 1024) -> int:
         return max(-(-leaf_tile(node.x, axis, default) // node.step[axis]), 1)
     if isinstance(node, MatMul):
         return leaf_tile(node.a if axis == 0 else node.b, axis, default)
-    if isinstance(node, Elemwise):
+    if isinstance(node, MatVec):
+        return leaf_tile(node.a, axis, default) if axis == 0 else default
+    if isinstance(node, TSQR):  # Q, U: the rows of X, every column in one tile
+        return leaf_tile(node.x, 0, default) if axis == 0 else max(node.shape[1], 1)
+    if isinstance(node, Elemwise) or hasattr(node, "args"):  # also a concatenation
         for a in node.args:
             if isinstance(a, Node) and not a.small:
                 return leaf_tile(a, axis, default)
+    if isinstance(getattr(node, "x", None), Node) and not node.x.small:  # take, cumsum
+        return leaf_tile(node.x, axis, default)
     return default

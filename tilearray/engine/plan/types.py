@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from dask.utils import format_bytes, parse_bytes
+import numpy as np
+from dask.utils import format_bytes
 
 from ... import _config
 from ...errors import PlanningError
@@ -17,27 +18,9 @@ MIN_TASK_MEMORY = 2**20
 
 
 def parse_memory(value, argument: str = "memory_per_worker", error=PlanningError) -> int:
-    """A positive byte count from an int or a string such as ``"2GiB"``.
-
-    The one parser behind ``Engine(memory_per_worker=...)``, ``Budget`` and
-    the CLI's ``--memory-per-worker``; raises ``error`` naming ``argument``
-    and the value it was given.
-    """
-    hint = "give bytes as a positive integer or a string such as '2GiB' or '512MiB'"
-    if isinstance(value, bool) or not isinstance(value, str | numbers.Real):
-        raise error(f"{argument}={value!r} is not a byte size: {hint}")
-    if isinstance(value, str):
-        try:
-            n = parse_bytes(value)
-        except (ValueError, TypeError):
-            raise error(f"{argument}={value!r} is not a byte size: {hint}") from None
-    else:
-        if not math.isfinite(value) or value != int(value):
-            raise error(f"{argument}={value!r} is not a whole number of bytes: {hint}")
-        n = int(value)
-    if n <= 0:
-        raise error(f"{argument}={value!r} must be positive: {hint}")
-    return int(n)
+    """A positive byte count from an int or a string such as ``"2GiB"``
+    (:func:`tilearray._config.parse_bytes_arg`, raising ``error``)."""
+    return _config.parse_bytes_arg(value, argument, error)
 
 
 def _positive_int(value, argument: str, error=PlanningError) -> int:
@@ -154,12 +137,17 @@ def check_worker_memory(memory_per_worker, threads_per_worker: int = 1,
 
 @dataclass(frozen=True, slots=True)
 class Stage:
-    """One planned operation: a set of like tasks."""
+    """One planned operation: a set of like tasks, as data.
+
+    Made by a lowering function from an expression node, its inputs' layouts
+    and the budget; :func:`tilearray.graphs.emit.emit` turns the ``work`` of
+    every stage of a :class:`Plan` into the dask graph."""
 
     kind: str
-    """matmul, map (elementwise), reduce, small."""
+    """matmul, map (elementwise), reduce, small, store, result."""
     description: str
     tasks: int
+    """Tasks of this stage (``len(work)``; 0 for a result brought back in memory)."""
     peak_task_memory: int
     """Projected peak memory of the largest task, in bytes."""
     bytes_read: int
@@ -171,7 +159,37 @@ class Stage:
     """Planned read requests (whole I/O units or runs of them)."""
     store_gets: int = 0
     """Store requests those reads make."""
-    detail: dict = field(default_factory=dict)
+    work: tuple = ()
+    """The stage's tasks (:class:`tilearray.graphs.emit.Task`), in order."""
+    outputs: Mapping = field(default_factory=dict)
+    """Named results of the stage: ``{name: Output}``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    """A named result of a plan: where the run's keys leave it."""
+
+    kind: str
+    """"store" (its tasks wrote it into the target), "blocks" (2-D blocks to
+    assemble in memory) or "value" (one in-memory value)."""
+    keys: tuple
+    """Keys of the tasks that produce it (each task returns ``(value, stats)``)."""
+    blocks: tuple = ()
+    """For "blocks": ``((r0, r1), (c0, c1))`` of each key."""
+
+
+@dataclass(frozen=True, slots=True)
+class Create:
+    """An array the run creates before it starts (an output or a temporary)."""
+
+    ref: object
+    """Its :class:`~tilearray.storage.ArrayRef`."""
+    shape: tuple
+    dtype: np.dtype
+    tile: tuple
+    shard: tuple | None
+    temporary: bool = False
+    """Deleted after the run (a matmul used inside another expression)."""
 
 
 @dataclass(frozen=True)
@@ -199,6 +217,31 @@ class Plan:
     """The planned operations, in run order."""
     output: str | None = None
     """Where the result is written (None: returned in memory)."""
+    outputs: Mapping = field(default_factory=dict)
+    """Named results (``{"result": Output}``; several for a factorization)."""
+    creates: tuple = ()
+    """Arrays the run creates first (:class:`Create`; temporaries are deleted after)."""
+    stat_keys: tuple = ()
+    """More keys gathered for their stats only: small results big tasks read as
+    operands and matmul temporaries' barriers, whose figures no output's key
+    carries (each counted once)."""
+
+    def graph(self) -> dict:
+        """The dask graph that runs this plan (the one emitter, :mod:`tilearray.graphs.emit`)."""
+        from ...graphs.emit import emit
+
+        return emit(self.stages)
+
+    @property
+    def result(self) -> Output:
+        """The plan's (first) named output."""
+        return next(iter(self.outputs.values()))
+
+    def temporary_units(self) -> int:
+        """I/O units of the run's temporaries (they are written like outputs)."""
+        from ...storage import Grid
+
+        return sum(Grid.regular(c.shape, c.tile, c.shard).n_units for c in self.creates)
 
     @property
     def tasks(self) -> int:
@@ -241,18 +284,6 @@ class Plan:
         without a matmul)."""
         bounds = [s.io_lower_bound for s in self.stages if s.io_lower_bound]
         return sum(bounds) if bounds else None
-
-    def with_result(self, shape: tuple, dtype, target: str | None) -> Plan:
-        """This plan plus where a small (1-D / 0-d) result goes: a worker
-        writes it into ``target``, or ``compute()`` brings it to the driver."""
-        import numpy as np
-
-        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        stage = Stage("store" if target else "result",
-                      f"a worker writes the {tuple(shape)} result into {target!r}" if target
-                      else f"compute() brings {format_bytes(nbytes)} to the driver",
-                      1 if target else 0, 0, 0, nbytes if target else 0)
-        return dataclasses.replace(self, stages=(*self.stages, stage), output=target)
 
     def _lines(self) -> list[str]:
         b = self.budget

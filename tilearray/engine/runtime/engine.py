@@ -73,9 +73,10 @@ class Engine:
         ``threads_per_worker`` below 1, a ``memory_per_worker`` that is not
         a positive byte size or is below what a worker process needs — the
         message names the minimum —, a bad ``adaptive``, sizing arguments
-        with ``client=``), or ``processes=True`` where worker processes
-        cannot start (see ``processes``). Later: the LocalCluster could not
-        start.
+        with ``client=``) -- also a ``ValueError``, or a ``TypeError`` for
+        a value of the wrong type (:class:`~tilearray.errors.ArgumentError`)
+        --, or ``processes=True`` where worker processes cannot start (see
+        ``processes``). Later: the LocalCluster could not start.
     tilearray._config.ConfigError
         A ``tilearray.*`` config value outside its schema (checked first).
 

@@ -11,8 +11,8 @@ import dask
 import psutil
 
 from ... import _config
-from ...errors import ClusterError
-from ..plan.types import Budget, _positive_int, check_worker_memory
+from ...errors import ClusterArgumentError, ClusterArgumentTypeError, ClusterError
+from ..plan.types import Budget, check_worker_memory
 from .spawn import _GUARD, _choose_processes
 
 
@@ -25,27 +25,27 @@ def check_arguments(n_workers, threads_per_worker, memory_per_worker, client, pr
         for arg, v in (("n_workers", n_workers), ("threads_per_worker", threads_per_worker),
                        ("adaptive", adaptive)):
             if v is not None:
-                raise ClusterError(
+                raise ClusterArgumentError(
                     f"{arg}={v!r} sizes the embedded LocalCluster; it cannot be used with "
                     "client= (scale an existing cluster with its own tools, e.g. "
                     "cluster.adapt())")
     if processes not in (None, True, False):
-        raise ClusterError(f"processes={processes!r} must be True, False or None (default: "
+        raise ClusterArgumentTypeError(f"processes={processes!r} must be True, False or None (default: "
                            "worker processes where this script allows them)")
     threads = 1 if threads_per_worker is None else \
-        _positive_int(threads_per_worker, "threads_per_worker", ClusterError)
+        _config.positive_int_arg(threads_per_worker, "threads_per_worker", ClusterArgumentError)
     if n_workers is not None:
-        _positive_int(n_workers, "n_workers", ClusterError)
+        _config.positive_int_arg(n_workers, "n_workers", ClusterArgumentError)
     if memory_per_worker is not None:
         memory_per_worker = check_worker_memory(memory_per_worker, threads,
-                                                error=ClusterError)
+                                                error=ClusterArgumentError)
     if adaptive is not None:
         try:
             lo, hi = (int(v) for v in adaptive)
         except (TypeError, ValueError):
             lo, hi = -1, -1
         if not 0 <= lo <= hi or hi < 1:
-            raise ClusterError(f"adaptive=(minimum, maximum) needs 0 <= minimum <= maximum "
+            raise ClusterArgumentError(f"adaptive=(minimum, maximum) needs 0 <= minimum <= maximum "
                                f"and maximum >= 1, got adaptive={adaptive!r}")
     return threads, memory_per_worker, (None if adaptive is None else (lo, hi))
 
@@ -61,7 +61,7 @@ def start_local(n_workers, threads, memory_per_worker, processes, adaptive, span
     if adaptive is not None:
         n = hi if n_workers is None else int(n_workers)
     processes = _choose_processes(processes, n)
-    mem = memory_per_worker if memory_per_worker is not None else _default_memory(n)
+    mem = memory_per_worker if memory_per_worker is not None else default_memory(n)
     blas = max(cores // (n * threads), 1)
     # distributed's nanny writes its pre-spawn settings (OMP/MKL/OPENBLAS
     # threads = 1, ...) into this process's environment; keep ours
@@ -148,9 +148,10 @@ def _keep_nannies(cluster) -> None:
         cluster, op, msg)
 
 
-def _default_memory(n_workers: int) -> int:
-    """Memory per worker of a LocalCluster started without one: the configured
-    default, at most 0.8 of this machine's memory shared by the workers."""
+def default_memory(n_workers: int) -> int:
+    """Memory per worker of a cluster started without one (a LocalCluster, or
+    the worker ranks of an MPI job on one node): the configured default, at
+    most 0.8 of this machine's memory shared by ``n_workers``."""
     mem = _config.get_bytes("memory.default-per-worker")
     return min(mem, int(psutil.virtual_memory().total * 0.8 / n_workers))
 
@@ -159,7 +160,7 @@ def default_budget() -> Budget:
     """The budget of the engine :func:`current_engine` would start here (one
     single-threaded worker per core), computed without starting it."""
     n = max(os.cpu_count() or 1, 1)
-    return Budget.from_config(_default_memory(n), n, 1)
+    return Budget.from_config(default_memory(n), n, 1)
 
 
 def _restore_environ(saved: dict) -> None:

@@ -75,18 +75,16 @@ import sys
 import threading
 import time
 
-from ...errors import ClusterError
+from ...errors import ClusterArgumentError, ClusterError
 from . import context
 from .mpi_ranks import (
     _barrier,
     _deadline,
-    _default_memory,
     _flush,
     _ignore_sigusr1,
     _in_spawned_child,
     _local_facts,
     _main_hidden,
-    _nbytes,
     _quiet_logs,
     _seconds,
     _shutdown,
@@ -361,10 +359,12 @@ def start(engine_cls, memory_per_worker=None, threads_per_worker=1, nanny=True,
     from dask_mpi import initialize
 
     from ... import _config
+    from .local import default_memory
     from .plugins import BlasLimit, QuietClosedScheduler
 
-    mem = _nbytes(memory_per_worker) if memory_per_worker is not None \
-        else _default_memory(local_workers)
+    mem = _config.parse_bytes_arg(memory_per_worker, "memory_per_worker",
+                                  ClusterArgumentError) \
+        if memory_per_worker is not None else default_memory(local_workers)
     blas_env = {k: blas for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
     dask.config.set({
         "distributed.scheduler.allowed-failures": _config.get("scheduler.allowed-failures"),

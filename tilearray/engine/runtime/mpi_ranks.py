@@ -29,12 +29,6 @@ def _seconds(value, default: float) -> float:
     return float(parse_timedelta(value))
 
 
-def _nbytes(value) -> int:
-    from dask.utils import parse_bytes
-
-    return parse_bytes(value) if isinstance(value, str) else int(value)
-
-
 def _flush() -> None:
     for f in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
@@ -133,15 +127,6 @@ def _local_facts(comm, rank: int, threads: int) -> tuple[int, int]:
     # bound by the MPI launcher to some cores: use them; else share the node
     cores = mine if mine < cpus else max(cpus // local_workers, 1)
     return local_workers, max(cores // max(threads, 1), 1)
-
-
-def _default_memory(local_workers: int) -> int:
-    import psutil
-
-    from ... import _config
-
-    mem = _config.get_bytes("memory.default-per-worker")
-    return min(mem, int(psutil.virtual_memory().total * 0.8 / local_workers))
 
 
 def _quiet_logs(level) -> None:

@@ -1,0 +1,251 @@
+"""QR, thin SVD, least squares and spectral norms of tall-skinny matrices
+(TSQR) against NumPy: ragged row and column tilings, f32/f64/int, ill-
+conditioned and rank-deficient X, plan figures equal to the run's, bad input."""
+
+import numpy as np
+import pytest
+
+import tilearray as ta
+from tilearray.testing import assert_close
+
+M, N = 1003, 37
+
+
+def _x(rng, dtype="float64", m=M, n=N, cond=None):
+    x = rng.standard_normal((m, n))
+    if cond is not None:  # singular values spread over [1/cond, 1]
+        u, _, vt = np.linalg.svd(x, full_matrices=False)
+        x = (u * np.logspace(0, -np.log10(cond), n)) @ vt
+    if np.dtype(dtype).kind == "i":
+        return rng.integers(-20, 20, size=(m, n)).astype(dtype)
+    return x.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype, tile", [("float64", (130, 37)), ("float32", (97, 20)),
+                                         ("int32", (250, 16))])
+def test_qr_matches_numpy(thread_engine, tmp_path, rng, dtype, tile):
+    x = _x(rng, dtype)
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=tile)
+    r = ta.linalg.qr(a, mode="r").compute()
+    want = np.linalg.qr(x.astype(np.result_type(x.dtype, np.float32)), mode="r")
+    assert r.dtype == want.dtype and r.shape == want.shape
+    assert np.all(np.diag(r) >= 0)
+    assert_close(np.abs(r), np.abs(want), scale=np.abs(want).max())
+    q, r2 = ta.linalg.qr(a)
+    qs = q.to_zarr(tmp_path / "q.zarr")
+    qa, r2 = np.asarray(qs), r2.compute()
+    assert qa.shape == (M, N) and qa.dtype == want.dtype
+    assert_close(qa @ r2, x.astype(qa.dtype), scale=np.abs(x).max() * 4)
+    assert_close(qa.T @ qa, np.eye(N, dtype=qa.dtype), scale=4.0)
+
+
+def test_q_stays_orthogonal_where_x_inv_r_does_not(thread_engine, tmp_path, rng):
+    """cond(X) = 1e10: the tree's Q is orthogonal to rounding; Q = X R^-1
+    (indirect TSQR) loses orthogonality like cond(X) eps, even with this R."""
+    x = _x(rng, cond=1e10)
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(200, 37))
+    q, r = ta.linalg.qr(a)
+    qa, r = np.asarray(q.to_zarr(tmp_path / "q.zarr")), r.compute()
+    assert np.abs(qa.T @ qa - np.eye(N)).max() < 1e-13
+    indirect = x @ np.linalg.inv(r)
+    assert np.abs(indirect.T @ indirect - np.eye(N)).max() > 1e-9
+    assert_close(qa @ r, x, scale=1.0)
+
+
+def test_rank_deficient_qr_and_svd(thread_engine, tmp_path, rng):
+    x = _x(rng, n=12)
+    x[:, 5] = x[:, 0] - 2 * x[:, 3]  # rank 11
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(64, 5))
+    q, r = ta.linalg.qr(a)
+    qa = np.asarray(q.to_zarr(tmp_path / "q.zarr"))
+    assert_close(qa @ r.compute(), x, scale=np.abs(x).max() * 4)
+    s = ta.linalg.svd(a, compute_uv=False).compute()
+    assert_close(s, np.linalg.svd(x, compute_uv=False), scale=s[0])
+    assert s[-1] < 1e-12 * s[0]
+
+
+def test_svd_matches_numpy(thread_engine, tmp_path, rng):
+    x = _x(rng)
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(300, 16))
+    u, s, vt = ta.linalg.svd(a)
+    ua = np.asarray(u.to_zarr(tmp_path / "u.zarr"))
+    s, vt = s.compute(), vt.compute()
+    un, sn, vn = np.linalg.svd(x, full_matrices=False)
+    assert_close(s, sn, scale=sn[0])
+    assert_close(np.abs(vt), np.abs(vn), scale=1.0)
+    assert_close(np.abs(ua), np.abs(un), scale=1.0)
+    assert_close((ua * s) @ vt, x, scale=np.abs(x).max() * 4)
+    # the NumPy functions call them
+    assert_close(np.linalg.svd(a, compute_uv=False).compute(), sn, scale=sn[0])
+    assert_close(np.abs(np.linalg.qr(a, mode="r").compute()), np.abs(np.linalg.qr(x, mode="r")),
+                 scale=sn[0])
+
+
+@pytest.mark.parametrize("shape", [(M, N), (40, 300)])
+def test_spectral_and_nuclear_norms(thread_engine, tmp_path, rng, shape):
+    x = rng.standard_normal(shape)
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(128, 64))
+    for ord_ in (2, -2, "nuc"):
+        want = np.linalg.norm(x, ord_)
+        assert_close(np.linalg.norm(a, ord_).compute(), want, scale=abs(want))
+    got = ta.linalg.norm(a, 2, keepdims=True).compute()
+    assert got.shape == (1, 1)
+    assert_close(got, np.linalg.norm(x, 2, keepdims=True), scale=got.max())
+
+
+def test_lstsq_vector_and_stored_matrix_rhs(thread_engine, tmp_path, rng):
+    x = _x(rng)
+    beta = rng.standard_normal(N)
+    y = x @ beta + 0.01 * rng.standard_normal(M)
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(101, 37))
+    got = ta.linalg.lstsq(a, y)
+    want = np.linalg.lstsq(x, y, rcond=None)
+    assert got[0].shape == (N,) and got[2] == want[2]
+    for g, w in zip((got[0], got[1], got[3]), (want[0], want[1], want[3]), strict=True):
+        assert_close(g, w, scale=np.abs(w).max())
+    ys = np.stack([y, 2 * y - 1], axis=1)
+    b = ta.from_numpy(ys, tmp_path / "y.zarr", tile=(77, 2))
+    got = np.linalg.lstsq(a, b)
+    want = np.linalg.lstsq(x, ys, rcond=None)
+    assert got[0].shape == (N, 2)
+    assert_close(got[0], want[0], scale=np.abs(want[0]).max())
+    assert_close(got[1], want[1], scale=np.abs(want[1]).max())
+
+
+def test_lstsq_ill_conditioned_beats_normal_equations(thread_engine, tmp_path, rng):
+    """cond(X) = 1e9: TSQR keeps about cond * eps; X^T X b = X^T y loses every digit."""
+    x = _x(rng, cond=1e9)
+    beta = rng.standard_normal(N)
+    y = x @ beta
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(250, 37))
+    got = ta.linalg.lstsq(a, y)[0]
+    normal = np.linalg.solve(x.T @ x, x.T @ y)
+    err = np.abs(got - beta).max() / np.abs(beta).max()
+    assert err < 1e-4
+    assert np.abs(normal - beta).max() / np.abs(beta).max() > 100 * err
+
+
+def test_rank_deficient_lstsq_is_minimum_norm(thread_engine, tmp_path, rng):
+    x = _x(rng, n=10)
+    x[:, 9] = x[:, 1]
+    y = rng.standard_normal(M)
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(333, 10))
+    got = ta.linalg.lstsq(a, y)
+    want = np.linalg.lstsq(x, y, rcond=None)
+    assert got[2] == want[2] == 9 and got[1].size == 0
+    assert_close(got[0], want[0], scale=np.abs(want[0]).max())
+
+
+def test_plans_equal_runs(thread_engine, tmp_path, rng):
+    x = _x(rng)
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(100, 37))
+    r = ta.linalg.qr(a, mode="r")
+    plan = r.plan()
+    r.compute()
+    assert plan.bytes_read == x.nbytes == r.stats.bytes_read  # X read once for R
+    assert plan.tasks == r.stats.tasks
+    q, _ = ta.linalg.qr(a)
+    plan = q.plan(tmp_path / "q.zarr")
+    q.to_zarr(tmp_path / "q.zarr")
+    assert [s.kind for s in plan.stages] == ["tsqr", "tsqr-q"]
+    assert plan.bytes_read == 2 * x.nbytes == q.stats.bytes_read  # twice for Q
+    assert plan.tasks == q.stats.tasks and plan.bytes_written == q.stats.bytes_written
+    # resuming a complete Q writes nothing
+    again = q.to_zarr(tmp_path / "q.zarr", resume=True)
+    assert_close(np.asarray(again), np.asarray(ta.open(tmp_path / "q.zarr")))
+
+
+def test_q_in_an_expression_and_on_process_workers(engine, tmp_path, rng):
+    x = _x(rng)
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(256, 37))
+    q, r = ta.linalg.qr(a)
+    gram = (q.T @ q).compute(engine=engine)  # Q materialised in a temporary first
+    assert_close(gram, np.eye(N), scale=4.0)
+
+
+def test_bad_inputs(tmp_path, rng):
+    a = ta.from_numpy(rng.standard_normal((50, 4)), tmp_path / "x.zarr", tile=(16, 4))
+    with pytest.raises(ValueError, match="mode='complete'"):
+        ta.linalg.qr(a, mode="complete")
+    with pytest.raises(ValueError, match="full_matrices"):
+        ta.linalg.svd(a, full_matrices=True)
+    with pytest.raises(ValueError, match=r"y of shape \(49,\)"):
+        ta.linalg.lstsq(a, np.ones(49))
+    with pytest.raises(TypeError, match="TiledArray"):
+        ta.linalg.qr(np.ones((3, 2)))
+    wide = ta.from_numpy(rng.standard_normal((64, 3000)), tmp_path / "w.zarr", tile=(64, 512))
+    with pytest.raises(ta.PlanningError, match="too many columns for TSQR"):
+        ta.linalg.qr(wide, mode="r").plan(budget=ta.Budget("256MiB", 2, 1))
+
+
+def test_svd_factors_come_with_u_and_q_computes(thread_engine, tmp_path, rng):
+    """U.to_zarr() computes s and Vt on the way (a named output of its plan):
+    s.compute() and Vt.compute() afterwards read nothing; a changed input
+    is read again. Q can also be brought back in memory."""
+    x = _x(rng)
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(200, 37))
+    u, s, vt = ta.linalg.svd(a)
+    ua = np.asarray(u.to_zarr(tmp_path / "u.zarr"))
+    assert u.stats.bytes_read == 2 * x.nbytes
+    s_, vt_ = s.compute(), vt.compute()
+    assert s.stats.bytes_read == 0 and vt.stats.tasks == 0
+    assert_close((ua * s_) @ vt_, x, scale=np.abs(x).max() * 4)
+    q, r = ta.linalg.qr(a)
+    assert_close(np.abs(q.compute()), np.abs(np.linalg.qr(x)[0]), scale=1.0)
+    assert r.compute() is not None and r.stats.bytes_read == 0
+    ta.from_numpy(2 * x, tmp_path / "x.zarr", tile=(200, 37), overwrite=True)
+    b = ta.open(tmp_path / "x.zarr")
+    s2 = ta.linalg.svd(b, compute_uv=False)
+    assert_close(s2.compute(), 2 * s_, scale=2 * s_[0])
+    assert s2.stats.bytes_read == x.nbytes
+
+
+def test_randomized_svd_of_a_square_matrix(thread_engine, tmp_path, rng):
+    """svd_compressed / svd(k=): a 700 x 500 matrix of rank 12 plus 1e-8 noise
+    (tiles not dividing it): the top singular values to 1e-6 with power
+    iterations, U orthonormal, the same seed the same numbers."""
+    m, n, rank = 700, 500, 12
+    u0, _ = np.linalg.qr(rng.standard_normal((m, rank)))
+    v0, _ = np.linalg.qr(rng.standard_normal((n, rank)))
+    x = (u0 * np.linspace(10, 1, rank)) @ v0.T + 1e-8 * rng.standard_normal((m, n))
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(128, 96))
+    want = np.linalg.svd(x, compute_uv=False)[:8]
+    u, s, vt = ta.linalg.svd_compressed(a, 8, n_power_iter=2, seed=3)
+    assert s.shape == (8,) and vt.shape == (8, n) and u.shape == (m, 8)
+    assert np.abs(s / want - 1).max() < 1e-6
+    ua = u.compute()
+    assert_close(ua.T @ ua, np.eye(8), scale=4.0)
+    assert_close((ua * s) @ vt, (u0[:, :8] * np.linspace(10, 1, rank)[:8]) @ v0[:, :8].T,
+                 scale=10.0, precision=np.float32)
+    again = ta.linalg.svd(a, k=8, n_power_iter=2, seed=3, compute_uv=False)
+    assert np.array_equal(again, s)
+    with pytest.raises(ValueError, match="k=0"):
+        ta.linalg.svd_compressed(a, 0)
+
+
+def test_q_resumes_by_row_block(thread_engine, tmp_path, rng):
+    """A job killed after some of Q's row blocks: resume recomputes the R tree
+    (one read of X) and writes only the row blocks (leaves, of whole output
+    units) that hold a missing unit."""
+    import os
+
+    import zarr
+
+    from tilearray.storage.ref import unit_done_key
+
+    x = _x(rng)
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(100, 37))
+    q, _ = ta.linalg.qr(a)
+    out = tmp_path / "q.zarr"
+    first = q.to_zarr(out)
+    blocks = first.stats.units_written
+    assert blocks >= 4
+    z = zarr.open_array(out, mode="r+")  # as if killed: not complete, two units lost
+    z.attrs["tilearray"] = {**z.attrs["tilearray"], "complete": False}
+    for i in (1, blocks - 1):
+        z[i * 100:(i + 1) * 100] = np.nan
+        os.remove(os.path.join(out, unit_done_key(i, 0)))
+    again = q.to_zarr(out, resume=True)
+    assert 2 <= again.stats.units_written < blocks
+    assert again.stats.bytes_read < 2 * x.nbytes  # X once for R, and only the lost blocks
+    assert_close(np.asarray(again), np.asarray(first), scale=1.0)

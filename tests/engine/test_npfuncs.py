@@ -1,0 +1,383 @@
+"""NumPy functions on TiledArrays (issue 30) against NumPy: joins, gathers,
+integer and boolean indexing, diagonals, scans -- on ragged tilings, several
+dtypes, NaNs and empty selections; plan figures (tasks, bytes read and
+written) equal to the measured RunStats."""
+
+import itertools
+import warnings
+
+import dask
+import numpy as np
+import pytest
+from helpers import rand
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tilearray as ta
+from tilearray.testing import assert_close
+
+SMALL_BLOCKS = {"tilearray.map.block-bytes": 4096}  # many blocks on small arrays
+HYP = settings(max_examples=10, deadline=None,
+               suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                      HealthCheck.too_slow])
+_counter = itertools.count()
+
+
+def check(expr, want, tmp_path=None, exact=False):
+    """Compute (and, with ``tmp_path``, store) ``expr``: equal to ``want``,
+    the plan's tasks and bytes equal to the run's."""
+    plan = expr.plan()
+    got = expr.compute()
+    assert np.shape(got) == np.shape(want)
+    assert np.asarray(got).dtype == np.asarray(want).dtype, (np.asarray(got).dtype,
+                                                             np.asarray(want).dtype)
+    if exact:
+        np.testing.assert_array_equal(got, want)
+    else:
+        assert_close(got, want)
+    st_ = expr.stats
+    if st_ is None:  # nothing to run (an empty result)
+        assert plan.tasks == 0, str(plan)
+    else:
+        assert (st_.tasks, st_.bytes_read) == (plan.tasks, plan.bytes_read), str(plan)
+    if tmp_path is not None and np.ndim(want) == 2:
+        out = tmp_path / f"out{next(_counter)}.zarr"
+        plan = expr.plan(out)
+        stored = expr.to_zarr(out)
+        np.testing.assert_array_equal(np.asarray(stored[...]), np.asarray(got))
+        st_ = expr.stats
+        assert (st_.tasks, st_.bytes_read, st_.bytes_written) == \
+            (plan.tasks, plan.bytes_read, plan.bytes_written), str(plan)
+    return plan
+
+
+@pytest.fixture(scope="module")
+def mats(tmp_path_factory):
+    """Ragged tilings (tiles never divide the shapes), three dtypes, NaNs."""
+    rng = np.random.default_rng(11)
+    d = tmp_path_factory.mktemp("npf")
+    out = {}
+    for dtype in ["float64", "float32", "int32", "bool"]:
+        x = rand(rng, (45, 31), dtype)
+        if dtype == "float64":
+            x[rng.random(x.shape) < 0.05] = np.nan
+        out[dtype] = (x, ta.from_numpy(x, d / f"x_{dtype}.zarr", tile=(8, 7)))
+    y = rng.standard_normal((45, 13))
+    out["y"] = (y, ta.from_numpy(y, d / "y.zarr", tile=(11, 5)))
+    z = rng.standard_normal((9, 31)).astype("float32")
+    out["z"] = (z, ta.from_numpy(z, d / "z.zarr", tile=(4, 10)))
+    return out
+
+
+# -- concatenate / stack -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float64", "bool"])
+def test_concatenate_matches_numpy(thread_engine, mats, tmp_path, dtype):
+    x, a = mats[dtype]
+    y, b = mats["y"]
+    z, c = mats["z"]
+    with dask.config.set(SMALL_BLOCKS):
+        check(np.hstack([a, b, a]), np.hstack([x, y, x]), tmp_path, exact=True)
+        check(np.vstack([a, c]), np.vstack([x, z]), tmp_path, exact=True)
+        check(np.concatenate([c, a[3:9], a[:0]], axis=0), np.concatenate([z, x[3:9], x[:0]]),
+              exact=True)
+        check(np.hstack([a, b]).T * 2, np.hstack([x, y]).T * 2, tmp_path)
+
+
+def test_concatenate_sum_reads_each_piece_once(thread_engine, mats):
+    x, a = mats["float32"]
+    y, b = mats["y"]
+    for e, want, reads in [(np.hstack([a, b]).sum(0), np.hstack([x, y]).sum(0),
+                            a.nbytes + b.nbytes),
+                           (np.vstack([a, a * 2]).mean(axis=1), np.vstack([x, x * 2]).mean(1),
+                            2 * a.nbytes)]:  # each piece once (a is two pieces)
+        with dask.config.set(SMALL_BLOCKS):
+            plan = check(e, want)
+        assert plan.bytes_read == reads, str(plan)
+
+
+def test_concatenate_in_products_and_refusals(thread_engine, mats):
+    x, a = mats["float64"]
+    y, b = mats["y"]
+    h = np.hstack([b, b])
+    check(h.T @ h, np.hstack([y, y]).T @ np.hstack([y, y]))
+    with pytest.raises(TypeError, match="3-D"):
+        np.stack([b, b])
+    with pytest.raises(ValueError, match="must match"):
+        np.hstack([a, mats["z"][1]])
+    with pytest.raises(TypeError, match="from_numpy"):
+        np.vstack([b, np.ones((2, 13))])
+    ones = np.ones((45, 1))  # an intercept column (NumPy), a reduction's row
+    check(np.hstack([b, ones]), np.hstack([y, ones]), exact=True)
+    check(np.hstack([ones * 2, b]).T @ np.hstack([ones * 2, b]),
+          np.hstack([ones * 2, y]).T @ np.hstack([ones * 2, y]))
+    check(np.vstack([b, b.mean(axis=0, keepdims=True)]),
+          np.vstack([y, y.mean(axis=0, keepdims=True)]))
+
+
+@HYP
+@given(shapes=st.lists(st.integers(0, 12), min_size=1, max_size=4), width=st.integers(1, 9),
+       axis=st.integers(0, 1), tile=st.integers(1, 6), seed=st.integers(0, 99))
+def test_concatenate_hypothesis(thread_engine, tmp_path_factory, shapes, width, axis, tile,
+                                seed):
+    rng = np.random.default_rng(seed)
+    d = tmp_path_factory.mktemp("cat")
+    xs, ts = [], []
+    for i, n in enumerate(shapes):
+        x = rng.standard_normal((n, width) if axis == 0 else (width, n))
+        xs.append(x)
+        ts.append(ta.from_numpy(x, d / f"p{i}.zarr", tile=(tile, tile + i)))
+    with dask.config.set(SMALL_BLOCKS):
+        check(np.concatenate(ts, axis=axis), np.concatenate(xs, axis=axis), exact=True)
+        if sum(shapes):
+            check(np.concatenate(ts, axis=axis).sum(axis=1 - axis),
+                  np.concatenate(xs, axis=axis).sum(axis=1 - axis))
+
+
+# -- take / integer and boolean indexing ------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float64", "int32", "bool"])
+def test_integer_indexing(thread_engine, mats, tmp_path, dtype):
+    x, a = mats[dtype]
+    with dask.config.set(SMALL_BLOCKS):
+        check(a[:, [0, 5, 9]], x[:, [0, 5, 9]], tmp_path, exact=True)
+        check(a[[1, 3, 44, -1, 3], :], x[[1, 3, 44, -1, 3], :], tmp_path, exact=True)
+        check(a[2:40:3, [30, 0, 7]], x[2:40:3, [30, 0, 7]], exact=True)
+        check(np.take(a, np.array([4, 4, 0]), axis=0), np.take(x, [4, 4, 0], axis=0),
+              exact=True)
+        check(a.take([], axis=1), x.take([], axis=1), exact=True)
+        check(a[:, 3], x[:, 3], exact=True)
+        check(a[7], x[7], exact=True)
+        check(a[7, 30], x[7, 30], exact=True)
+        check(a[3, [1, 2]], x[3, [1, 2]], exact=True)
+    with pytest.raises(IndexError, match="out of bounds"):
+        a[:, [31]]
+    with pytest.raises(ta.PlanningError, match="one axis at a time"):
+        a[[1, 2], [3, 4]]
+
+
+def test_gather_reads_only_the_units_it_needs(thread_engine, mats):
+    x, a = mats["float64"]  # tiles of 8 x 7
+    plan = check(a[:, [0, 5, 29]], x[:, [0, 5, 29]], exact=True)
+    assert plan.bytes_read == 45 * (7 + 3) * 8  # column units [0, 7) and [28, 31)
+
+
+def test_boolean_masks(thread_engine, mats, tmp_path):
+    x, a = mats["float64"]
+    y, b = mats["y"]
+    with dask.config.set(SMALL_BLOCKS):
+        check(b[b[:, 0] > 0], y[y[:, 0] > 0], tmp_path, exact=True)
+        check(a[np.isnan(a[:, 2])], x[np.isnan(x[:, 2])], exact=True)  # NaN rows
+        check(b[b[:, 0] > 1e9], y[y[:, 0] > 1e9], tmp_path, exact=True)  # empty selection
+        cols = np.arange(13) % 3 == 0
+        check(b[:, cols], y[:, cols], exact=True)
+        check(b[y[:, 1] < 0][:, cols].sum(0), y[y[:, 1] < 0][:, cols].sum(0))
+    with pytest.raises(IndexError, match="did not match"):
+        b[np.ones(3, bool)]
+
+
+@HYP
+@given(m=st.integers(1, 30), n=st.integers(1, 20), tile=st.tuples(st.integers(1, 9),
+       st.integers(1, 9)), axis=st.integers(0, 1), data=st.data())
+def test_take_hypothesis(thread_engine, tmp_path_factory, m, n, tile, axis, data):
+    rng = np.random.default_rng(m * 31 + n)
+    x = rng.standard_normal((m, n))
+    a = ta.from_numpy(x, tmp_path_factory.mktemp("tk") / "x.zarr", tile=tile)
+    size = x.shape[axis]
+    idx = data.draw(st.lists(st.integers(-size, size - 1), max_size=12))
+    lo = data.draw(st.integers(0, x.shape[1 - axis] - 1))
+    sl = (slice(lo, None), slice(None)) if axis == 1 else (slice(None), slice(lo, None))
+    with dask.config.set(SMALL_BLOCKS):
+        check(np.take(a[sl], idx, axis=axis), np.take(x[sl], idx, axis=axis), exact=True)
+        if idx:
+            check(np.take(a, idx, axis=axis).max(axis=axis),
+                  np.take(x, idx, axis=axis).max(axis=axis))
+
+
+# -- diagonal / trace ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "int32", "bool"])
+def test_diagonal_and_trace(thread_engine, mats, dtype):
+    x, a = mats[dtype]
+    for k in (0, 3, -5, 30, -44, 31, -45):
+        check(np.diagonal(a, k), np.diagonal(x, k), exact=True)
+        check(np.diag(a.T, k), np.diag(x.T, k), exact=True)
+    check(a.diagonal(), x.diagonal(), exact=True)
+    want = np.trace(x)
+    check(np.trace(a), want)
+    check(a.trace(offset=2), x.trace(offset=2))
+    check(np.diag(a.sum(0)), np.diag(x.sum(0)))  # 1-D small: in memory
+
+
+def test_diagonal_reads_only_diagonal_units(thread_engine, tmp_path):
+    x = np.arange(100 * 100, dtype="float64").reshape(100, 100)
+    a = ta.from_numpy(x, tmp_path / "d.zarr", tile=(10, 10))
+    plan = check(np.trace(a), np.trace(x))
+    assert plan.bytes_read == 10 * 10 * 10 * 8  # the 10 diagonal tiles of 100
+    plan = check(np.diag(a + a.T, 15), np.diag(x + x.T, 15))
+
+
+# -- cumsum / cumprod -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("dtype", "axis"), [("float64", 0), ("float32", 1), ("int32", 0),
+                                             ("bool", 1)])
+def test_scans(thread_engine, mats, tmp_path, dtype, axis):
+    x, a = mats[dtype]
+    with dask.config.set(SMALL_BLOCKS):
+        plan = check(np.cumsum(a, axis=axis), np.cumsum(x, axis=axis),
+                     tmp_path if dtype == "float64" else None)
+        assert "first pass" in str(plan)
+        check(a.cumsum(axis=axis, dtype="float64"), x.cumsum(axis=axis, dtype="float64"))
+        if dtype != "bool":
+            small = (a / 20 + 1) if dtype != "int32" else (a % 3 + 1)
+            smallx = (x / 20 + 1) if dtype != "int32" else (x % 3 + 1)
+            check(np.cumprod(small, axis=axis), np.cumprod(smallx, axis=axis))
+    with pytest.raises(TypeError, match="axis=None"):
+        np.cumsum(a)
+
+
+def test_scan_passes_and_use_in_expressions(thread_engine, mats, tmp_path):
+    x, a = mats["float32"]
+    with dask.config.set(SMALL_BLOCKS):
+        plan = check(a.cumsum(axis=0), x.cumsum(axis=0))
+        last = next(s for s in plan.stages if s.kind == "map")
+        assert plan.bytes_read < 2 * a.nbytes and last.bytes_read == a.nbytes
+        check((a.cumsum(axis=1) - 1).sum(axis=0), (x.cumsum(axis=1) - 1).sum(axis=0))
+        c = a.cumsum(axis=1)  # two reductions of a temporary: they wait for it
+        check(c.sum(axis=0) + c.max(axis=0), x.cumsum(axis=1).sum(0) + x.cumsum(axis=1).max(0))
+        check(a.sum(0).cumsum(), x.sum(0).cumsum())  # small: in memory
+
+
+@HYP
+@given(m=st.integers(1, 25), n=st.integers(1, 25), tile=st.tuples(st.integers(1, 8),
+       st.integers(1, 8)), axis=st.integers(0, 1), op=st.sampled_from(["cumsum", "cumprod"]),
+       dtype=st.sampled_from(["float64", "int64"]))
+def test_scan_hypothesis(thread_engine, tmp_path_factory, m, n, tile, axis, op, dtype):
+    rng = np.random.default_rng(m * 29 + n)
+    x = (rng.random((m, n)) + 0.5).astype(dtype) if op == "cumprod" else \
+        rand(rng, (m, n), dtype)
+    if dtype == "int64" and op == "cumprod":
+        x = rng.integers(-2, 3, size=(m, n))
+    a = ta.from_numpy(x, tmp_path_factory.mktemp("scan") / "x.zarr", tile=tile)
+    with dask.config.set(SMALL_BLOCKS), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        check(getattr(np, op)(a, axis=axis), getattr(np, op)(x, axis=axis))
+
+
+# -- cov / corrcoef ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float64", "int32"])
+def test_cov_corrcoef_one_pass(thread_engine, tmp_path, dtype):
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal((203, 9)) * 0.01 + 1e4).astype(dtype) if dtype != "int32" else \
+        rng.integers(-1000, 1000, size=(203, 9)).astype(dtype)
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(40, 4))
+    plan = check(np.cov(a, rowvar=False), np.cov(x, rowvar=False), tmp_path)
+    mm = next(s for s in plan.stages if s.kind == "matmul")
+    assert mm.bytes_read == a.nbytes  # X read once (its first row's units again, for the shift)
+    row0 = sum(s.bytes_read for s in plan.stages if s.kind == "reduce" and s is plan.stages[0])
+    assert row0 == 40 * 9 * x.dtype.itemsize
+    check(np.cov(a.T), np.cov(x.T))
+    check(np.cov(a, rowvar=False, bias=True), np.cov(x, rowvar=False, bias=True))
+    check(np.cov(a, rowvar=False, ddof=3), np.cov(x, rowvar=False, ddof=3))
+    check(np.cov(a.T, a.T * 2), np.cov(x.T, x.T * 2))
+    check(np.corrcoef(a, rowvar=False), np.corrcoef(x, rowvar=False))
+    check(np.corrcoef(a.T), np.corrcoef(x.T))
+
+
+# -- isclose / allclose / average / outer ------------------------------------------------------
+
+
+def test_isclose_allclose_average_outer(thread_engine, mats, tmp_path):
+    x, a = mats["float64"]  # with NaNs
+    y, b = mats["y"]
+    xi = x.copy()
+    xi[0, :3] = [np.inf, -np.inf, np.inf]
+    ai = ta.from_numpy(xi, tmp_path / "inf.zarr", tile=(8, 7))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        check(np.isclose(ai, a), np.isclose(xi, x), exact=True)
+        check(np.isclose(ai, ai, equal_nan=True), np.isclose(xi, xi, equal_nan=True), exact=True)
+        check(np.isclose(b, b + 1e-7, rtol=0, atol=1e-6), np.isclose(y, y + 1e-7, rtol=0,
+                                                                     atol=1e-6), exact=True)
+        check(np.isclose(b, 0.5), np.isclose(y, 0.5), exact=True)
+    assert bool(np.allclose(b, b * (1 + 1e-9))) and not bool(np.allclose(b, b + 1))
+    assert not bool(np.allclose(a, a)) and bool(np.allclose(a, a, equal_nan=True))
+    w0, w1 = np.linspace(0, 1, 45), np.arange(13.0)
+    check(np.average(b, axis=0, weights=w0), np.average(y, axis=0, weights=w0))
+    check(np.average(b, axis=1, weights=w1), np.average(y, axis=1, weights=w1))
+    check(np.average(b), np.average(y))
+    got, scl = np.average(b, axis=1, weights=w1, returned=True)
+    assert scl == w1.sum()
+    with pytest.raises(ValueError, match="Length of weights"):
+        np.average(b, axis=0, weights=w1)
+    with dask.config.set(SMALL_BLOCKS):
+        check(np.outer(b.sum(0), w0), np.outer(y.sum(0), w0), tmp_path)
+        check(np.outer(w0, b.mean(0)) + 1, np.outer(w0, y.mean(0)) + 1)
+
+
+# -- median / quantile / percentile -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "int32"])
+def test_quantiles(thread_engine, mats, dtype):
+    x, a = mats[dtype]
+    with dask.config.set(SMALL_BLOCKS), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for axis in (0, 1):
+            check(np.median(a, axis=axis), np.median(x, axis=axis))
+            check(np.quantile(a, [0.1, 0.5, 1.0], axis=axis, method="nearest"),
+                  np.quantile(x, [0.1, 0.5, 1.0], axis=axis, method="nearest"))
+            check(np.percentile(a * 2, 37.5, axis=axis), np.percentile(x * 2, 37.5, axis=axis))
+            if dtype == "float64":  # NaNs
+                check(np.nanmedian(a, axis=axis), np.nanmedian(x, axis=axis))
+                check(np.nanpercentile(a, [5, 95], axis=axis),
+                      np.nanpercentile(x, [5, 95], axis=axis))
+    with pytest.raises(TypeError, match="axis=None"):
+        np.median(a)
+    with pytest.raises(ValueError, match="range"):
+        np.quantile(a, 1.5, axis=0)
+
+
+def test_quantile_refused_when_a_column_does_not_fit(tmp_path):
+    import zarr
+
+    zarr.create_array(str(tmp_path / "big.zarr"), shape=(200_000_000, 4), chunks=(1_000_000, 4),
+                      dtype="float64")
+    a = ta.open(tmp_path / "big.zarr")
+    budget = ta.Budget(memory_per_worker="1GiB", threads_per_worker=1)
+    with pytest.raises(ta.PlanningError, match="whole lines along axis 0"):
+        np.median(a, axis=0).plan(budget=budget)
+    plan = np.median(a, axis=1).plan(budget=budget)  # rows of 4: fine
+    assert plan.bytes_read == a.nbytes
+
+
+def test_gather_positions_travel_compactly():
+    """A gather's spec is in every task: a mask's increasing positions are
+    pickled as the mask's bits (1 bit a row, not 8 bytes a position)."""
+    import pickle
+
+    from tilearray.graphs.spec import Index
+
+    rng = np.random.default_rng(0)
+    for v in [np.flatnonzero(rng.random(100_000) > 0.5), np.array([5, 3, 9, 3]),
+              np.arange(1000) * 100, np.array([], dtype=np.int64)]:
+        i = Index(v)
+        j = pickle.loads(pickle.dumps(i))
+        assert j == i and np.array_equal(j.values, v)
+    assert len(pickle.dumps(Index(np.flatnonzero(rng.random(100_000) > 0.5)))) < 13_000
+
+
+def test_joins_of_small_results_in_memory(thread_engine, mats):
+    x, a = mats["float64"]
+    y, b = mats["y"]
+    check(np.stack([b.mean(0), b.std(0)]), np.stack([y.mean(0), y.std(0)]))
+    check(np.stack([b.mean(0), b.max(0)], axis=1), np.stack([y.mean(0), y.max(0)], axis=1))
+    check(np.hstack([b.sum(0), b.min(1)]), np.hstack([y.sum(0), y.min(1)]))
+    check(np.vstack([b.sum(0), b.max(0)]), np.vstack([y.sum(0), y.max(0)]))
+    check(np.concatenate([b.sum(0), b.sum(1)]), np.concatenate([y.sum(0), y.sum(1)]))

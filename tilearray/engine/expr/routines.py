@@ -1,0 +1,229 @@
+"""Builders of the NumPy routines beyond elementwise ops and reductions:
+joins (``concatenate``), gathers (``take``, integer and boolean indexing),
+diagonals, scans. Each checks its operands like NumPy and returns a lazy
+array; nothing is read here -- except a boolean mask that is itself a lazy
+result, which is computed when it indexes (its shape is the result's)."""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+from dask.base import tokenize
+
+from ...errors import PlanningError
+from .nodes import Concat, Diagonal, Elemwise, Node, Scan, Take
+from .ops import ExprBase, _like, _node, _reduce
+
+NOT_3D = ("tilearray matrices are 2-D; use np.concatenate, np.hstack or np.vstack for a "
+          "2-D result")
+
+
+def _operand(x, fn: str) -> Node:
+    if isinstance(x, np.ndarray):
+        raise TypeError(f"{fn}: a NumPy array operand (shape {x.shape}) is not supported; store "
+                        "it with ta.from_numpy(x, path) first")
+    if not isinstance(x, ExprBase):
+        raise TypeError(f"{fn}: operands must be TiledArrays, got {type(x).__name__}")
+    return _node(x)
+
+
+def join_small(how: str, arrays, dtype=None, **kw) -> ExprBase | None:
+    """``np.<how>`` (concatenate, stack, hstack, vstack) of small results
+    (reductions' vectors, 1-D arrays), in memory on a worker; None when
+    some operand is a matrix."""
+    arrays = list(arrays)
+    nodes = [_node(a) if isinstance(a, ExprBase) else a for a in arrays]
+    if not nodes or not any(isinstance(n, Node) for n in nodes) or \
+            not all(isinstance(n, Node) and n.small for n in nodes):
+        return None
+    samples = [np.zeros(n.shape, n.dtype) for n in nodes]
+    res = getattr(np, how)(samples, dtype=dtype, **kw)
+    kwargs = (("how", how),) + tuple(sorted(kw.items())) + \
+        ((("dtype", np.dtype(dtype)),) if dtype is not None else ())
+    first = next(a for a in arrays if isinstance(a, ExprBase))
+    return _like(first, Elemwise(res.shape, res.dtype, "join", tuple(nodes), kwargs))
+
+
+def concatenate(arrays, axis=0, dtype=None) -> ExprBase:
+    """``np.concatenate`` of 2-D TiledArrays along axis 0 or 1: lazy, each
+    piece read in place when a block of the result needs it (a task reads
+    only the pieces its block meets); nothing is copied until stored."""
+    arrays = list(arrays)
+    if not arrays:
+        raise ValueError("need at least one array to concatenate")
+    nodes = [_node(a) if isinstance(a, np.ndarray) and a.ndim == 2 and
+             1 in a.shape else _operand(a, "concatenate") for a in arrays]
+    if axis is not None and all(n.small for n in nodes) and \
+            any(isinstance(a, ExprBase) for a in arrays):
+        return join_small("concatenate", arrays, dtype, axis=axis)
+    if axis is None:
+        raise TypeError("concatenate: axis=None (flatten first) is not supported; " + NOT_3D)
+    axis = _axis(axis, "concatenate")
+    other = 1 - axis
+    # a small part is a column (m, 1) in an hstack or a row (1, n) in a vstack
+    if any(n.ndim != 2 or (n.small and n.shape[axis] != 1) for n in nodes) or \
+            all(n.small for n in nodes):
+        raise PlanningError("concatenate: 2-D matrices are joined, with columns (m, 1) along "
+                            "axis 1 or rows (1, n) along axis 0 of small results or NumPy; "
+                            f"got shapes {[tuple(n.shape) for n in nodes]}")
+    if len({n.shape[other] for n in nodes}) > 1:
+        raise ValueError(f"concatenate: all the input array dimensions except for the "
+                         f"concatenation axis must match; got shapes "
+                         f"{[tuple(n.shape) for n in nodes]} along axis {axis}")
+    dt = np.dtype(dtype) if dtype is not None else np.result_type(*[n.dtype for n in nodes])
+    first = next(a for a in arrays if isinstance(a, ExprBase))
+    if len(nodes) == 1:
+        return _like(first, nodes[0])
+    shape = [nodes[0].shape[0], nodes[0].shape[1]]
+    shape[axis] = sum(n.shape[axis] for n in nodes)
+    return _like(first, Concat(tuple(shape), dt, tuple(nodes), axis))
+
+
+def _axis(axis, fn: str, ndim: int = 2) -> int:
+    try:
+        a = operator.index(axis)
+    except TypeError:
+        raise TypeError(f"{fn}: axis must be an integer, got {axis!r}") from None
+    if not -ndim <= a < ndim:
+        raise np.exceptions.AxisError(a, ndim)
+    return a % ndim
+
+
+def take(a, indices, axis=None) -> ExprBase:
+    """``np.take(a, indices, axis)``: rows (0) or columns (1) at integer
+    positions (negative ones count from the end), in the order given,
+    repeats allowed. Lazy: a task reads, per I/O unit its block needs, the
+    span of the positions inside it (``X[:, [0, 5, 9]]`` reads the column
+    units holding 0, 5 and 9 only). A scalar index drops the axis: the
+    result is a small 1-D result (a reduction over the single line)."""
+    n = _operand(a, "take")
+    if axis is None:
+        raise TypeError("take: axis=None (an index into the flattened array) is not supported; "
+                        "give axis=0 or axis=1")
+    axis = _axis(axis, "take", n.ndim)
+    if n.ndim != 2:
+        raise PlanningError(f"take: a 2-D TiledArray is needed, got shape {n.shape}")
+    scalar = np.ndim(indices) == 0
+    idx = np.asarray(indices).reshape(-1)
+    if idx.dtype.kind == "b":
+        raise TypeError("take: indices must be integers (for a boolean mask, index with it)")
+    if idx.size and idx.dtype.kind not in "iu":
+        raise IndexError(f"take: indices must be integers, got dtype {idx.dtype}")
+    size = n.shape[axis]
+    idx = idx.astype(np.int64)
+    bad = (idx < -size) | (idx >= size)
+    if bad.any():
+        raise IndexError(f"index {int(idx[bad][0])} is out of bounds for axis {axis} with "
+                         f"size {size}")
+    idx = np.where(idx < 0, idx + size, idx)
+    idx.flags.writeable = False
+    shape = list(n.shape)
+    shape[axis] = len(idx)
+    out = _like(a, Take(tuple(shape), n.dtype, n, axis, idx, tokenize(idx)))
+    if scalar:  # one line: a small 1-D result (max over one element is that element)
+        return _reduce("max", out, axis, False, 0)
+    return out
+
+
+def mask_positions(mask, size: int, axis: int) -> np.ndarray:
+    """Positions of a boolean mask along an axis of length ``size``: a NumPy
+    mask, or a lazy one (computed now: one pass over what it reads)."""
+    if isinstance(mask, ExprBase):
+        m = _node(mask)
+        if m.ndim != 1 and not (m.ndim == 2 and 1 in m.shape):
+            raise IndexError(f"a boolean index must be 1-D, got shape {m.shape}")
+        mask = np.asarray(mask.compute())
+    mask = np.asarray(mask).reshape(-1)
+    if mask.shape[0] != size:
+        raise IndexError(f"boolean index did not match indexed array along axis {axis}; size "
+                         f"of axis is {size} but size of corresponding boolean axis is "
+                         f"{mask.shape[0]}")
+    return np.flatnonzero(mask)
+
+
+def diagonal(a, offset=0, axis1=0, axis2=1) -> ExprBase:
+    """``np.diagonal(a, offset)`` of a 2-D TiledArray: a small 1-D result
+    reading only the I/O units the diagonal crosses."""
+    n = _operand(a, "diagonal")
+    if n.ndim != 2:
+        raise PlanningError(f"diagonal: a 2-D TiledArray is needed, got shape {n.shape}")
+    ax1, ax2 = _axis(axis1, "diagonal"), _axis(axis2, "diagonal")
+    if ax1 == ax2:
+        raise ValueError("diagonal: axis1 and axis2 cannot be the same")
+    if (ax1, ax2) == (1, 0):
+        n = _node(_like(a, n).T)
+    offset = operator.index(offset)
+    m, k = n.shape
+    length = max(0, min(m, k - offset) if offset >= 0 else min(m + offset, k))
+    if n.small:
+        return _like(a, Elemwise((length,), n.dtype, "diagonal", (n,), (("offset", offset),)))
+    return _like(a, Diagonal((length,), n.dtype, n, offset))
+
+
+def diag(v, k=0) -> ExprBase:
+    """``np.diag``: the diagonal of a 2-D TiledArray (see :func:`diagonal`);
+    of a small 1-D result, the square matrix in memory."""
+    n = _operand(v, "diag")
+    if n.ndim == 2:
+        return diagonal(v, k)
+    if n.ndim == 1 and n.small:
+        size = n.shape[0] + abs(operator.index(k))
+        return _like(v, Elemwise((size, size), n.dtype, "diag", (n,), (("k", k),)))
+    raise PlanningError(f"diag: a 1-D or 2-D input is needed, got shape {n.shape}")
+
+
+def trace(a, offset=0, axis1=0, axis2=1, dtype=None) -> ExprBase:
+    """``np.trace``: the sum of :func:`diagonal` (reads the diagonal's units only)."""
+    from .ops import reduce_as
+
+    return reduce_as("sum", diagonal(a, offset, axis1, axis2), None, False, 0, dtype)
+
+
+def scan(op: str, a, axis=None, dtype=None) -> ExprBase:
+    """``np.cumsum`` / ``np.cumprod`` along axis 0 or 1 (``op``: cumsum or
+    cumprod). Two passes over the input: each block's total along the axis
+    (the last band of blocks needs none), then every block scanned with the
+    carry of the blocks before it; the result is a lazy matrix."""
+    n = _operand(a, op)
+    if axis is None and n.ndim > 1:
+        raise TypeError(f"{op}: axis=None (a scan of the flattened array) is not supported; "
+                        "give axis=0 or axis=1")
+    x = _like(a, n) if dtype is None else _like(a, n).astype(dtype)
+    n = _node(x)
+    axis = _axis(0 if axis is None else axis, op, n.ndim)
+    out_dtype = getattr(np, op)(np.ones((1,) * n.ndim, n.dtype), axis=axis).dtype
+    if n.small:
+        return _like(a, Elemwise(n.shape, out_dtype, op, (n,), (("axis", axis),)))
+    return _like(a, Scan(n.shape, out_dtype, op, n, axis))
+
+
+def index(a, key: tuple) -> ExprBase:
+    """``a[key]`` for a 2-D key with an integer, an integer list or a boolean
+    mask on one or both axes (slices applied first, then the gathers)."""
+    basic = tuple(k if isinstance(k, slice) else slice(None) for k in key)
+    x = a[basic] if basic != (slice(None), slice(None)) else a
+    lists, scalars = [], []
+    for ax, k in enumerate(key):
+        if isinstance(k, slice):
+            continue
+        if isinstance(k, ExprBase) and _node(k).dtype.kind != "b":
+            k = np.asarray(k.compute())
+        if isinstance(k, ExprBase) or np.asarray(k).dtype.kind == "b":
+            lists.append((ax, mask_positions(k, x.shape[ax], ax)))
+        elif np.ndim(k) == 0 and not isinstance(k, np.ndarray | list | tuple) or \
+                isinstance(k, np.ndarray) and k.ndim == 0:
+            scalars.append((ax, k))
+        else:
+            lists.append((ax, k))
+    if len(lists) == 2:
+        raise PlanningError("indexing both axes with lists (NumPy's pointwise indexing) is not "
+                            "supported; index one axis at a time: a[rows][:, cols]")
+    for ax, k in lists:
+        x = take(x, k, ax)
+    for ax, k in scalars:
+        x = take(x, [k], ax)
+    if scalars:
+        axis = None if len(scalars) == 2 else scalars[0][0]
+        return _reduce("max", x, axis, False, 0)
+    return x

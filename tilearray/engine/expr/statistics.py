@@ -1,0 +1,165 @@
+"""NumPy's statistics and comparisons on TiledArrays, built from the lazy
+operations (matmul, joins, gathers, reductions, elementwise ops): ``cov``,
+``corrcoef``, ``average``, ``isclose``, ``allclose``, ``outer``, exact
+``median`` / ``quantile`` / ``percentile``. Nothing is read here."""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+
+from ...errors import PlanningError
+from . import routines
+from .nodes import Full, Outer, Quantile
+from .ops import ExprBase, _constant, _elemwise, _like, _node
+
+
+def cov(m, y=None, rowvar=True, bias=False, ddof=None, fweights=None, aweights=None,
+        *, dtype=None) -> ExprBase:
+    """``np.cov``: the covariance of the variables (rows when ``rowvar``,
+    else columns) of a 2-D TiledArray, as a lazy matrix.
+
+    One pass over ``X`` (observations x variables): ``Y = [X - s, 1]``, with
+    ``s`` the first observation (a shift against cancellation: it reads only
+    the I/O units of that one observation), and ``G = Y.T @ Y`` by the
+    symmetric matmul, which gives the shifted cross products and, in its last
+    column, the column sums ``c``; then ``cov = (G[:n, :n] - c c^T / N) /
+    (N - ddof)``, a map over the small n x n temporary.
+    """
+    if fweights is not None or aweights is not None:
+        raise TypeError("np.cov: fweights= and aweights= are not supported on TiledArrays")
+    x = m if not rowvar else _T(m, "cov")
+    if y is not None:
+        x = routines.concatenate([x, y if not rowvar else _T(y, "cov")], axis=1)
+    n = _node(x)
+    if n.ndim != 2 or n.small:
+        raise PlanningError(f"cov: a 2-D TiledArray is needed, got shape {n.shape}")
+    obs, nvar = n.shape
+    if obs == 0:
+        raise ValueError("cov: no observations (an empty array); NumPy gives NaNs")
+    if ddof is None:
+        ddof = 0 if bias else 1
+    ddof = operator.index(ddof)
+    dt = np.result_type(n.dtype, np.float64) if dtype is None else np.dtype(dtype)
+    xf = x.astype(dt)
+    ones = _like(x, Full((obs, 1), dt, 1))
+    y_aug = routines.concatenate([xf - xf[0], ones], axis=1)
+    gram = y_aug.T @ y_aug
+    colsum = gram[:nvar, nvar]  # a small vector: the last column's units only
+    return (gram[:nvar, :nvar] - outer(colsum, colsum) / obs) / (obs - ddof)
+
+
+def _T(x, fn: str):
+    if not isinstance(x, ExprBase):
+        raise TypeError(f"np.{fn}: operands must be TiledArrays, got {type(x).__name__}")
+    return x.T
+
+
+def corrcoef(x, y=None, rowvar=True, *, dtype=None) -> ExprBase:
+    """``np.corrcoef``: :func:`cov` (one pass over ``X``) divided by the outer
+    product of the standard deviations (its diagonal: only the diagonal's
+    units of the small temporary), clipped to [-1, 1] like NumPy."""
+    c = cov(x, y, rowvar, dtype=dtype)
+    d = np.sqrt(routines.diagonal(c))
+    return (c / outer(d, d)).clip(-1, 1)
+
+
+def outer(a, b) -> ExprBase:
+    """``np.outer`` of two vectors (small results or NumPy vectors): a lazy
+    matrix, each block computed from the two vectors (nothing is read)."""
+    na, nb = (_vector(v) for v in (a, b))
+    if isinstance(a, ExprBase) or isinstance(b, ExprBase):
+        like = a if isinstance(a, ExprBase) else b
+    else:
+        raise TypeError("np.outer: one operand must be a TiledArray")
+    dtype = np.result_type(na.dtype, nb.dtype)
+    return _like(like, Outer((na.shape[0], nb.shape[0]), dtype, na, nb))
+
+
+def _vector(v):
+    n = _node(v) if isinstance(v, ExprBase) else _constant(np.asarray(v).reshape(-1))
+    if not getattr(n, "small", False) or n.ndim != 1:
+        raise PlanningError(f"np.outer: the operands must be vectors (small 1-D results or "
+                            f"NumPy vectors), got shape {n.shape}")
+    return n
+
+
+def isclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False) -> ExprBase:
+    """``np.isclose``: where both are finite ``|a - b| <= atol + rtol * |b|``,
+    elsewhere ``a == b`` (infinities equal only themselves); NaNs equal each
+    other when ``equal_nan``. Lazy and elementwise, fused into the reads."""
+    absb = _elemwise("absolute", b) if isinstance(b, ExprBase) else np.abs(b)
+    near = _elemwise("less_equal", _elemwise("absolute", _elemwise("subtract", a, b)),
+                     atol + rtol * absb)
+    finite = _elemwise("logical_and", _u("isfinite", a), _u("isfinite", b))
+    close = _elemwise("where", finite, near, _elemwise("equal", a, b))
+    if equal_nan:
+        both = _elemwise("logical_and", _u("isnan", a), _u("isnan", b))
+        close = _elemwise("logical_or", close, both)
+    return close
+
+
+def _u(name: str, v):
+    """A unary ufunc of a TiledArray (lazy) or of a scalar / NumPy operand (now)."""
+    return _elemwise(name, v) if isinstance(v, ExprBase) else getattr(np, name)(v)
+
+
+def allclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False) -> ExprBase:
+    """``np.allclose``: :func:`isclose` reduced with ``all`` (one pass; a
+    lazy 0-d result, ``bool()`` computes it)."""
+    return isclose(a, b, rtol, atol, equal_nan).all()
+
+
+def average(a, axis=None, weights=None, returned=False, *, keepdims=False):
+    """``np.average``: the mean, or with NumPy vector ``weights`` along
+    ``axis`` (or of the array's shape: refused, store it), ``(a * w).sum(axis)
+    / w.sum()`` fused in one pass over ``a``."""
+    if weights is None:
+        avg = a.mean(axis=axis, keepdims=keepdims)
+        scl = a.size // max(avg.size, 1)
+    else:
+        w = np.asarray(weights)
+        if axis is None or w.ndim != 1:
+            raise TypeError("np.average: weights must be a 1-D NumPy vector along an axis "
+                            "(axis=0 or 1) on TiledArrays")
+        ax = routines._axis(axis, "average")
+        if w.shape[0] != a.shape[ax]:
+            raise ValueError("Length of weights not compatible with specified axis.")
+        wsum = w.sum(dtype=np.result_type(a.dtype, w.dtype, np.float64))
+        if wsum == 0:
+            raise ZeroDivisionError("Weights sum to zero, can't be normalized")
+        wb = w.reshape(-1, 1) if ax == 0 else w.reshape(1, -1)
+        avg = (a * wb).sum(axis=ax, keepdims=keepdims) / wsum
+        scl = wsum
+    return (avg, scl) if returned else avg
+
+
+def quantile(op: str, a, q, axis=None, method="linear", keepdims=False,
+             dtype=None) -> ExprBase:
+    """Exact ``np.quantile`` / ``np.nanquantile`` along axis 0 or 1 (``q`` in
+    [0, 1]): one pass; a task holds whole lines along ``axis`` (a column for
+    ``axis=0``: the column read plus NumPy's partitioned float64 copy, about
+    ``N * (3 * itemsize + 16)`` bytes for N rows) in bands as wide as fit the
+    budget; refused when one line does not fit. ``axis=None`` (the whole
+    array at once) is refused."""
+    n = _node(a)
+    if axis is None:
+        raise TypeError(f"np.{op}: axis=None (all elements at once) is not supported on "
+                        "TiledArrays; give axis=0 or axis=1")
+    if keepdims:
+        raise TypeError(f"np.{op}: keepdims=True is not supported on TiledArrays")
+    ax = routines._axis(axis, op)
+    qa = np.asarray(q, dtype=np.float64)
+    if qa.ndim > 1 or np.any((qa < 0) | (qa > 1)) or np.any(np.isnan(qa)):
+        raise ValueError("Quantiles must be in the range [0, 1]")
+    if n.shape[ax] == 0:
+        raise PlanningError(f"{op}: an empty axis {ax} has no quantile")
+    scalar = qa.ndim == 0
+    qs = tuple(float(v) for v in qa.reshape(-1))
+    other = n.shape[1 - ax]
+    shape = (other,) if scalar else (len(qs), other)
+    if dtype is None:
+        dtype = np.asarray(np.quantile(np.ones((2, 2), n.dtype), q, axis=0, method=method)).dtype
+    node = Quantile(shape, np.dtype(dtype), op, n, ax, qs, scalar, method)
+    return _like(a, node)

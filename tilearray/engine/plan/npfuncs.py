@@ -1,0 +1,186 @@
+"""Lowering the NumPy functions that are neither maps nor tree reductions
+(pure: node, spec and budget in, :class:`~.types.Stage` records out).
+
+- a diagonal: one task per stretch of the diagonal inside one I/O unit of
+  every input, then one task joining the pieces -- only the units the
+  diagonal crosses are read;
+- exact quantiles along an axis: whole lines (columns for ``axis=0``) in one
+  task each, in bands as wide as the budget allows, then a join;
+- a scan (``cumsum``/``cumprod``): two passes over the input -- each
+  block's total along the axis (all bands but the last), one carry task per
+  band across, then every block scanned with its carry added.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from dask.base import tokenize
+
+from ...graphs import npfuncs as gnp
+from ...graphs.blocks import group_edges, intervals, max_interval
+from ...graphs.emit import Tasks
+from ...graphs.spec import unit_edges
+from . import layout
+from .map import check_fits, fit_blocks
+from .memory import BlockTask, as_rss, block_peak, op_temporaries, read_flight
+from .sizing import DoesNotFit, all_done, short
+from .types import Budget, Output, Stage
+
+
+def _line_stage(node, kind: str, spec, deps, blocks, fn: str, kwargs: tuple, join_axis: int,
+                temp_per_elem: int, budget: Budget, what: str, label: str = "",
+                strips=None) -> Stage:
+    """One task per block (``fn`` of the block: a small array), one join;
+    with ``strips``, each block read strip by strip (:func:`_strip_peak`)."""
+    token = tokenize(kind, spec, blocks, fn, kwargs, deps)
+    work, keys = Tasks(), []
+    nbytes = nreq = gets = peak = 0
+    task = BlockTask(temp_per_elem, 0, read_flight(spec))
+    for i, (rows, cols) in enumerate(blocks):
+        if strips is None:
+            b, r, g = layout.BlockCosts(spec, rows, cols).at(0, 0)
+            size = (rows[1] - rows[0]) * (cols[1] - cols[0])
+            peak = max(peak, block_peak(task, b, size))
+        else:
+            b, r, g, p = _strip_costs(spec, rows, cols, strips, task)
+            peak = max(peak, p)
+        nbytes, nreq, gets = nbytes + b, nreq + r, gets + g
+        keys.append(work.add((f"{kind}-" + token, i), gnp.block_line, spec, rows, cols, deps,
+                             fn, kwargs, strips))
+    check_fits(kind, peak, label or str(node), budget)
+    key = work.add(f"{kind}-join-" + token, gnp.join_values, join_axis, *keys)
+    return Stage("reduce", what, len(work), peak, nbytes, reads=nreq, store_gets=gets,
+                 work=work.freeze(), outputs={"0": Output("value", (key,))})
+
+
+def _strip_costs(spec, rows, cols, strips, task: BlockTask):
+    """``(bytes, requests, gets, peak)`` of a block read strip by strip along
+    the axis ``strips`` cuts (the rows when ``rows`` spans them): one
+    strip's reads and temporaries at a time, plus the whole block's buffer
+    and NumPy's float64 working copy of it."""
+    along_rows = (rows[0], rows[1]) == (strips[0], strips[-1])
+    costs = layout.BlockCosts(spec, strips, cols) if along_rows else \
+        layout.BlockCosts(spec, rows, strips)
+    n_strips = len(strips) - 1
+    cells = [costs.at(k, 0) if along_rows else costs.at(0, k) for k in range(n_strips)]
+    other = (cols[1] - cols[0]) if along_rows else (rows[1] - rows[0])
+    worst = max(((c[0], (strips[k + 1] - strips[k]) * other) for k, c in enumerate(cells)),
+                default=(0, 0))
+    size = (rows[1] - rows[0]) * (cols[1] - cols[0])
+    peak = block_peak(task, worst[0], worst[1]) + as_rss(size * 16)
+    return (sum(c[0] for c in cells), sum(c[1] for c in cells), sum(c[2] for c in cells), peak)
+
+
+def lower_diagonal(node, spec, deps: list, budget: Budget) -> Stage:
+    """``np.diagonal(x, offset)``: the blocks the diagonal crosses, cut where it
+    crosses an I/O unit edge of any input (each unit read once)."""
+    m, n = node.x.shape
+    r0, c0 = max(-node.offset, 0), max(node.offset, 0)
+    length = int(node.shape[0])
+    cuts = {0, length}
+    cuts |= {e - r0 for e in unit_edges(spec, 0, m) if 0 < e - r0 < length}
+    cuts |= {e - c0 for e in unit_edges(spec, 1, n) if 0 < e - c0 < length}
+    blocks = [((r0 + a, r0 + b), (c0 + a, c0 + b)) for a, b in intervals(sorted(cuts))
+              if b > a]
+    temps = (op_temporaries(spec) + 1) * max(np.dtype(node.dtype).itemsize, 8)
+    kwargs = (("dtype", np.dtype(node.dtype)),)
+    if not blocks:  # an empty diagonal: one task gives NumPy's empty answer
+        blocks = [((0, 0), (0, 0))]
+    return _line_stage(node, "diagonal", spec, deps, blocks, "diagonal", kwargs, 0, temps,
+                       budget, f"{short(node)}: {len(blocks)} blocks along the diagonal")
+
+
+def lower_quantile(node, spec, deps: list, budget: Budget) -> Stage:
+    """Exact quantiles along ``node.axis``: a task holds whole lines (a
+    buffer of them and NumPy's float64 working copy), filled strip by strip
+    along the lines on the inputs' I/O unit edges (one strip's units held at
+    a time), in bands across as wide as fit -- on unit edges while a unit's
+    width fits, else cut inside units (each band then reads the units it
+    meets). Refused (DoesNotFit, naming the line length) when one line does
+    not fit."""
+    ax, other = node.axis, 1 - node.axis
+    length, width = node.x.shape[ax], node.x.shape[other]
+    temps = (op_temporaries(spec) + 1) * 8
+    strips = group_edges(unit_edges(spec, ax, length), 1)  # unit by unit
+    base = unit_edges(spec, other, width)
+    task = BlockTask(temps, 0, read_flight(spec))
+    w = max(budget.task_memory // max(length * 16, 1), 1)
+    while True:
+        edges = group_edges(base, w)
+        if max_interval(edges) > w:  # a unit wider than fits: cut inside units
+            edges = tuple(range(0, width, w)) + (width,) if width else (0,)
+        band = max(intervals(edges), key=lambda b: b[1] - b[0], default=(0, 0))
+        block = ((0, length), band) if ax == 0 else (band, (0, length))
+        peak = _strip_costs(spec, *block, strips, task)[3]
+        if peak <= budget.task_memory or w == 1:
+            break
+        w = max(w // 2, 1)
+    bands = intervals(edges) or [(0, 0)]
+    blocks = [((0, length), band) if ax == 0 else (band, (0, length)) for band in bands]
+    q = np.asarray(node.q, dtype=np.float64)
+    kwargs = (("q", q if not node.scalar_q else float(q[0])), ("axis", ax),
+              ("method", node.method), ("dtype", np.dtype(node.dtype)))
+    return _line_stage(node, "quantile", spec, deps, blocks, node.op, kwargs,
+                       0 if node.scalar_q else 1, temps, budget,
+                       f"{short(node)}: {len(blocks)} bands of whole lines (exact), each "
+                       f"read in {len(strips) - 1} strips",
+                       f"{short(node)} (exact: one task holds whole lines along axis {ax}, "
+                       f"{length} elements each)", strips)
+
+
+def lower_scan(node, spec, deps: list, budget: Budget, out=None, out_grid=None,
+               skip=frozenset()) -> tuple[list[Stage], list]:
+    """``cumsum``/``cumprod`` along ``node.axis`` in two passes: returns the
+    stages (totals + carries, then the scanned blocks) and the carry keys
+    the second stage reads (operands whose stats the run gathers)."""
+    dtype, ax, op = np.dtype(node.dtype), node.axis, node.op[3:]
+    temps = (op_temporaries(spec) + 1) * max(dtype.itemsize, 8)
+    costs, peak = fit_blocks(spec, node.shape, out_grid, temps, budget, dtype.itemsize)
+    check_fits("scan", peak, str(node), budget)
+    row_edges, col_edges = costs.row_edges, costs.col_edges
+    token = tokenize("scan", spec, row_edges, col_edges, str(out), str(dtype), deps, op, ax)
+    bands = intervals(row_edges if ax == 0 else col_edges)
+    across = intervals(col_edges if ax == 0 else row_edges)
+    pass1, carry_keys = Tasks(), []
+    nb1 = nreq1 = gets1 = 0
+    for j, other in enumerate(across):
+        totals = []
+        for i, band in enumerate(bands[:-1]):
+            rows, cols = (band, other) if ax == 0 else (other, band)
+            b, r, g = (costs.at(i, j) if ax == 0 else costs.at(j, i))
+            nb1, nreq1, gets1 = nb1 + b, nreq1 + r, gets1 + g
+            totals.append(pass1.add(("scan-total-" + token, i, j), gnp.block_total, spec,
+                                    rows, cols, deps, op, ax, dtype))
+        if totals:
+            carry_keys.append(pass1.add(("scan-carry-" + token, j), gnp.scan_carries, op,
+                                        *totals))
+    stages = []
+    if len(pass1):
+        stages.append(Stage("reduce", f"{short(node)}: totals of {len(bands) - 1} bands "
+                            "(first pass)", len(pass1), peak, nb1, reads=nreq1,
+                            store_gets=gets1, work=pass1.freeze()))
+    pass2, blocks = Tasks(), []
+    nbytes = nreq = gets = written = 0
+    for j, other in enumerate(across):
+        dj = list(deps) + ([carry_keys[j]] if carry_keys else [])
+        for i, band in enumerate(bands):
+            rows, cols = (band, other) if ax == 0 else (other, band)
+            if out_grid is not None and all_done(out_grid, rows, cols, skip):
+                continue
+            b, r, g = costs.at(i, j) if ax == 0 else costs.at(j, i)
+            nbytes, nreq, gets = nbytes + b, nreq + r, gets + g
+            pass2.add(("scan-" + token, i, j), gnp.scan_block, spec, rows, cols, dtype, out,
+                      dj, op, ax, len(deps) if carry_keys else -1, i)
+            if out is not None:
+                written += (rows[1] - rows[0]) * (cols[1] - cols[0]) * dtype.itemsize
+            blocks.append((rows, cols))
+    keys = tuple(t.key for t in pass2.freeze())
+    result = Output("store", keys) if out is not None else Output("blocks", keys, tuple(blocks))
+    stages.append(Stage("map", f"{short(node)} in blocks of up to {max_interval(row_edges)}x"
+                        f"{max_interval(col_edges)}, each with its carry", len(pass2), peak,
+                        nbytes, written, reads=nreq, store_gets=gets, work=pass2.freeze(),
+                        outputs={"result": result}))
+    return stages, carry_keys
+
+
+__all__ = ["DoesNotFit", "lower_diagonal", "lower_quantile", "lower_scan"]

@@ -1,0 +1,169 @@
+"""Lowering a TSQR (QR, thin SVD and least squares of a tall-skinny matrix):
+row blocks as large as a task holds, R factors combined up a tree whose
+fan-in is ``tilearray.reduction.split-every``, and for Q or U a second pass
+down the tree writing row blocks (:mod:`tilearray.graphs.tsqr` tasks). Pure:
+node, specs and budget in, :class:`~.types.Stage` records out."""
+
+from __future__ import annotations
+
+import numpy as np
+from dask.base import tokenize
+from dask.utils import format_bytes
+
+from ... import _config
+from ...errors import PlanningError
+from ...graphs import tsqr as gts
+from ...graphs.blocks import group_edges, intervals, max_interval
+from ...graphs.emit import Tasks
+from . import layout
+from .map import check_fits
+from .memory import read_flight, tsqr_combine_peak, tsqr_leaf_peak, write_flight
+from .sizing import all_done, short
+from .types import Budget, Output, Stage
+
+
+def _costs(specs, widths, row_edges):
+    return [layout.BlockCosts(s, row_edges, (0, w)) for s, w in zip(specs, widths, strict=True)]
+
+
+def _leaf_peak(specs, widths, row_edges, itemsize, out_cols, out_grid) -> int:
+    costs = _costs(specs, widths, row_edges)
+    read = sum(c.max_read_bytes() for c in costs)
+    flight = max(read_flight(s) for s in specs)
+    return tsqr_leaf_peak(read, max_interval(row_edges), sum(widths), itemsize, out_cols,
+                          write_flight(out_grid, itemsize), flight)
+
+
+def row_blocks(specs, widths, m: int, itemsize: int, budget: Budget, out_cols=0, out_grid=None):
+    """Row edges of the leaves: on the I/O unit edges of every input (and of
+    the output), as tall as a task holds up to ``map.block-bytes`` of block,
+    and at least one leaf per thread of the cluster when the rows allow.
+    Returns ``(row_edges, peak)``."""
+    from ...graphs.spec import Op
+
+    hard = None if out_grid is None else out_grid.unit_edges(0)
+    base = layout.bases(Op("tsqr", tuple(specs)), 0, m, hard)[0]
+    step = max(max_interval(base), 1)
+    cap = max(_config.get_bytes("map.block-bytes") // max(sum(widths) * itemsize, 1), step)
+    cap = min(cap, max(-(-m // budget.total_threads), step))  # a leaf per thread
+    best = None
+    t = step
+    while True:
+        edges = group_edges(base, t)
+        peak = _leaf_peak(specs, widths, edges, itemsize, out_cols, out_grid)
+        if peak > budget.task_memory or (best is not None and t > cap):
+            break
+        best = (edges, peak)
+        if t >= m:
+            break
+        t += step
+    if best is None:
+        return group_edges(base, step), peak
+    return best
+
+
+def _tree(work: Tasks, name: str, leaves: list, fan_in: int, keep_q: bool):
+    """Combine tasks up the tree: returns the top key and the levels (each a
+    list of ``(key, children)``), top level last."""
+    levels, keys = [], leaves
+    while len(keys) > 1:
+        level = []
+        for q in range(0, len(keys), fan_in):
+            children = keys[q : q + fan_in]
+            key = work.add((name + "-combine", len(levels), q // fan_in), gts.combine, keep_q,
+                           *children)
+            level.append((key, children))
+        levels.append(level)
+        keys = [k for k, _ in level]
+    return keys[0], levels
+
+
+def lower_tsqr(node, specs, widths, deps: list, budget: Budget, out=None, out_grid=None,
+               skip=frozenset()) -> list[Stage]:
+    """The stages of ``node`` (a :class:`~tilearray.engine.expr.nodes.TSQR`
+    part) over ``[X | Y]`` given as ``specs`` of ``widths`` columns: the up
+    tree (a small result: ``node.part``), and for "Q"/"U" the down tree
+    writing row blocks into ``out``."""
+    m, n = node.x.shape
+    w = sum(widths)
+    itemsize = np.dtype(node.dtype).itemsize
+    big = node.part in ("Q", "U")
+    out_cols = node.shape[1] if big else 0
+    fan_in = int(_config.get("reduction.split-every"))
+    combine = tsqr_combine_peak(w, fan_in, max(itemsize, 8))
+    if combine > budget.task_memory:
+        raise PlanningError(
+            f"{short(node)}: a TSQR combine holds {fan_in} R factors of {w} x {w} "
+            f"({format_bytes(combine)} with its SVDs) but the budget allows "
+            f"{format_bytes(budget.task_memory)} per task: X has too many columns for TSQR "
+            "here (use a larger memory_per_worker, fewer columns, or "
+            "tilearray.reduction.split-every: 2)")
+    row_edges, peak = row_blocks(specs, widths, m, itemsize, budget, out_cols if big else 0,
+                                 out_grid if big else None)
+    check_fits("tsqr", max(peak, combine), str(node), budget)
+    name = "tsqr-" + tokenize(node.part, specs, widths, row_edges, deps, node.options,
+                              str(out))
+    up, costs = Tasks(), _costs(specs, widths, row_edges)
+    leaves, nbytes, nreq, gets = [], 0, 0, 0
+    for i, rows in enumerate(intervals(row_edges)):
+        leaves.append(up.add((name + "-leaf", i), gts.leaf_r, tuple(specs), rows,
+                             tuple(widths), deps))
+        for c in costs:
+            b, r, g = c.at(i, 0)
+            nbytes, nreq, gets = nbytes + b, nreq + r, gets + g
+    top, levels = _tree(up, name, leaves, fan_in, keep_q=big)
+    part, options = node.part, node.options
+    if big:  # the root hands down D (Q) or D @ U_R (U)
+        part, options = "down", tuple(sorted({**dict(options), "right": node.part}.items()))
+    root = up.add(name + "-root", gts.root, part, n, m, options, top)
+    flops = 2 * m * w * w
+    first = Stage(
+        "tsqr", f"{short(node)}: QR of {len(leaves)} row blocks of up to "
+        f"{max_interval(row_edges)} x {w}, R factors combined with fan-in {fan_in}",
+        len(up), max(peak, combine) if not big else combine, nbytes, flops=flops, reads=nreq,
+        store_gets=gets, work=up.freeze(),
+        outputs={"R": Output("value", (root,))} if not big else
+        {"factors": Output("value", (root,))})
+    if not big:
+        return [first]
+    return [first, _down_stage(node, name, specs, widths, deps, row_edges, levels, root,
+                               costs, peak, out, out_grid, skip)]
+
+
+def _down_stage(node, name, specs, widths, deps, row_edges, levels, root, costs, peak, out,
+                out_grid, skip) -> Stage:
+    """Slices down the tree, then each leaf's rows of Q (or U) written."""
+    down, slices = Tasks(), {}
+    for depth, level in reversed(list(enumerate(levels))):
+        for g, (key, children) in enumerate(level):
+            src, index = slices.get(key, (root, 0))
+            d = down.add((name + "-down", depth, g), gts.down, key, src, index)
+            for c, child in enumerate(children):
+                slices[child] = (d, c)
+    stores, leaves_done, blocks = Tasks(), [], []
+    m, n = node.x.shape
+    ncols = node.shape[1]
+    nbytes = nreq = gets = written = 0
+    for i, rows in enumerate(intervals(row_edges)):
+        if out_grid is not None and all_done(out_grid, rows, (0, ncols), skip):
+            continue
+        leaf = (name + "-leaf", i)
+        src, index = slices.get(leaf, (root, 0))
+        leaves_done.append(stores.add((name + "-q", i), gts.leaf_store, tuple(specs), rows,
+                                      tuple(widths), deps, out, ncols, src, index))
+        blocks.append((rows, (0, ncols)))
+        for c in costs:
+            b, r, g = c.at(i, 0)
+            nbytes, nreq, gets = nbytes + b, nreq + r, gets + g
+        if out is not None:
+            written += (rows[1] - rows[0]) * ncols * np.dtype(node.dtype).itemsize
+    w = sum(widths)
+    work = down.freeze() + stores.freeze()
+    return Stage(
+        "tsqr-q", f"{node.part} = the tree's Q factors applied back down: each of "
+        f"{len(leaves_done)} row blocks read again, factored again and written "
+        f"({max_interval(row_edges)} x {ncols})", len(work), peak, nbytes, written,
+        flops=4 * m * w * w + 2 * m * w * ncols, reads=nreq, store_gets=gets, work=work,
+        outputs={"result": Output("store", tuple(leaves_done)) if out is not None else
+                 Output("blocks", tuple(leaves_done), tuple(blocks)),
+                 "slices": Output("stats", tuple(t.key for t in down.freeze()))})

@@ -1,0 +1,799 @@
+"""Worker-side linear-algebra kernels: TSQR, least squares, SVD from R, the
+randomized-SVD test matrix, tiled Cholesky and tiled LU with partial pivoting.
+
+Every kernel is a pure function of in-memory blocks (NumPy arrays in, NumPy
+arrays out); the planner decides which blocks go in and where results are
+written. The in-memory references (:func:`tsqr`, :func:`cholesky_tiled`,
+:func:`lu_tiled`, ...) compose the kernels exactly as the out-of-core graphs
+will, and are what the tests compare against NumPy/SciPy.
+
+Dtypes follow ``numpy.linalg``: float32 and float64 are kept, integer and
+boolean inputs are computed in float64, float16 and complex are refused (the
+kernels are real-only for now). Memory figures count the bytes a call holds
+at its peak, inputs included, with ``b`` the itemsize.
+
+Every BLAS/LAPACK call runs with ONE thread (:func:`one_blas_thread`):
+multi-threaded OpenBLAS ``potrf`` segfaults on the reference machine, and a
+worker thread must not oversubscribe the cores its siblings use. Setting the
+limit costs about 0.1 ms per outermost call (nested calls about 1 us), small
+against a tile kernel; the references hold it once for all their kernels.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Sequence
+from contextlib import contextmanager
+
+import numpy as np
+from scipy import linalg as sla
+from scipy.linalg import blas, lapack
+from threadpoolctl import ThreadpoolController
+
+from ..errors import NotPositiveDefiniteError, SingularMatrixError
+
+# --------------------------------------------------------------------------
+# one BLAS thread, dtypes
+# --------------------------------------------------------------------------
+
+_LOCK = threading.Lock()
+_STATE: dict = {"depth": 0, "limiter": None, "controller": None}
+
+
+@contextmanager
+def one_blas_thread():
+    """Run the body with every loaded BLAS limited to one thread.
+
+    BLAS thread counts are process-wide, so nested and concurrent users share
+    one limit: the first to enter sets it, the last to leave restores the
+    original counts (a plain ``threadpool_limits(1)`` per call could restore
+    2 threads while another worker thread is still inside ``potrf``).
+    """
+    with _LOCK:
+        if _STATE["depth"] == 0:
+            if _STATE["controller"] is None:
+                _STATE["controller"] = ThreadpoolController()
+            _STATE["limiter"] = _STATE["controller"].limit(limits=1, user_api="blas")
+        _STATE["depth"] += 1
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _STATE["depth"] -= 1
+            if _STATE["depth"] == 0:
+                _STATE["limiter"].restore_original_limits()
+                _STATE["limiter"] = None
+
+
+def _single_threaded(func):
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        with one_blas_thread():
+            return func(*args, **kwargs)
+    return wrapper
+
+
+def result_dtype(dtype) -> np.dtype:
+    """The dtype ``numpy.linalg`` computes ``dtype`` data in (f32 stays f32)."""
+    dtype = np.dtype(dtype)
+    if dtype in (np.float32, np.float64):
+        return dtype
+    if dtype.kind in "biu":
+        return np.dtype(np.float64)
+    raise TypeError(f"array type {dtype} is unsupported by the linalg kernels "
+                    "(float32 and float64; integers are computed in float64)")
+
+
+def _float(a, order="F", copy=False) -> np.ndarray:
+    a = np.asarray(a)
+    return np.array(a, dtype=result_dtype(a.dtype), order=order, copy=copy or None)
+
+
+def tile_edges(n: int, tile: int) -> list[tuple[int, int]]:
+    """``[(0, tile), (tile, 2 tile), ..., (.., n)]``: the last tile may be short."""
+    if tile < 1:
+        raise ValueError(f"tile must be >= 1, got {tile}")
+    return [(i, min(i + tile, n)) for i in range(0, n, tile)]
+
+
+# --------------------------------------------------------------------------
+# TSQR
+# --------------------------------------------------------------------------
+
+@_single_threaded
+def qr_leaf(block, *, overwrite_block: bool = False, mode: str = "reduced"):
+    """Economic Householder QR of one row block (LAPACK ``geqrf``/``orgqr``).
+
+    ``block`` is ``m_i x n``; returns ``Q_i`` (``m_i x r_i``, orthonormal
+    columns) and ``R_i`` (``r_i x n``, upper triangular/trapezoidal) with
+    ``r_i = min(m_i, n)``: a block shorter than ``n`` gives a short R, which
+    stacks like any other. Dtype as :func:`result_dtype`. ``mode="r"``
+    returns ``R_i`` alone, skipping ``orgqr`` (about half the flops): all an
+    up-sweep for R, singular values or least squares needs.
+
+    Memory: LAPACK works on an F-ordered copy that becomes ``Q_i`` (with
+    ``mode="r"``, whose top is R), so the block and the copy: ``2 m_i n b``,
+    plus ``R_i`` and LAPACK's workspace (at most about ``512 n b``). With
+    ``overwrite_block`` and an F-ordered block of the computing dtype, the
+    block's memory is used (``m_i n b``; the block is destroyed). NaN or inf
+    in the block propagate, as in NumPy.
+    """
+    if mode not in ("reduced", "r"):
+        raise ValueError(f"mode must be 'reduced' or 'r', got {mode!r}")
+    a = _float(block)
+    m, n = a.shape
+    if m == 0 or n == 0:
+        r = np.zeros((min(m, n), n), a.dtype)
+        return r if mode == "r" else (np.zeros((m, min(m, n)), a.dtype), r)
+    if not overwrite_block and np.shares_memory(a, block):
+        a = a.copy(order="F")
+    if mode == "r":
+        return _geqrf_r(a)
+    q, r = sla.qr(a, mode="economic", overwrite_a=True, check_finite=False)
+    return q, r
+
+
+def _geqrf_r(a: np.ndarray) -> np.ndarray:
+    """R of ``a`` (F-ordered, overwritten) by ``geqrf`` alone."""
+    geqrf = lapack.get_lapack_funcs("geqrf", (a,))
+    lwork = int(geqrf(a, lwork=-1, overwrite_a=1)[2][0])  # a query: a is not touched
+    qr, _, _, info = geqrf(a, lwork=max(lwork, 1), overwrite_a=1)
+    if info < 0:  # pragma: no cover - a bug in the arguments
+        raise ValueError(f"geqrf: illegal argument {-info}")
+    return np.triu(qr[:min(a.shape)])
+
+
+def qr_combine(r_list: Sequence[np.ndarray], *, mode: str = "reduced"):
+    """QR of the children's R factors stacked on top of each other.
+
+    Each ``R_c`` is ``r_c x n``; the stack is ``s x n`` with ``s = sum r_c``.
+    Returns the stack's Q split back per child (``Q_c`` is ``r_c x r``, views
+    of one array) and the combined ``R`` (``r x n``, ``r = min(s, n)``), or
+    ``R`` alone with ``mode="r"``.
+    Memory: the children's R factors and the stack, which becomes Q, plus
+    R and LAPACK's workspace (at most about ``512 n b``): at most
+    ``2 s n b + 2 n^2 b + 512 n b`` (``s <= fan_in * n``).
+    """
+    rows = [r.shape[0] for r in r_list]
+    n = r_list[0].shape[1]
+    dtype = np.result_type(*(result_dtype(r.dtype) for r in r_list))
+    stack = np.empty((sum(rows), n), dtype, order="F")
+    for r, lo in zip(r_list, np.cumsum([0] + rows[:-1]), strict=True):
+        stack[lo:lo + r.shape[0]] = r
+    if mode == "r":
+        return qr_leaf(stack, overwrite_block=True, mode="r")
+    q, r = qr_leaf(stack, overwrite_block=True)
+    return np.split(q, np.cumsum(rows)[:-1]), r
+
+
+@_single_threaded
+def q_apply_down(q_node: np.ndarray, parent_slice: np.ndarray | None) -> np.ndarray:
+    """One step of applying the tree's Q factors back down: ``q_node @ slice``.
+
+    ``q_node`` is a leaf's ``Q_i`` (``m_i x r_i``) or a combine node's piece
+    ``Q_c`` (``r_c x r``); ``parent_slice`` is the ``r_i x k`` slice this
+    node's parent handed down (the root's is the identity, passed as None,
+    or the ``r x k`` matrix to apply on the right, e.g. ``U_R`` of an SVD).
+    Returns ``m_i x k``: the node's rows of the final ``Q`` (or ``U``), or the
+    slice it hands to its own children. Memory: ``(m_i r_i + r_i k + m_i k) b``.
+    """
+    if parent_slice is None:
+        return q_node
+    return q_node @ parent_slice.astype(q_node.dtype, copy=False)
+
+
+def diag_signs(r: np.ndarray) -> np.ndarray:
+    """``d`` with ``d * diag(R) >= 0`` (zeros get +1), one entry per row of R."""
+    d = np.sign(np.diagonal(r)).astype(r.dtype)
+    d[d == 0] = 1
+    return d
+
+
+def normalize_signs(q, r: np.ndarray):
+    """Flip signs so ``diag(R) >= 0``: returns ``(Q D, D R)``, ``D = diag(d)``.
+
+    ``Q D D R = Q R``, and for full-rank input R is then unique (the Cholesky
+    factor of ``X^T X``), so a tree of any shape or fan-in gives the same R
+    and Q up to rounding. ``q`` is one array (``m x r``) or a list of row
+    pieces (the root's split Q), returned in kind. Apply at the root only.
+    """
+    d = diag_signs(r)
+    r = r * d[:, None]
+    if isinstance(q, (list, tuple)):
+        return [p * d for p in q], r
+    return q * d, r
+
+
+def _tsqr_up(blocks, fan_in: int):
+    """The up-sweep: leaf QRs, then combines of ``fan_in`` children per level."""
+    if fan_in < 2:
+        raise ValueError(f"fan_in must be >= 2, got {fan_in}")
+    leaves = [qr_leaf(b) for b in blocks]
+    if not leaves:
+        raise ValueError("tsqr needs at least one row block")
+    levels = []  # levels[l][g]: list of Q pieces of combine node g at level l
+    rs = [r for _, r in leaves]
+    while len(rs) > 1:
+        nodes = [qr_combine(rs[i:i + fan_in]) for i in range(0, len(rs), fan_in)]
+        levels.append([pieces for pieces, _ in nodes])
+        rs = [r for _, r in nodes]
+    return [q for q, _ in leaves], levels, rs[0]
+
+
+def _tsqr_down(leaf_qs, levels, right=None) -> list[np.ndarray]:
+    """The down-sweep: each node multiplies its Q pieces by its parent's slice."""
+    slices = [right]
+    for nodes in reversed(levels):
+        slices = [q_apply_down(p, s) for pieces, s in zip(nodes, slices, strict=True)
+                  for p in pieces]
+    return [q_apply_down(q, s) for q, s in zip(leaf_qs, slices, strict=True)]
+
+
+def _root_normalized(leaf_qs, levels, r):
+    """Normalise signs on the root's Q factors (in the tree) and R."""
+    if levels:
+        levels[-1][0], r = normalize_signs(levels[-1][0], r)
+    else:
+        leaf_qs[0], r = normalize_signs(leaf_qs[0], r)
+    return r
+
+
+@_single_threaded
+def tsqr_r(blocks: Sequence, fan_in: int = 2, *, normalize: bool = True) -> np.ndarray:
+    """In-memory reference R-only TSQR: leaves and combines in ``mode="r"``."""
+    if fan_in < 2:
+        raise ValueError(f"fan_in must be >= 2, got {fan_in}")
+    rs = [qr_leaf(b, mode="r") for b in blocks]
+    if not rs:
+        raise ValueError("tsqr needs at least one row block")
+    while len(rs) > 1:
+        rs = [qr_combine(rs[i:i + fan_in], mode="r") for i in range(0, len(rs), fan_in)]
+    return normalize_signs([], rs[0])[1] if normalize else rs[0]
+
+
+@_single_threaded
+def tsqr(blocks: Sequence, fan_in: int = 2, *, compute_q: bool = True,
+         normalize: bool = True):
+    """In-memory reference TSQR over row ``blocks`` with a tree of ``fan_in``.
+
+    Returns ``(Q_blocks, R)``: ``Q_blocks[i]`` holds the rows of the reduced
+    Q for ``blocks[i]`` (``m_i x r``), ``R`` is ``r x n`` with
+    ``r = min(m, n)``, as ``numpy.linalg.qr(mode="reduced")``. With
+    ``normalize``, ``diag(R) >= 0``. ``compute_q=False`` returns ``(None, R)``
+    from :func:`tsqr_r`.
+    """
+    if not compute_q:
+        return None, tsqr_r(blocks, fan_in, normalize=normalize)
+    leaf_qs, levels, r = _tsqr_up(blocks, fan_in)
+    if normalize:
+        r = _root_normalized(leaf_qs, levels, r)
+    return _tsqr_down(leaf_qs, levels), r
+
+
+# --------------------------------------------------------------------------
+# least squares and SVD from R
+# --------------------------------------------------------------------------
+
+@_single_threaded
+def svd_from_r(r: np.ndarray, compute_uv: bool = True):
+    """Thin SVD of the small R of a TSQR (LAPACK ``gesdd``, as NumPy).
+
+    ``R`` is ``r x n``; returns ``U_R`` (``r x r``), ``s`` (``r``, descending,
+    real) and ``Vt`` (``r x n``), or ``s`` alone. ``X = Q R = (Q U_R) s Vt``:
+    ``U = Q @ U_R`` is applied down the tree like Q, with ``U_R`` as the
+    root's right factor (see :func:`q_apply_down`). Memory: about ``4 r n b``.
+    """
+    r = _float(r)
+    if r.size == 0:
+        k = min(r.shape)
+        s = np.zeros(k, r.dtype)
+        return s if not compute_uv else (np.zeros((r.shape[0], k), r.dtype), s,
+                                          np.zeros((k, r.shape[1]), r.dtype))
+    return sla.svd(r, full_matrices=False, compute_uv=compute_uv,
+                   check_finite=False, lapack_driver="gesdd")
+
+
+@_single_threaded
+def svd_tsqr(blocks: Sequence, fan_in: int = 2, compute_uv: bool = True):
+    """In-memory reference thin SVD through TSQR: ``(U_blocks, s, Vt)`` or ``s``."""
+    if not compute_uv:
+        return svd_from_r(tsqr_r(blocks, fan_in, normalize=False), compute_uv=False)
+    leaf_qs, levels, r = _tsqr_up(blocks, fan_in)
+    u_r, s, vt = svd_from_r(r)
+    return _tsqr_down(leaf_qs, levels, right=u_r), s, vt
+
+
+def default_rcond(m: int, n: int, dtype) -> float:
+    """NumPy's ``lstsq`` default: ``eps * max(m, n)`` of the computing dtype."""
+    return float(np.finfo(result_dtype(dtype)).eps) * max(m, n)
+
+
+@_single_threaded
+def lstsq_from_r(r_aug: np.ndarray, n: int, m: int, rcond: float | None = None,
+                 vector: bool = False):
+    """Least squares from the R of a TSQR of ``[X | Y]`` (``X`` is ``m x n``).
+
+    ``R_aug = [[R11, R12], [0, R22]]``: ``R11`` (``n x n``) is X's R,
+    ``R12 = Q^T Y`` and the column norms of ``R22`` are the residual norms.
+    Returns NumPy's tuple ``(x, residuals, rank, s)``: ``x`` is ``n x p``
+    (``n`` if ``vector``), ``residuals`` the squared residual norms (``p``;
+    ``1`` if ``vector``), empty when ``rank < n`` or ``m <= n``, as
+    ``numpy.linalg.lstsq``; ``s`` the singular values of X, which are
+    R11's. Rank counts ``s > rcond * s[0]`` with ``rcond`` defaulting to
+    :func:`default_rcond` (NumPy's ``eps * max(m, n)``); a negative rcond means machine epsilon.
+
+    Full rank: ``x = R11^-1 R12`` by a triangular solve, forward error about
+    ``cond(X) * eps`` (the normal equations give ``cond(X)^2 * eps``).
+    Rank-deficient: the minimum-norm solution from the SVD of R11, singular
+    values below the cutoff treated as zero, which is what NumPy's ``gelsd``
+    returns. Memory: ``R_aug``, its copies and SVDs, about ``9 (n + p)^2 b``.
+    """
+    r_aug = _float(r_aug)
+    if rcond is None:
+        rcond = default_rcond(m, n, r_aug.dtype)
+    elif rcond < 0:  # LAPACK gelsd: machine precision
+        rcond = float(np.finfo(r_aug.dtype).eps)
+    r11, r12 = r_aug[:n, :n], r_aug[:n, n:]
+    s = svd_from_r(r11, compute_uv=False)
+    rank = int(np.count_nonzero(s > rcond * s[0])) if s.size else 0
+    if rank == n:
+        x = sla.solve_triangular(r11, r12, lower=False, check_finite=False)
+    else:
+        x = _min_norm(r11, r12, rank)
+    res = np.zeros(0, r_aug.dtype)
+    if rank == n and m > n:
+        res = np.sum(r_aug[n:, n:] ** 2, axis=0)
+    if vector:
+        x = x[:, 0]
+        res = res[:1]
+    return x, res, rank, s
+
+
+def _min_norm(r11: np.ndarray, r12: np.ndarray, rank: int) -> np.ndarray:
+    """``pinv(R11) @ R12`` keeping the ``rank`` leading singular triplets."""
+    u, s, vt = svd_from_r(r11)
+    n = r11.shape[1]
+    if rank == 0:
+        return np.zeros((n, r12.shape[1]), r11.dtype)
+    coef = (u[:, :rank].T @ r12) / s[:rank, None]
+    return vt[:rank].T @ coef
+
+
+@_single_threaded
+def lstsq_tsqr(x_blocks: Sequence, y_blocks: Sequence, fan_in: int = 2,
+               rcond: float | None = None):
+    """In-memory reference ``numpy.linalg.lstsq`` through TSQR of ``[X | Y]``."""
+    vector = np.ndim(y_blocks[0]) == 1
+    aug = [np.column_stack([xb, yb]) for xb, yb in zip(x_blocks, y_blocks, strict=True)]
+    n = np.shape(x_blocks[0])[1]
+    m = sum(np.shape(xb)[0] for xb in x_blocks)
+    _, r_aug = tsqr(aug, fan_in, compute_q=False)
+    return lstsq_from_r(r_aug, n, m, rcond=rcond, vector=vector)
+
+
+# --------------------------------------------------------------------------
+# randomized SVD: the Gaussian test matrix, built per task
+# --------------------------------------------------------------------------
+
+#: Rows drawn from one random stream. Omega's rows are generated in fixed
+#: groups of this many, each group from its own seeded stream, so any row
+#: range is reproducible without drawing the rows before it.
+OMEGA_GROUP_ROWS = 1024
+
+
+def omega_rows(seed: int, n: int, k: int, start: int, stop: int,
+               dtype=np.float64) -> np.ndarray:
+    """Rows ``start:stop`` of the ``n x k`` standard Gaussian test matrix Omega.
+
+    Row ``i`` depends only on ``(seed, k, dtype, i)``: group ``i //
+    OMEGA_GROUP_ROWS`` is drawn from ``SeedSequence(seed, spawn_key=(group,))``,
+    so tasks build their own slices with no communication and any split of
+    the rows gives the same Omega. Memory: the ``(stop - start) x k`` result
+    plus at most one group, ``OMEGA_GROUP_ROWS * k * b``.
+    """
+    if not 0 <= start <= stop <= n:
+        raise ValueError(f"row range {start}:{stop} is outside 0:{n}")
+    dtype = result_dtype(dtype)
+    out = np.empty((stop - start, k), dtype)
+    g = OMEGA_GROUP_ROWS
+    for group in range(start // g, -(-stop // g)):
+        lo, hi = group * g, min(group * g + g, n)
+        ss = np.random.SeedSequence(seed, spawn_key=(group,))
+        a, b = max(lo, start), min(hi, stop)
+        # row-major draws: the first rows of a group do not depend on how many follow
+        rows = np.random.default_rng(ss).standard_normal((b - lo, k), dtype=dtype)
+        out[a - start:b - start] = rows[a - lo:]
+    return out
+
+
+@_single_threaded
+def svd_compressed_ref(a, k: int, *, n_power_iter: int = 0, seed: int = 0,
+                       oversample: int = 10, tile: int = 256, fan_in: int = 2):
+    """In-memory reference randomized truncated SVD (Halko, Martinsson, Tropp).
+
+    ``Y = A Omega`` with Omega's rows built per column tile by
+    :func:`omega_rows`; each power iteration ``Y = A orth(A^T Q)`` is
+    re-orthonormalised by :func:`tsqr` over row tiles; ``B = Q^T A``
+    (``l x n``, ``l = k + oversample``) and ``U = Q U_B``. Returns
+    ``(U, s, Vt)`` truncated to ``k``, dtype of ``a`` (as :func:`result_dtype`).
+    """
+    a = _float(a, order="C")
+    m, n = a.shape
+    lk = min(k + oversample, m, n)
+    rows, cols = tile_edges(m, tile), tile_edges(n, tile)
+
+    def orth(blocks):  # TSQR's Q, blocks stacked
+        return np.vstack(tsqr(blocks, fan_in)[0])
+
+    omega = [omega_rows(seed, n, lk, c0, c1, a.dtype) for c0, c1 in cols]
+    y = sum(a[:, c0:c1] @ om for (c0, c1), om in zip(cols, omega, strict=True))
+    q = orth([y[r0:r1] for r0, r1 in rows])
+    for _ in range(n_power_iter):
+        z = orth([a[:, c0:c1].T @ q for c0, c1 in cols])
+        q = orth([a[r0:r1] @ z for r0, r1 in rows])
+    b = sum(q[r0:r1].T @ a[r0:r1] for r0, r1 in rows)
+    u_b, s, vt = svd_from_r(b)
+    return q @ u_b[:, :k], s[:k], vt[:k]
+
+
+def slogdet_from_lu(perm: np.ndarray, diag_u: np.ndarray) -> tuple[float, float]:
+    """``numpy.linalg.slogdet`` from an LU with ``A[perm] = L U``: ``(sign, log|det|)``.
+
+    The sign is the parity of ``perm`` times the signs of U's diagonal
+    (a zero pivot gives ``(0, -inf)``). For an SPD matrix's Cholesky factor
+    pass ``perm = arange(n)`` and ``diag(L) ** 2``. Memory: ``O(n)``.
+    """
+    diag_u = np.asarray(diag_u)
+    seen = np.zeros(len(perm), bool)
+    swaps = 0
+    for i in range(len(perm)):  # parity: n minus the number of cycles
+        if not seen[i]:
+            j = i
+            while not seen[j]:
+                seen[j] = True
+                j = perm[j]
+            swaps += 1
+    parity = -1.0 if (len(perm) - swaps) % 2 else 1.0
+    if np.any(diag_u == 0):
+        return 0.0, -np.inf
+    sign = parity * float(np.prod(np.sign(diag_u)))
+    return sign, float(np.sum(np.log(np.abs(diag_u))))
+
+
+# --------------------------------------------------------------------------
+# tile kernels: Cholesky, triangular solves, LU panels
+# --------------------------------------------------------------------------
+
+def _blas(name: str, *arrays):
+    return blas.get_blas_funcs(name, arrays)
+
+
+def _operand(x: np.ndarray, trans: bool) -> tuple[np.ndarray, bool]:
+    """A BLAS operand without a copy: a C-ordered array is its transpose, F-ordered."""
+    if x.flags.f_contiguous:
+        return x, trans
+    if x.flags.c_contiguous:
+        return x.T, not trans
+    return np.asfortranarray(x), trans
+
+
+def _inout(c: np.ndarray, dtype) -> np.ndarray:
+    """``c`` itself when BLAS can overwrite it (F-ordered, right dtype), else a copy."""
+    return np.asarray(c, dtype=dtype, order="F")
+
+
+@_single_threaded
+def potrf(a_kk: np.ndarray, *, tile: tuple[int, int] = (0, 0), col0: int = 0) -> np.ndarray:
+    """Cholesky factor ``L_kk`` of a diagonal tile (LAPACK ``potrf``, lower).
+
+    ``a_kk`` is ``t x t``; only its lower triangle is read. Returns a new
+    ``t x t`` lower-triangular ``L_kk`` (upper triangle zeroed). Raises
+    :class:`~tilearray.errors.NotPositiveDefiniteError` naming ``tile`` and
+    the global column ``col0 + j`` (``col0``: the tile's first column) whose
+    pivot is not positive. NaN propagates without an error, as in
+    ``numpy.linalg.cholesky``. Memory: ``2 t^2 b``.
+    """
+    a = _float(a_kk)
+    potrf_ = lapack.get_lapack_funcs("potrf", (a,))
+    c, info = potrf_(a, lower=1, clean=1, overwrite_a=0)
+    if info > 0:
+        raise NotPositiveDefiniteError(tile, col0 + info - 1)
+    if info < 0:  # pragma: no cover - a bug in the arguments
+        raise ValueError(f"potrf: illegal argument {-info}")
+    return c
+
+
+@_single_threaded
+def trsm(l_kk: np.ndarray, a_ik: np.ndarray) -> np.ndarray:
+    """``L_ik = A_ik L_kk^-T``: an off-diagonal tile of a Cholesky panel.
+
+    ``l_kk`` is ``t x t`` lower, ``a_ik`` is ``t_i x t``; returns ``t_i x t``,
+    written over ``a_ik`` when it is F-ordered of the computing dtype (use the
+    return value). Memory: ``(t^2 + t_i t) b``.
+    """
+    return _trsm(l_kk, a_ik, side=1, lower=True, trans=True, unit=False)
+
+
+@_single_threaded
+def trsm_left_lower(lower: np.ndarray, b: np.ndarray, *, trans: bool = False,
+                    unit_diagonal: bool = False) -> np.ndarray:
+    """``X`` with ``L X = B`` (``L^T X = B`` if ``trans``); ``L`` lower ``t x t``.
+
+    ``b`` is ``t x p`` (many right-hand sides), overwritten when F-ordered of
+    the computing dtype (use the return value). ``unit_diagonal``: L's
+    diagonal is taken as ones (the L of an LU). Memory: ``(t^2 + t p) b``.
+    """
+    return _trsm(lower, b, side=0, lower=True, trans=trans, unit=unit_diagonal)
+
+
+@_single_threaded
+def trsm_left_upper(upper: np.ndarray, b: np.ndarray, *, trans: bool = False,
+                    unit_diagonal: bool = False) -> np.ndarray:
+    """``X`` with ``U X = B`` (``U^T X = B`` if ``trans``); as :func:`trsm_left_lower`."""
+    return _trsm(upper, b, side=0, lower=False, trans=trans, unit=unit_diagonal)
+
+
+def _trsm(a, b, *, side, lower, trans, unit):
+    dtype = np.result_type(result_dtype(a.dtype), result_dtype(b.dtype))
+    a = np.asarray(a, dtype=dtype)
+    b = _inout(b, dtype)
+    if b.size == 0:
+        return b
+    a, flipped = _operand(a, False)
+    lower = lower != flipped  # the transpose of a lower matrix is upper
+    trsm_ = _blas("trsm", a, b)
+    return trsm_(1.0, a, b, side=side, lower=int(lower), trans_a=int(trans != flipped),
+                 diag=int(unit), overwrite_b=1)
+
+
+@_single_threaded
+def syrk_update(c: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """``C - A A^T`` on the LOWER triangle of a diagonal tile (BLAS ``syrk``).
+
+    ``c`` is ``t x t``, ``a`` is ``t x w``. The strict upper triangle of the
+    result is left as it was (stale): :func:`potrf` reads only the lower one.
+    Written over ``c`` when F-ordered of the computing dtype (use the return
+    value). Memory: ``(t^2 + t w) b``.
+    """
+    dtype = np.result_type(result_dtype(c.dtype), result_dtype(a.dtype))
+    c = _inout(c, dtype)
+    a, trans = _operand(np.asarray(a, dtype=dtype), False)
+    if a.size == 0:
+        return c
+    syrk_ = _blas("syrk", a, c)
+    return syrk_(-1.0, a, beta=1.0, c=c, trans=int(trans), lower=1, overwrite_c=1)
+
+
+@_single_threaded
+def gemm_update(c: np.ndarray, a: np.ndarray, b: np.ndarray, *, trans_a: bool = False,
+                trans_b: bool = False) -> np.ndarray:
+    """``C - op(A) op(B)`` (BLAS ``gemm``, alpha -1, beta 1); ``op`` transposes if asked.
+
+    Cholesky uses ``gemm_update(A_ij, L_ik, L_jk, trans_b=True)``, LU
+    ``gemm_update(A_ij, L_ik, U_kj)``. ``c`` is ``p x q``, ``op(a)`` ``p x w``,
+    ``op(b)`` ``w x q``; written over ``c`` when F-ordered of the computing
+    dtype (use the return value). Memory: ``(p q + p w + w q) b``.
+    """
+    dtype = np.result_type(*(result_dtype(x.dtype) for x in (c, a, b)))
+    c = _inout(c, dtype)
+    a, ta = _operand(np.asarray(a, dtype=dtype), trans_a)
+    b, tb = _operand(np.asarray(b, dtype=dtype), trans_b)
+    if a.size == 0 or b.size == 0:
+        return c
+    gemm_ = _blas("gemm", a, b, c)
+    return gemm_(-1.0, a, b, beta=1.0, c=c, trans_a=int(ta), trans_b=int(tb), overwrite_c=1)
+
+
+@_single_threaded
+def getrf_panel(panel: np.ndarray, *, col0: int = 0, index: int = 0):
+    """LU with partial pivoting of a column panel (LAPACK ``getrf``).
+
+    ``panel`` is the ``h x w`` block of every row from the panel's diagonal
+    down (``h >= w``) by the panel's ``w`` columns, already updated by the
+    panels to its left. Returns ``(lu, perm)``: ``panel[perm] = L U`` with
+    ``L`` unit lower (``h x w``, below lu's diagonal) and ``U`` (``w x w``, on
+    and above it); ``perm`` (``h``) permutes the panel's rows, to be applied to
+    the same rows of every other column (:func:`permute_rows`). An exactly zero
+    pivot raises :class:`~tilearray.errors.SingularMatrixError` naming the
+    global column ``col0 + j`` and panel ``index``. Memory: ``2 h w b``.
+    """
+    a = _float(panel)
+    h, w = a.shape
+    if h < w:
+        raise ValueError(f"an LU panel needs at least as many rows as columns, got {a.shape}")
+    getrf_ = lapack.get_lapack_funcs("getrf", (a,))
+    lu, piv, info = getrf_(a, overwrite_a=0)
+    if info > 0:
+        raise SingularMatrixError(col0 + info - 1, index)
+    if info < 0:  # pragma: no cover - a bug in the arguments
+        raise ValueError(f"getrf: illegal argument {-info}")
+    perm = np.arange(h)
+    for i, p in enumerate(piv[:w]):  # LAPACK's row swaps, 0-based, in order
+        perm[[i, p]] = perm[[p, i]]
+    return lu, perm
+
+
+def permute_rows(block: np.ndarray, perm: np.ndarray) -> np.ndarray:
+    """``block[perm]``: a panel's row interchanges applied to other columns."""
+    return np.asarray(block)[perm]
+
+
+# --------------------------------------------------------------------------
+# in-memory references composing the tile kernels as the out-of-core graphs will
+# --------------------------------------------------------------------------
+
+def _square(a, what: str) -> np.ndarray:
+    a = _float(a, copy=True)
+    if a.ndim != 2 or a.shape[0] != a.shape[1]:
+        raise np.linalg.LinAlgError(f"{what} needs a square matrix, got shape {a.shape}")
+    return a
+
+
+def _lower_tiles(a: np.ndarray, edges) -> dict:
+    return {(i, j): np.asfortranarray(a[ri[0]:ri[1], rj[0]:rj[1]])
+            for i, ri in enumerate(edges) for j, rj in enumerate(edges[:i + 1])}
+
+
+def _assemble_lower(tiles: dict, edges, n: int, dtype) -> np.ndarray:
+    out = np.zeros((n, n), dtype, order="F")
+    for (i, j), t in tiles.items():
+        out[edges[i][0]:edges[i][1], edges[j][0]:edges[j][1]] = t
+    return out
+
+
+@_single_threaded
+def cholesky_tiled(a, tile: int, *, order: str = "left") -> np.ndarray:
+    """In-memory reference tiled Cholesky ``A = L L^T``; only A's lower triangle is read.
+
+    ``order="left"`` (left-looking, the out-of-core choice: tile column j
+    reads the finished columns to its left once and is written once) or
+    ``"right"`` (right-looking: each step rewrites the trailing matrix). Both
+    call the same kernels: :func:`potrf`, :func:`trsm`, :func:`syrk_update`,
+    :func:`gemm_update`. Returns ``L`` (``n x n``, lower, F-ordered).
+    """
+    a = _square(a, "cholesky")
+    edges = tile_edges(a.shape[0], tile)
+    t, lo = _lower_tiles(a, edges), {}
+    nt = len(edges)
+    if order == "left":
+        for j in range(nt):
+            for k in range(j):
+                t[j, j] = syrk_update(t[j, j], lo[j, k])
+            lo[j, j] = potrf(t[j, j], tile=(j, j), col0=edges[j][0])
+            for i in range(j + 1, nt):
+                for k in range(j):
+                    t[i, j] = gemm_update(t[i, j], lo[i, k], lo[j, k], trans_b=True)
+                lo[i, j] = trsm(lo[j, j], t[i, j])
+    elif order == "right":
+        for k in range(nt):
+            lo[k, k] = potrf(t[k, k], tile=(k, k), col0=edges[k][0])
+            for i in range(k + 1, nt):
+                lo[i, k] = trsm(lo[k, k], t[i, k])
+            for j in range(k + 1, nt):
+                t[j, j] = syrk_update(t[j, j], lo[j, k])
+                for i in range(j + 1, nt):
+                    t[i, j] = gemm_update(t[i, j], lo[i, k], lo[j, k], trans_b=True)
+    else:
+        raise ValueError(f"order must be 'left' or 'right', got {order!r}")
+    return _assemble_lower(lo, edges, a.shape[0], a.dtype)
+
+
+@_single_threaded
+def solve_triangular_tiled(t, b, tile: int, *, lower: bool,
+                           unit_diagonal: bool = False) -> np.ndarray:
+    """In-memory reference blocked substitution ``T X = B`` for many right-hand sides.
+
+    Row tile ``i`` of X is ``trsm(T_ii, B_i - sum_k T_ik X_k)`` over the tiles
+    already solved (above it if ``lower``, below it otherwise), with
+    :func:`gemm_update` and :func:`trsm_left_lower`/:func:`trsm_left_upper`.
+    ``b`` is ``n`` or ``n x p``; the result has its shape.
+    """
+    t = np.asarray(t)
+    b2 = np.asarray(b).reshape(t.shape[0], -1)
+    edges = tile_edges(t.shape[0], tile)
+    order = range(len(edges)) if lower else reversed(range(len(edges)))
+    solve = trsm_left_lower if lower else trsm_left_upper
+    x, done = {}, []
+    for i in order:
+        i0, i1 = edges[i]
+        c = _float(b2[i0:i1], copy=True)
+        for k in done:
+            c = gemm_update(c, t[i0:i1, edges[k][0]:edges[k][1]], x[k])
+        x[i] = solve(t[i0:i1, i0:i1], c, unit_diagonal=unit_diagonal)
+        done.append(i)
+    out = np.vstack([x[i] for i in range(len(edges))]) if edges else _float(b2)
+    return out.reshape(np.shape(b))
+
+
+@_single_threaded
+def solve_spd_tiled(a, b, tile: int) -> np.ndarray:
+    """In-memory reference ``solve(A, B, assume_a="pos")``: tiled Cholesky, then
+    forward (``L Y = B``) and backward (``L^T X = Y``) blocked substitution."""
+    lo = cholesky_tiled(a, tile)
+    y = solve_triangular_tiled(lo, b, tile, lower=True)
+    return solve_triangular_tiled(lo.T, y, tile, lower=False)
+
+
+@_single_threaded
+def lu_tiled(a, tile: int, *, order: str = "left"):
+    """In-memory reference blocked LU with partial pivoting: ``A[perm] = L @ U``.
+
+    Column panels of width ``tile``; :func:`getrf_panel` factors all rows
+    from a panel's diagonal down, choosing pivots over every row below as
+    LAPACK's ``getrf`` does, so the pivots, L and U are LAPACK's (up to
+    rounding). ``order="left"`` (the out-of-core choice) or ``"right"``, see
+    :func:`_lu_left`, :func:`_lu_right`. Returns ``(perm, L, U)``, L unit lower,
+    U upper; singular A raises :class:`~tilearray.errors.SingularMatrixError`.
+    """
+    a = _square(a, "lu")
+    edges = tile_edges(a.shape[0], tile)
+    if order == "left":
+        return _lu_left(a, edges)
+    if order == "right":
+        return _lu_right(a, edges)
+    raise ValueError(f"order must be 'left' or 'right', got {order!r}")
+
+
+def _lu_right(a: np.ndarray, edges):
+    """Right-looking (LAPACK ``getrf`` order): after factoring panel k,
+    :func:`permute_rows` applies its interchanges to the columns left and
+    right of it, :func:`trsm_left_lower` (unit) gives the U tiles to its right
+    and :func:`gemm_update` rewrites every trailing tile."""
+    n = a.shape[0]
+    perm = np.arange(n)
+    for k, (c0, c1) in enumerate(edges):
+        lu, p = getrf_panel(a[c0:, c0:c1], col0=c0, index=k)
+        a[c0:, c0:c1] = lu
+        a[c0:, :c0] = permute_rows(a[c0:, :c0], p)
+        a[c0:, c1:] = permute_rows(a[c0:, c1:], p)
+        perm[c0:] = perm[c0:][p]
+        for j0, j1 in edges[k + 1:]:
+            a[c0:c1, j0:j1] = trsm_left_lower(a[c0:c1, c0:c1], a[c0:c1, j0:j1],
+                                              unit_diagonal=True)
+            for i0, i1 in edges[k + 1:]:
+                a[i0:i1, j0:j1] = gemm_update(a[i0:i1, j0:j1], a[i0:i1, c0:c1],
+                                              a[c0:c1, j0:j1])
+    lower = np.tril(a, -1) + np.eye(n, dtype=a.dtype)
+    return perm, lower, np.triu(a)
+
+
+def _lu_left(a: np.ndarray, edges):
+    """Left-looking: panel j reads its columns of A and the finished L panels
+    to its left, and each panel of L and U is written once.
+
+    Row interchanges are never applied to stored data: L's panels are kept
+    with rows indexed by ORIGINAL row (``l_orig``), and a panel reads A and
+    L gathered through the current permutation (``a[perm]``,
+    ``l_orig[perm]``), which applies every earlier pivot. Panel j: for each
+    k < j in order, ``U_kj = trsm_left_lower(L_kk, col_k)`` (unit) and
+    ``gemm_update`` of the rows below; then :func:`getrf_panel` of the rest.
+    The final ``L = l_orig[perm]`` is one gather (a pass over L when stored).
+    """
+    n = a.shape[0]
+    perm = np.arange(n)
+    l_orig = np.zeros_like(a)
+    upper = np.zeros_like(a)
+    for j, (c0, c1) in enumerate(edges):
+        col = np.asfortranarray(a[perm, c0:c1])  # panel j, earlier pivots applied
+        for k0, k1 in edges[:j]:
+            lk = l_orig[perm[k0:], k0:k1]  # L panel k, rows k0: in current order
+            col[k0:k1] = trsm_left_lower(lk[:k1 - k0], col[k0:k1], unit_diagonal=True)
+            col[k1:] = gemm_update(col[k1:], lk[k1 - k0:], col[k0:k1])
+        lu, p = getrf_panel(col[c0:], col0=c0, index=j)
+        perm[c0:] = perm[c0:][p]
+        w = c1 - c0
+        upper[:c0, c0:c1] = col[:c0]
+        upper[c0:c1, c0:c1] = np.triu(lu[:w])
+        l_orig[perm[c0:], c0:c1] = np.tril(lu, -1) + np.eye(n - c0, w, dtype=a.dtype)
+    return perm, l_orig[perm], upper
+
+
+@_single_threaded
+def solve_lu_tiled(a, b, tile: int, *, order: str = "left") -> np.ndarray:
+    """In-memory reference ``numpy.linalg.solve(A, B)``: :func:`lu_tiled`, then
+    ``L Y = B[perm]`` (unit diagonal) and ``U X = Y`` by blocked substitution."""
+    perm, lower, upper = lu_tiled(a, tile, order=order)
+    y = solve_triangular_tiled(lower, np.asarray(b)[perm], tile, lower=True,
+                               unit_diagonal=True)
+    return solve_triangular_tiled(upper, y, tile, lower=False)

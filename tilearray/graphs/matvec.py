@@ -1,0 +1,67 @@
+"""Products with a small in-memory operand: ``A @ W`` and ``W @ A`` where A
+is read block by block (a fused spec) and W (a vector or a thin matrix)
+arrives whole, once per worker, as the result of one graph task.
+
+Partials are 2-D in the product's own orientation -- ``A[rows, cols] @
+W[cols]`` is ``(rows, k)``, ``W[:, rows] @ A[rows, cols]`` is ``(k, cols)``
+-- and are summed by :func:`~.matmul.sum_partials`; the last task returns
+them, writes them whole (:func:`~.matmul.store_partials`) or joins them
+into one value (:func:`join`). BLAS runs with one thread per worker thread
+(:func:`~.linalg.one_blas_thread`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..storage import IOStats
+from .linalg import one_blas_thread
+from .matmul import counted, merge_stats
+from .spec import evaluate
+
+
+def operand(w, side: str, transposed: bool) -> np.ndarray:
+    """The operand as a 2-D array in the product's orientation: ``(q, k)``
+    for ``A @ W`` (``"right"``), ``(k, p)`` for ``W @ A`` (``"left"``);
+    ``transposed``: W is given for the transposed product (``A.T @ W`` read
+    as ``(W.T @ A).T``)."""
+    if isinstance(w, tuple):  # (value, stats) of the task that holds it
+        w = w[0]
+    w = np.asarray(w)
+    if transposed:
+        w = w.T
+    if w.ndim == 1:
+        return w.reshape(-1, 1) if side == "right" else w.reshape(1, -1)
+    return w
+
+
+def block_product(spec, rows, cols, side, transposed, dtype, w_index, deps=()):
+    """Partial product of block ``rows x cols`` of ``spec`` with the operand
+    ``deps[w_index]``: ``(block @ W[cols], stats)`` or ``(W[:, rows] @ block,
+    stats)``, in ``dtype`` (NumPy's result dtype of the product)."""
+    stats = IOStats()
+    deps = list(deps)
+    w = operand(deps[w_index], side, transposed)
+    x = np.asarray(evaluate(spec, rows, cols, deps, stats))
+    x = np.broadcast_to(x, (rows[1] - rows[0], cols[1] - cols[0]))
+    with one_blas_thread():
+        if side == "right":
+            part = np.matmul(x, w[cols[0] : cols[1]], dtype=dtype)
+        else:
+            part = np.matmul(w[:, rows[0] : rows[1]], x, dtype=dtype)
+    del x
+    st = stats.as_dict()
+    st["tasks"] = 1
+    return part, st
+
+
+def join(shape, axis: int, transposed: bool, *parts):
+    """One value from the summed partials of consecutive blocks along
+    ``axis``, transposed back when the product was, in ``shape``."""
+    stats: dict = {}
+    for _, st in parts:
+        stats = merge_stats(stats, st)
+    value = np.concatenate([p for p, _ in parts], axis=axis)
+    if transposed:
+        value = value.T
+    return np.ascontiguousarray(value).reshape(shape), counted(stats)

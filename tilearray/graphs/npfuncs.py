@@ -1,0 +1,103 @@
+"""Worker kernels of the NumPy functions that are neither maps nor tree
+reductions: per-block values joined into one small result (a diagonal, the
+exact quantiles of whole lines), and the two halves of a scan (each block's
+total along the scanned axis; the block's own scan plus the carry of the
+blocks before it)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..storage import IOStats, buffers, write_block
+from .matmul import counted, merge_stats
+from .spec import evaluate
+
+
+def _block(spec, rows, cols, deps) -> tuple[np.ndarray, IOStats]:
+    buffers.release(blocks_only=True)
+    stats = IOStats()
+    x = np.asarray(evaluate(spec, rows, cols, list(deps), stats))
+    return np.broadcast_to(x, (rows[1] - rows[0], cols[1] - cols[0])), stats
+
+
+def _done(value, stats: IOStats):
+    out = stats.as_dict()
+    out["tasks"] = 1
+    return value, out
+
+
+def block_line(spec, rows, cols, deps, fn: str, kwargs: tuple, strips=None):
+    """Block ``rows x cols`` of ``spec`` through ``fn`` (``diagonal``,
+    ``quantile``, ``nanquantile``): a small array. With ``strips`` (edges
+    along ``kwargs``' axis), the block is read strip by strip into one
+    buffer, so only one strip's I/O units are held at a time."""
+    if strips is None:
+        x, stats = _block(spec, rows, cols, deps)
+    else:
+        x, stats = _by_strips(spec, rows, cols, deps, dict(kwargs)["axis"], strips)
+    kw = dict(kwargs)
+    dtype = kw.pop("dtype", None)
+    value = np.ascontiguousarray(getattr(np, fn)(x, **kw))
+    return _done(value if dtype is None else value.astype(dtype), stats)
+
+
+def _by_strips(spec, rows, cols, deps, axis: int, strips):
+    buffers.release(blocks_only=True)
+    stats = IOStats()
+    x = None
+    for lo, hi in zip(strips[:-1], strips[1:], strict=True):
+        sub = ((lo, hi), cols) if axis == 0 else (rows, (lo, hi))
+        piece = np.asarray(evaluate(spec, *sub, list(deps), stats))
+        if x is None:
+            x = np.empty((rows[1] - rows[0], cols[1] - cols[0]), dtype=piece.dtype)
+        dst = (slice(lo - strips[0], hi - strips[0]), slice(None)) if axis == 0 else \
+            (slice(None), slice(lo - strips[0], hi - strips[0]))
+        x[dst] = piece
+    return x, stats
+
+
+def join_values(axis: int, *parts):
+    """Concatenate the small results of tasks (``(value, stats)``) along ``axis``."""
+    stats: dict = {}
+    values = []
+    for v, st in parts:
+        values.append(v)
+        stats = merge_stats(stats, st)
+    return np.concatenate(values, axis=axis), counted(stats)
+
+
+def block_total(spec, rows, cols, deps, op: str, axis: int, dtype):
+    """The total (``op``: sum or prod) of block ``rows x cols`` along ``axis``."""
+    x, stats = _block(spec, rows, cols, deps)
+    return _done(getattr(np, op)(x, axis=axis, dtype=dtype), stats)
+
+
+def scan_carries(op: str, *totals):
+    """Carries of a column (or row) of blocks: for block ``i``, the ``op``
+    (sum or prod) of the totals of blocks ``0..i-1`` (the identity for the
+    first). ``totals`` are ``(value, stats)`` of every block but the last."""
+    stats: dict = {}
+    for _, st in totals:
+        stats = merge_stats(stats, st)
+    vals = np.stack([v for v, _ in totals])
+    acc = np.cumsum(vals, axis=0) if op == "sum" else np.cumprod(vals, axis=0)
+    first = np.zeros_like(vals[:1]) if op == "sum" else np.ones_like(vals[:1])
+    return np.concatenate([first, acc]), counted(stats)
+
+
+def scan_block(spec, rows, cols, dtype, out_ref, deps, op: str, axis: int, carry: int, i: int):
+    """Block ``rows x cols`` of ``cumsum``/``cumprod`` along ``axis``: the
+    block's own scan combined with carry ``i`` (``deps[carry]``); written
+    whole into ``out_ref``, or returned when it is None."""
+    x, stats = _block(spec, rows, cols, deps)
+    y = getattr(np, "cum" + op)(x, axis=axis, dtype=dtype)
+    if carry >= 0 and i > 0:
+        carries = deps[carry][0]
+        c = carries[i]
+        c = c.reshape(1, -1) if axis == 0 else c.reshape(-1, 1)
+        y = y + c if op == "sum" else y * c
+    y = np.ascontiguousarray(y.astype(dtype, copy=False))
+    if out_ref is None:
+        return _done(y, stats)
+    write_block(out_ref, rows, cols, y, stats)
+    return _done(None, stats)

@@ -1,0 +1,122 @@
+"""TSQR tasks: the QR of a tall-skinny matrix as a reduction tree over row
+blocks, and its Q (or an SVD's U) applied back down the tree and written.
+
+Up the tree (one read of X): each leaf task reads its row block of
+``[X | Y]`` and keeps only the R of its QR; each combine task stacks its
+children's R factors and factors them again, keeping the stack's Q pieces
+(``fan_in`` small ``r x r`` matrices) for the way down; the root task
+normalises signs (``diag(R) >= 0``) and turns R into what was asked (R, the
+singular values, Vt, a least-squares solution). Down the tree (a second
+read of X, only for Q or U): each node multiplies its Q pieces by the slice
+its parent handed down, and each leaf recomputes its block's QR -- the same
+LAPACK call on the same data, so the same ``Q_i`` -- multiplies it by its
+slice and writes its rows of Q. Nothing of size ``m`` is ever held whole.
+
+Stats: every task counts itself once. The up tree merges its children's
+figures into the root; the down tasks and the leaves report only their own
+(the planner gathers the root and the down tasks for their stats).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..storage import IOStats, buffers, write_block
+from . import linalg as kern
+from .matmul import counted, merge_stats
+from .spec import evaluate
+
+
+def _block(specs, rows, widths, deps, stats) -> np.ndarray:
+    """Row block ``rows`` of ``[X | Y]``, F-ordered in the computing dtype."""
+    parts = [np.asarray(evaluate(s, rows, (0, w), list(deps), stats))
+             for s, w in zip(specs, widths, strict=True)]
+    dtype = np.result_type(*(kern.result_dtype(p.dtype) for p in parts))
+    out = np.empty((rows[1] - rows[0], sum(widths)), dtype, order="F")
+    lo = 0
+    for p, w in zip(parts, widths, strict=True):
+        out[:, lo : lo + w] = p
+        lo += w
+    return out
+
+
+def leaf_r(specs, rows, widths, deps=()):
+    """Read row block ``rows`` of ``[X | Y]`` and return the R of its QR."""
+    buffers.release(blocks_only=True)
+    stats = IOStats()
+    r = kern.qr_leaf(_block(specs, rows, widths, deps, stats), overwrite_block=True, mode="r")
+    return r, counted(stats.as_dict())
+
+
+def combine(keep_q: bool, *children):
+    """QR of the children's stacked R factors: ``((Q pieces or None, R), stats)``."""
+    rs, stats = [], {}
+    for value, st in children:
+        rs.append(value if isinstance(value, np.ndarray) else value[1])
+        stats = merge_stats(stats, st)
+    if not keep_q:  # R alone: geqrf, no Q formed
+        return (None, kern.qr_combine(rs, mode="r")), counted(stats)
+    pieces, r = kern.qr_combine(rs)
+    return (pieces, r), counted(stats)
+
+
+def _r_of(value) -> np.ndarray:
+    return value if isinstance(value, np.ndarray) else value[1]
+
+
+def root(part: str, n: int, m: int, options: tuple, top):
+    """The root: signs normalised so ``diag(R) >= 0``, then ``part`` of the
+    factorization: "R" (``r x n``), "s" / "Vt" (thin SVD of R), "lstsq"
+    (NumPy's tuple from R of ``[X | Y]``), or "down": ``{"slice": ...,
+    "R": ..., ["s": ..., "Vt": ...]}`` -- the slice handed down to the top
+    node's children (``D``, or ``D @ U_R`` with ``options`` ``(("right",
+    "U"),)``) and the small factors the same run gives for free."""
+    value, st = top
+    opts = dict(options)
+    r = _r_of(value)
+    d = kern.diag_signs(r)
+    r = r * d[:, None]
+    if part == "R":
+        out = r
+    elif part in ("s", "Vt"):
+        s_vt = kern.svd_from_r(r[:, :n], compute_uv=part == "Vt")
+        out = s_vt[2] if part == "Vt" else s_vt
+    elif part == "lstsq":
+        out = kern.lstsq_from_r(r, n, m, rcond=opts.get("rcond"), vector=opts.get("vector"))
+    else:  # "down": the top node's slice, and R (and s, Vt) on the way
+        out = {"slice": np.diag(d), "R": r}
+        if opts.get("right") == "U":
+            u_r, out["s"], out["Vt"] = kern.svd_from_r(r)
+            out["slice"] = out["slice"] @ u_r
+    return out, counted(st)
+
+
+def down(node, slice_, index: int = 0):
+    """Slices for a combine node's children: its Q pieces times the slice its
+    parent handed down (``slice_``: the root's ``(slice, stats)`` or a list
+    from the parent's own ``down`` task, of which this node is ``index``)."""
+    pieces = node[0][0]
+    s = _pick(slice_, index)
+    return [kern.q_apply_down(p, s) for p in pieces], {"tasks": 1}
+
+
+def _pick(slice_, index):
+    value = slice_[0]
+    if isinstance(value, dict):  # the root's
+        return value["slice"]
+    return value[index] if isinstance(value, list) else value
+
+
+def leaf_store(specs, rows, widths, deps, out_ref, ncols: int, slice_, index: int = 0):
+    """Rows ``rows`` of Q (or U): the block's QR again, ``Q_i`` times its
+    slice, written whole into ``out_ref`` (columns ``0:ncols``), or returned
+    when ``out_ref`` is None."""
+    buffers.release(blocks_only=True)
+    stats = IOStats()
+    q, _ = kern.qr_leaf(_block(specs, rows, widths, deps, stats), overwrite_block=True)
+    block = np.ascontiguousarray(kern.q_apply_down(q, _pick(slice_, index))[:, :ncols])
+    del q
+    if out_ref is None:
+        return block, counted(stats.as_dict())
+    write_block(out_ref, rows, (0, ncols), block, stats)
+    return None, counted(stats.as_dict())
