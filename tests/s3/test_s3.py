@@ -129,8 +129,8 @@ def _corrupt(fs, url: str, key: str) -> bytes:
 
 
 def _small_tasks():
-    """A per-task budget that plans one task per 32 x 32 float64 unit."""
-    small = int(2**30 * float(_config.get("memory.target-fraction"))) - 100 * 1024
+    """A per-task budget that plans one task per 32 x 32 float64 unit (60 KiB)."""
+    small = int(2**30 * float(_config.get("memory.target-fraction"))) - 60 * 1024
     return dask.config.set({"tilearray.memory.worker-baseline": small})
 
 
@@ -220,7 +220,7 @@ def test_output_lock_is_a_conditional_create(s3_url, storage_options, s3fs_fs):
     try:
         assert "c.zarr/tilearray.lock" in s3fs_fs.find(s3_url.removeprefix("s3://"))[0]
         with pytest.raises(ta.OutputLockedError, match=f"pid {os.getpid()}"):
-            locks._acquire(slot, "output", locks._refuse_output(ref, slot))
+            locks._acquire(slot, "output", locks._refuse_output(ref, slot), str(ref))
     finally:
         locks.release_lock(ref)
     assert not s3fs_fs.exists(f"{s3_url}/c.zarr/tilearray.lock".removeprefix("s3://"))
