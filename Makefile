@@ -72,6 +72,7 @@ bench: $(VENV)/.installed-bench
 	$(PY) benchmarks/reductions.py --repeats $(BENCH_REPEATS)
 	$(PY) benchmarks/linalg.py --m $(BENCH_LINALG_M) --n $(BENCH_LINALG_N) --chunk-rows $(BENCH_LINALG_CHUNK) --repeats $(BENCH_REPEATS)
 	$(PY) benchmarks/codecs.py
+	$(PY) benchmarks/object_store.py
 
 # Fault injection at scale: every fault kind at many random kill points (seed printed)
 stress: $(VENV)/.installed-test

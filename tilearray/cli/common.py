@@ -26,7 +26,7 @@ def open_input(path: str):
     try:
         return ta.open(full)
     except StorageError as e:
-        if not os.path.exists(full) and re.search(r"[-+*/]", path):
+        if not _is_url(full) and not os.path.exists(full) and re.search(r"[-+*/]", path):
             raise StorageError(
                 f"{e} (in expressions, put spaces around the operators + - * /)"
             ) from None
@@ -69,20 +69,55 @@ def job_summary(what: str, plan, stats) -> str:
     return " | ".join(parts)
 
 
+def _is_url(path: str) -> bool:
+    from tilearray.storage.ref import is_url
+
+    return is_url(path)
+
+
 def abs_path(path: str) -> str:
     """Absolute path: workers of an external (or MPI) cluster may run elsewhere
-    than this process's working directory."""
+    than this process's working directory. URLs (``s3://bucket/a.zarr``,
+    ``file:///data/a.zarr``) are left as they are: tilearray opens them
+    through their store (credentials and endpoint from the environment)."""
+    if _is_url(path):
+        return path
     return os.path.abspath(os.path.expanduser(path))
 
 
+def _canonical(path: str) -> str:
+    from tilearray.storage.ref import is_local_url
+
+    if is_local_url(path):
+        from urllib.parse import unquote, urlparse
+
+        path = unquote(urlparse(path).path)
+    elif _is_url(path):
+        scheme, rest = path.split("://", 1)
+        return scheme.lower() + "://" + "/".join(p for p in rest.split("/") if p)
+    return os.path.realpath(abs_path(path))
+
+
 def _same_path(a: str, b: str) -> bool:
-    return os.path.realpath(abs_path(a)) == os.path.realpath(abs_path(b))
+    return _canonical(a) == _canonical(b)
 
 
 def member_arg(output: str, args) -> str:
     """The path of the output array: ``output``, or member ``--name`` inside it."""
     name = getattr(args, "name", None)
+    if name and _is_url(output):
+        return output.rstrip("/") + "/" + name
     return os.path.join(output, name) if name else output
+
+
+def _exists(target: str) -> bool:
+    """Whether anything is stored at ``target``: a path, or a URL's keys."""
+    if not _is_url(target):
+        return os.path.lexists(abs_path(target))
+    from tilearray.storage import ArrayRef
+    from tilearray.storage.commit import has_data
+
+    return has_data(ArrayRef.from_location(target))
 
 
 def check_output(args, output: str, inputs) -> None:
@@ -91,7 +126,7 @@ def check_output(args, output: str, inputs) -> None:
     for p in inputs:
         if _same_path(target, p):
             raise UsageError(f"output {target!r} is also an input; write to another path")
-    if os.path.lexists(abs_path(target)) and not (
+    if _exists(target) and not (
         getattr(args, "overwrite", False) or getattr(args, "resume", False)
     ):
         from tilearray.errors import StorageError

@@ -148,7 +148,8 @@ def cmd_info(args) -> int:
         print(f"  grids:       {g.tile_grid[0]} x {g.tile_grid[1]} tiles, "
               f"{g.unit_grid[0]} x {g.unit_grid[1]} = {g.n_units} I/O units")
         print(f"  bytes:       {format_bytes(x.nbytes)} in memory"
-              + (f", {format_bytes(stored)} on disk{ratio}" if stored is not None else ""))
+              + (f", {format_bytes(stored)} {_stored_where(full)}{ratio}"
+                 if stored is not None else ""))
         print(f"  complete:    {status}")
         if meta.get("expression"):
             print(f"  expression:  {meta['expression']}")
@@ -158,6 +159,12 @@ def cmd_info(args) -> int:
         raise StorageError(f"{len(failed)} paths could not be read: "
                            + "; ".join(str(e) for e in failed))
     return exit_code
+
+
+def _stored_where(full: str) -> str:
+    from tilearray.storage.ref import is_local_url, is_url
+
+    return "stored" if is_url(full) and not is_local_url(full) else "on disk"
 
 
 def _not_a_matrix(full: str):
@@ -214,7 +221,7 @@ def _info_other(path: str, full: str, z, as_json: bool, first: bool) -> None:
     print(f"  dtype:       {z.dtype} (Zarr v{info['zarr_format']})")
     print(f"  chunks:      {chunks}")
     print(f"  bytes:       {format_bytes(nbytes)} in memory"
-          + (f", {format_bytes(state[1])} on disk" if state else ""))
+          + (f", {format_bytes(state[1])} {_stored_where(full)}" if state else ""))
     print(f"  complete:    {status}")
     if meta.get("expression"):
         print(f"  expression:  {meta['expression']}")

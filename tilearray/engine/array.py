@@ -137,7 +137,7 @@ class TiledArray(Interop, LazyArray):
         return out
 
     def to_zarr(self, path, name="", *, dims=None, tile=None, shard=None, overwrite=False,
-                resume=False, engine=None) -> TiledArray:
+                resume=False, engine=None, storage_options=None) -> TiledArray:
         """Run and write the result as a Zarr v3 array.
 
         Each output I/O unit is written whole by one task and then marked
@@ -172,6 +172,9 @@ class TiledArray(Interop, LazyArray):
             or reduction, is returned as stored).
         engine : Engine, optional
             Where to run; default: the current engine.
+        storage_options : dict, optional
+            For an object-store URL (``s3://...``): options of its fsspec
+            filesystem (see :func:`tilearray.open`); they travel to the workers.
 
         Returns
         -------
@@ -204,6 +207,8 @@ class TiledArray(Interop, LazyArray):
         if overwrite and resume:
             raise ValueError("to_zarr: overwrite=True and resume=True contradict each other "
                              "(overwrite starts again, resume keeps what is done); pass one")
+        if storage_options is not None:  # the URL's store, configured
+            path = ArrayRef.from_location(path, storage_options=storage_options).store
         value, stats = output.write(self, path, tile, shard, overwrite, resume, engine, name,
                                     dims)
         if not isinstance(value, Source):  # a reduction's vector or scalar, also stored

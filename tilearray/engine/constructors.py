@@ -21,7 +21,8 @@ from .array import TiledArray
 from .output import source
 
 
-def open(path, name: str = "", *, allow_incomplete: bool = False) -> TiledArray:  # noqa: A001
+def open(path, name: str = "", *, allow_incomplete: bool = False,  # noqa: A001
+         storage_options: dict | None = None) -> TiledArray:
     """Open a stored 2-D or 1-D Zarr array (format 2 or 3, sharded or not).
 
     A 1-D array is read whole by one task when used (like a reduction's
@@ -31,12 +32,19 @@ def open(path, name: str = "", *, allow_incomplete: bool = False) -> TiledArray:
     Parameters
     ----------
     path : str, os.PathLike or zarr Store
-        The array, or the group holding it.
+        The array, or the group holding it: a local path, a ``file://`` URL,
+        an object-store URL (``s3://bucket/a.zarr``; any fsspec protocol
+        whose package is installed) or a zarr Store.
     name : str, optional
         The array's path inside the group at ``path``: ``"x"`` or ``"sub/x"``
         (no leading ``/``, empty, ``.`` or ``..`` segments).
     allow_incomplete : bool
         Open a tilearray output whose job did not finish (to inspect it).
+    storage_options : dict, optional
+        For object-store URLs: options of the fsspec filesystem (s3fs:
+        ``key``, ``secret``, ``endpoint_url``, ``client_kwargs``, ...).
+        Without them the usual environment is read (``AWS_ACCESS_KEY_ID``,
+        ``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``, ``AWS_PROFILE``).
 
     Returns
     -------
@@ -56,20 +64,21 @@ def open(path, name: str = "", *, allow_incomplete: bool = False) -> TiledArray:
     --------
     >>> a = ta.open("a.zarr")                          # doctest: +SKIP
     >>> c = ta.open("results.zarr", "C")   # a member of a group  # doctest: +SKIP
+    >>> x = ta.open("s3://bucket/x.zarr")                         # doctest: +SKIP
     """
     if isinstance(path, TiledArray):
         return path
-    ref = ArrayRef.from_location(path, name)
+    ref = ArrayRef.from_location(path, name, storage_options)
     return TiledArray(source(ref, allow_incomplete))
 
 
 @contextlib.contextmanager
-def _new_array(path, name, shape, dtype, tile, shard, overwrite, dims):
+def _new_array(path, name, shape, dtype, tile, shard, overwrite, dims, storage_options=None):
     """``with _new_array(...) as (ref, z):`` create an output array (refusing to
     replace a group) with its dims chosen, holding the output's lock (as
     ``to_zarr`` does: a second writer gets OutputLockedError) from before it
     is created until the block ends (after ``mark_complete``)."""
-    ref = ArrayRef.from_location(path, name)
+    ref = ArrayRef.from_location(path, name, storage_options)
     given = shape
     vector = isinstance(shape, tuple) and len(shape) == 1
     shape = int_pair((*shape, 1)) if vector else int_pair(shape)
@@ -101,7 +110,10 @@ _WRITE_PARAMS = """name : str, optional
     tile, shard : tuple of int
         Chunk shape and I/O unit (shard, a multiple of ``tile``; None: unsharded).
     overwrite : bool
-        Replace an existing array there (never a group)."""
+        Replace an existing array there (never a group).
+    storage_options : dict, optional
+        Options of the fsspec filesystem for an object-store URL (``s3://``):
+        see :func:`open`."""
 
 
 VECTOR_TILE = 2**20
@@ -109,7 +121,7 @@ VECTOR_TILE = 2**20
 
 
 def from_numpy(arr, path, *, name="", dims=None, tile=(1024, 1024), shard=None,
-               overwrite=False) -> TiledArray:
+               overwrite=False, storage_options=None) -> TiledArray:
     arr = np.asarray(arr)
     if arr.ndim not in (1, 2):
         raise StorageArgumentError(f"from_numpy needs a 1-D or 2-D array, got shape {arr.shape}")
@@ -117,7 +129,8 @@ def from_numpy(arr, path, *, name="", dims=None, tile=(1024, 1024), shard=None,
 
     if arr.ndim == 1 and tile == (1024, 1024):
         tile = (VECTOR_TILE,)
-    with _new_array(path, name, arr.shape, arr.dtype, tile, shard, overwrite, dims) as (ref, z):
+    with _new_array(path, name, arr.shape, arr.dtype, tile, shard, overwrite, dims,
+                    storage_options) as (ref, z):
         grid = grid_of(z)
         data = arr.reshape(-1, 1) if arr.ndim == 1 else arr  # a vector: the column (n, 1)
         for i in range(grid.unit_grid[0]):
@@ -125,7 +138,7 @@ def from_numpy(arr, path, *, name="", dims=None, tile=(1024, 1024), shard=None,
                 rows, cols = grid.unit_range(0, i), grid.unit_range(1, j)
                 write_block(ref, rows, cols, data[rows[0] : rows[1], cols[0] : cols[1]], arr=z)
         mark_complete(ref)
-    return open(path, name)
+    return open(ref.store, ref.path)
 
 
 from_numpy.__doc__ = f"""Write a 1-D or 2-D NumPy array to Zarr v3 and return it as a TiledArray.
@@ -164,12 +177,14 @@ def _check_seed(seed) -> int:
 
 
 def random(shape, path, *, name="", dims=None, tile=(1024, 1024), shard=None,
-           dtype="float64", seed=0, overwrite=False, engine=None) -> TiledArray:
+           dtype="float64", seed=0, overwrite=False, engine=None,
+           storage_options=None) -> TiledArray:
     seed = _check_seed(seed)  # before anything is created
     engine = engine or runtime.current_engine(start=False)
     if engine is not None:  # its workers write the units: not into this process's memory
-        check_task_writable(ArrayRef.from_location(path, name))
-    with _new_array(path, name, shape, dtype, tile, shard, overwrite, dims) as (ref, z):
+        check_task_writable(ArrayRef.from_location(path, name, storage_options))
+    with _new_array(path, name, shape, dtype, tile, shard, overwrite, dims,
+                    storage_options) as (ref, z):
         grid = grid_of(z)
         graph, keys = {}, []
         token = tokenize("random", str(ref), shape, tile, shard, str(dtype), seed)
@@ -187,7 +202,7 @@ def random(shape, path, *, name="", dims=None, tile=(1024, 1024), shard=None,
 
             dask.threaded.get(graph, keys)
         mark_complete(ref)
-    return open(path, name)
+    return open(ref.store, ref.path)
 
 
 random.__doc__ = f"""Write a reproducible random matrix (standard normal for floats).
@@ -226,7 +241,8 @@ random.__doc__ = f"""Write a reproducible random matrix (standard normal for flo
     """
 
 
-def from_dask(x, path, *, name="", dims=None, overwrite=False, shard=None) -> TiledArray:
+def from_dask(x, path, *, name="", dims=None, overwrite=False, shard=None,
+              storage_options=None) -> TiledArray:
     """Store a 2-D dask array as Zarr v3 (its largest chunk becomes the tile).
 
     Parameters
@@ -235,7 +251,7 @@ def from_dask(x, path, *, name="", dims=None, overwrite=False, shard=None) -> Ti
         2-D, bool / integer / float.
     path : str, os.PathLike or zarr Store
         The array, or (with ``name``) the group that holds it.
-    name, dims, overwrite
+    name, dims, overwrite, storage_options
         As for :func:`from_numpy`.
     shard : tuple of int, optional
         I/O unit, a multiple of the chunks.
@@ -268,7 +284,8 @@ def from_dask(x, path, *, name="", dims=None, overwrite=False, shard=None) -> Ti
     tile = tuple(max(c) if c else 1 for c in x.chunks)
     from ..storage.array import mark_unit_done
 
-    with _new_array(path, name, x.shape, x.dtype, tile, shard, overwrite, dims) as (ref, z):
+    with _new_array(path, name, x.shape, x.dtype, tile, shard, overwrite, dims,
+                    storage_options) as (ref, z):
         # one dask block per tile (or shard): each write is one whole I/O unit, and
         # no rechunk to dask's "auto" chunks (array.chunk-size, 128 MiB) that
         # dask.array.to_zarr would do, with a PerformanceWarning when they do not
@@ -279,7 +296,7 @@ def from_dask(x, path, *, name="", dims=None, overwrite=False, shard=None) -> Ti
             for j in range(grid.unit_grid[1]):
                 mark_unit_done(ref, i, j)
         mark_complete(ref)
-    return open(path, name)
+    return open(ref.store, ref.path)
 
 
 __all__ = ["from_dask", "from_numpy", "open", "random"]

@@ -477,11 +477,14 @@ def is_complete(ref: ArrayRef) -> bool:
 
 
 def local_files_state(ref: ArrayRef) -> tuple[int, int, int] | None:
-    """``(newest mtime ns, total bytes, file count)`` of a local array's files
-    (None for stores that are not directories)."""
+    """``(newest mtime ns, total bytes, file count)`` of a local array's files;
+    on an object store ``(digest of keys, sizes and ETags, total bytes, object
+    count)`` (:func:`.objects.objects_state`); None for other stores."""
     root = getattr(ref.store, "root", None)
     if root is None:
-        return None
+        from .objects import objects_state
+
+        return objects_state(ref)
     return files_state(os.path.join(str(root), ref.path))
 
 

@@ -135,8 +135,8 @@ def has_data(ref: ArrayRef) -> bool:
     if root is not None:
         path = os.path.join(str(root), ref.path)
         return os.path.exists(path) and (not os.path.isdir(path) or bool(os.listdir(path)))
-    try:
-        return bool(ref.list_keys(""))
+    try:  # other stores keep an array's own lock inside it (locks.ROOT_LOCK_KEY): not data
+        return any(k.split("/", 1)[0] not in locks.OWN_KEYS for k in ref.list_keys(""))
     except Exception:
         return False
 

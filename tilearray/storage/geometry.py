@@ -150,17 +150,13 @@ class Grid:
         return math.ceil((r1 - r0) / self.tile[0]) * math.ceil((c1 - c0) / self.tile[1])
 
     def store_gets_per_unit(self, i: int, j: int) -> int:
-        """Store requests Zarr makes to read unit ``(i, j)`` whole.
-
-        One for a chunk, or for a shard whose chunks all lie inside the array.
-        A ragged edge shard is not "total" to Zarr's sharding codec, which
-        then fetches the shard index and each chunk by byte range.
+        """Store requests a read of unit ``(i, j)`` makes: one, a chunk or a
+        whole shard. (A ragged edge shard is not "total" to Zarr's sharding
+        codec, which asks for its index and each chunk by byte range; the
+        reads go through :class:`~tilearray.storage.io.WholeObjectReads`,
+        which fetches the shard once and serves those ranges from it.)
         """
-        if not self.sharded:
-            return 1
-        per_shard = (self.unit[0] // self.tile[0]) * (self.unit[1] // self.tile[1])
-        n = self.tiles_in_unit(i, j)
-        return 1 if n == per_shard else 1 + n
+        return 1
 
     def transpose(self) -> Grid:
         return Grid(self.shape[::-1], self.tile[::-1], self.unit[::-1])

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+from zarr.storage import WrapperStore
 
 from .. import _config
 from ..errors import CorruptChunkError, StorageError
@@ -111,16 +112,92 @@ class IOStats:
         }
 
 
+class WholeObjectReads(WrapperStore):
+    """The store one read request goes through: one GET per object.
+
+    Zarr's sharding codec reads a shard it needs only part of -- at a ragged
+    edge of the array, where some inner chunks lie outside it -- as its index
+    (a suffix range) and then one ranged GET per inner chunk. tilearray reads
+    whole units only, so here the first ranged request of a key fetches the
+    whole object (once, however many ranges are asked for concurrently) and
+    every range is served from it: one request per shard on every store
+    (tens of milliseconds each on an object store), and the bytes are what
+    that shard holds. Keys found missing are recorded (``missing``), which
+    is what :func:`check_units_stored` needs -- no existence request per unit.
+    Made per read attempt; its objects live as long as that read.
+    """
+
+    def __init__(self, store):
+        super().__init__(store)
+        self._objects: dict = {}
+        self.missing: set[str] = set()
+
+    def _with_store(self, store):
+        return type(self)(store)
+
+    async def _whole(self, key: str, prototype):
+        import asyncio
+
+        task = self._objects.get(key)
+        if task is None:
+            task = self._objects[key] = asyncio.ensure_future(self._store.get(key, prototype))
+        return await task
+
+    async def get(self, key, prototype, byte_range=None):
+        if byte_range is None:
+            value = await self._store.get(key, prototype)
+        else:
+            whole = await self._whole(key, prototype)
+            value = None if whole is None else _slice(whole, byte_range)
+        if value is None:
+            self.missing.add(key)
+        return value
+
+    async def get_partial_values(self, prototype, key_ranges):
+        import asyncio
+
+        return list(await asyncio.gather(*(self.get(k, prototype, r) for k, r in key_ranges)))
+
+
+def _slice(buf, byte_range):
+    from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
+
+    n = len(buf)
+    if isinstance(byte_range, RangeByteRequest):
+        return buf[byte_range.start : min(byte_range.end, n)]
+    if isinstance(byte_range, OffsetByteRequest):
+        return buf[byte_range.offset : n]
+    if isinstance(byte_range, SuffixByteRequest):
+        return buf[max(n - byte_range.suffix, 0) : n]
+    raise TypeError(f"unknown byte range {byte_range!r}")
+
+
+def _over(arr, store):
+    """``arr`` read through ``store`` (its metadata reused: no request)."""
+    import zarr
+    from zarr.core.array import AsyncArray
+    from zarr.storage import StorePath
+
+    a = arr._async_array
+    return zarr.Array(AsyncArray(metadata=a.metadata, store_path=StorePath(store, a.store_path.path),
+                                 config=a.config))
+
+
 def _read_request(arr, ref: ArrayRef, grid: Grid, req: ReadRequest, stats: IOStats,
-                  direct: DirectReader | None = None, out: np.ndarray | None = None
-                  ) -> np.ndarray:
+                  direct: DirectReader | None = None, out: np.ndarray | None = None,
+                  missing: set | None = None) -> np.ndarray:
     retries = int(_config.get("storage.read-retries"))
     sel = (slice(*req.rows), slice(*req.cols))
     for attempt in range(retries + 1):
         try:
             t0 = time.perf_counter()
-            data = direct.read(req.rows, req.cols, out) if direct is not None \
-                else arr[sel]
+            if direct is not None:
+                data = direct.read(req.rows, req.cols, out)
+            else:
+                whole = WholeObjectReads(arr.store_path.store)
+                data = _over(arr, whole)[sel]
+                if missing is not None:
+                    missing.update(whole.missing)
             stats.read_seconds += time.perf_counter() - t0
             break
         except StorageError:  # a corrupt chunk found by the direct reader: no retry
@@ -142,15 +219,20 @@ def _read_request(arr, ref: ArrayRef, grid: Grid, req: ReadRequest, stats: IOSta
     return data
 
 
-def check_units_stored(arr, ref: ArrayRef, grid: Grid, rows: Range, cols: Range) -> None:
+def check_units_stored(arr, ref: ArrayRef, grid: Grid, rows: Range, cols: Range,
+                       missing: set | None = None) -> None:
     """After a read of a complete tilearray output: every unit it covered that
     has its done marker must still be stored (checked after the read, so a
     chunk deleted before or during the read is caught); Zarr would have
-    returned the fill value."""
+    returned the fill value. ``missing``: the keys the read itself found
+    missing (:class:`WholeObjectReads`), when it went through Zarr -- then no
+    other request is made."""
     units = [(i, j) for i in grid.units_touching(0, rows) for j in grid.units_touching(1, cols)]
     keys = {u: ref._key(arr.metadata.encode_chunk_key(u)) for u in units}
     root = local_root(ref.store)
-    if root is not None:
+    if missing is not None:
+        present = {u: k not in missing for u, k in keys.items()}
+    elif root is not None:
         present = {u: os.path.exists(os.path.join(root, k)) for u, k in keys.items()}
     else:
         import asyncio
@@ -219,19 +301,20 @@ def read_region(
         reqs = [ReadRequest((reqs[0].rows[0], reqs[-1].rows[1]),
                             (reqs[0].cols[0], reqs[-1].cols[1]),
                             sum(q.store_gets for q in reqs), sum(q.nbytes for q in reqs))]
+    missing = set() if direct is None else None  # keys Zarr's reads found missing
     if len(reqs) == 1:
         aligned = (reqs[0].rows, reqs[0].cols) == (tuple(rows), tuple(cols))
         data = _read_request(arr, ref, grid, reqs[0], stats, direct,
-                             out if aligned else None)
+                             out if aligned else None, missing)
     else:
         r0, c0 = reqs[0].rows[0], reqs[0].cols[0]
         data = np.empty((reqs[-1].rows[1] - r0, reqs[-1].cols[1] - c0), dtype=arr.dtype)
         for req in reqs:
             data[req.rows[0] - r0 : req.rows[1] - r0, req.cols[0] - c0 : req.cols[1] - c0] = \
-                _read_request(arr, ref, grid, req, stats, direct)
+                _read_request(arr, ref, grid, req, stats, direct, missing=missing)
     if stored:
         check_units_stored(arr, ref, grid, (reqs[0].rows[0], reqs[-1].rows[1]),
-                           (reqs[0].cols[0], reqs[-1].cols[1]))
+                           (reqs[0].cols[0], reqs[-1].cols[1]), missing)
     r0, c0 = reqs[0].rows[0], reqs[0].cols[0]
     if data.shape == (rows[1] - rows[0], cols[1] - cols[0]):
         return data  # unit-aligned: the read itself (``out`` when it was used)

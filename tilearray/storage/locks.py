@@ -51,6 +51,7 @@ from zarr.core.sync import sync
 from zarr.storage import LocalStore
 
 from ..errors import OutputLockedError, StorageError
+from .objects import fsspec_of, protocol_of
 from .ref import describe
 
 LOCK_SUFFIX = ".tilearray.lock"
@@ -58,6 +59,8 @@ ROOT_LOCK_KEY = "tilearray.lock"
 """Lock key of an array at the root of a store that is not a local directory."""
 GROUP_LOCK = "tilearray.consolidate.lock"
 """Lock (at the store's root) around refreshing a group's consolidated metadata."""
+OWN_KEYS = frozenset({ROOT_LOCK_KEY, ROOT_LOCK_KEY + ".reclaim"})
+"""Keys of an array's own lock, inside it on stores that are not directories."""
 
 
 def local_root(store: Store) -> str | None:
@@ -69,6 +72,31 @@ def local_root(store: Store) -> str | None:
         store = getattr(store, "_store", None)
         seen += 1
     return None
+
+
+def _exclusive_put(store: Store, key: str, value: bytes) -> bool | None:
+    """Create ``key`` holding ``value`` by a conditional PUT (``If-None-Match:
+    *``): True if created, False if it exists; None where the store offers no
+    conditional create (then the caller's check-then-write, which two racing
+    jobs can both pass, is all there is).
+
+    s3fs sends the condition with ``pipe_file(mode="create")`` and maps the
+    412 answer to FileExistsError; AWS S3, MinIO, Ceph RGW (recent) and moto
+    honour it. An S3-compatible store that ignores the header overwrites the
+    key instead: the read-back check then catches the loser of a race only
+    when the other PUT came after it."""
+    found = fsspec_of(store)
+    if found is None:
+        return None
+    fs, root = found
+    if protocol_of(fs) not in ("s3", "s3a") or not hasattr(fs, "_pipe_file"):
+        return None
+    path = "/".join(p for p in (root.rstrip("/"), key) if p)
+    try:
+        sync(fs._pipe_file(path, value, mode="create"))
+    except FileExistsError:
+        return False
+    return True
 
 
 def _cannot_create(slot: _Slot, target: str, e: OSError) -> StorageError:
@@ -108,6 +136,9 @@ class _Slot:
         if getattr(self.store, "read_only", False):
             raise PermissionError("the store is read-only")
         if self.file is None:
+            exclusive = _exclusive_put(self.store, self.key, value)
+            if exclusive is not None:  # read back too: a store may ignore the condition
+                return exclusive and self.read() == value
             buf = default_buffer_prototype().buffer.from_bytes(value)
             if sync(self.store.exists(self.key)):
                 return False

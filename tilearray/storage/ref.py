@@ -4,8 +4,10 @@ member names; the attribute key of tilearray's bookkeeping."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
+import weakref
 from dataclasses import dataclass
 
 import zarr
@@ -35,11 +37,25 @@ written too), so a missing chunk file is data loss, not the fill value."""
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 
+_FS_PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs",
+                "abfs": "adlfs", "abfss": "adlfs", "http": "aiohttp", "https": "aiohttp"}
+"""The package fsspec needs for a URL scheme (named when it is missing)."""
 
-def _as_store(where: str | os.PathLike | Store) -> Store:
+
+def is_url(text) -> bool:
+    """Whether ``text`` is a URL (``scheme://...``), not a local path."""
+    return isinstance(text, str) and bool(_URL.match(text))
+
+
+def is_local_url(text: str) -> bool:
+    return is_url(text) and text.split("://", 1)[0].lower() == "file"
+
+
+def _as_store(where: str | os.PathLike | Store, storage_options: dict | None = None) -> Store:
     """The store for a path, a URL (``file://`` as a local path; others through
-    zarr's fsspec store) or a Store (as is)."""
+    zarr's fsspec store, with ``storage_options``) or a Store (as is)."""
     if isinstance(where, Store):
+        _no_options(storage_options, "a zarr Store (configure the store itself)")
         return where
     try:
         text = os.fspath(where)
@@ -50,12 +66,36 @@ def _as_store(where: str | os.PathLike | Store) -> Store:
         ) from None
     text = os.fsdecode(text)
     if _URL.match(text):
-        return _url_store(text)
+        return _url_store(text, storage_options)
+    _no_options(storage_options, f"the local path {text!r}")
     # absolute: workers (and resume fingerprints) must not depend on a cwd
     return LocalStore(os.path.abspath(text))
 
 
-def _url_store(url: str) -> Store:
+def _no_options(storage_options: dict | None, what: str) -> None:
+    if storage_options:
+        raise StorageError(f"storage_options={storage_options!r} apply to URLs of object "
+                           f"stores ('s3://...'), not to {what}")
+
+
+def fsspec_options(scheme: str, storage_options: dict | None) -> dict:
+    """The fsspec options used for a URL: the caller's, plus for S3 no
+    listings cache (keys written by worker processes -- done markers, units --
+    must be seen by the next listing; s3fs caches listings by default)."""
+    opts = dict(storage_options or {})
+    if scheme in ("s3", "s3a"):
+        opts.setdefault("use_listings_cache", False)
+    return opts
+
+
+def _url_store(url: str, storage_options: dict | None = None) -> Store:
+    """A store for ``url``: ``file://`` is a local directory; any other scheme
+    goes through zarr's ``FsspecStore`` (s3fs for ``s3://``), which reads the
+    usual environment (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+    ``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, ...) unless ``storage_options``
+    say otherwise (e.g. ``{"endpoint_url": "http://127.0.0.1:9000", "key":
+    ..., "secret": ...}``). The options travel with the store when tasks are
+    pickled to workers."""
     from urllib.parse import unquote, urlparse
 
     scheme = url.split("://", 1)[0].lower()
@@ -64,19 +104,48 @@ def _url_store(url: str) -> Store:
         if parts.netloc not in ("", "localhost"):
             raise StorageError(f"{url!r}: a file:// URL must name a local path "
                                f"(file:///abs/path), not host {parts.netloc!r}")
+        _no_options(storage_options, f"the file:// URL {url!r}")
         return LocalStore(os.path.abspath(unquote(parts.path)))
+    if storage_options is not None and not isinstance(storage_options, dict):
+        raise TypeError(f"storage_options must be a dict, got {type(storage_options).__name__}")
+    package = _FS_PACKAGES.get(scheme)
     try:
         from zarr.storage import FsspecStore
 
-        return FsspecStore.from_url(url, read_only=False)
+        store = FsspecStore.from_url(url, storage_options=fsspec_options(scheme, storage_options),
+                                     read_only=False)
+        _closing_at_exit(store.fs)
+        return store
     except ImportError as e:
-        raise StorageError(
-            f"cannot open {url!r}: {e}; install fsspec and the filesystem package for "
-            f"{scheme}:// (e.g. s3fs for s3://), or pass a zarr Store"
-        ) from None
+        how = (f"the {package} package is missing: pip install {package} (or tilearray[s3])"
+               if package else f"fsspec cannot load the {scheme}:// filesystem")
+        raise StorageError(f"cannot open {url!r}: {how} ({e}); or pass a zarr Store") from None
     except (ValueError, TypeError, OSError) as e:
         raise StorageError(f"cannot open {url!r} through fsspec: {type(e).__name__}: {e}; "
-                           "pass a zarr Store instead") from None
+                           "check the URL and storage_options, or pass a zarr Store") from None
+
+
+_OPEN_FS: weakref.WeakSet = weakref.WeakSet()
+
+
+def _closing_at_exit(fs) -> None:
+    """Close ``fs``'s HTTP session when the process exits. s3fs closes it by
+    a finalizer only for its synchronous instances; zarr's are asynchronous,
+    and aiohttp then prints "Unclosed client session" at exit."""
+    if not _OPEN_FS:
+        atexit.register(_close_sessions)  # after zarr's: runs first, its loop still up
+    _OPEN_FS.add(fs)
+
+
+def _close_sessions() -> None:
+    for fs in list(_OPEN_FS):
+        client = getattr(fs, "_s3creator", None)
+        if client is None:
+            continue
+        try:
+            sync(client.__aexit__(None, None, None), timeout=2)
+        except Exception:  # exiting anyway
+            pass
 
 
 def not_a_directory(path: str) -> str | None:
@@ -190,13 +259,16 @@ class ArrayRef:
     """Path of the array inside the store ("" for the store root)."""
 
     @classmethod
-    def from_location(cls, where: str | os.PathLike | Store, path: str = "") -> ArrayRef:
+    def from_location(cls, where: str | os.PathLike | Store, path: str = "",
+                      storage_options: dict | None = None) -> ArrayRef:
         """The array at ``where``, or member ``path`` of the group there.
 
         ``where`` is a path, a URL (``file://`` is a local path; ``s3://``
         and other schemes go through zarr's fsspec store when fsspec and the
         scheme's package are installed), a zarr Store, or an opened
         ``zarr.Array`` / ``zarr.Group`` (its store and path).
+        ``storage_options`` (URLs other than ``file://`` only) are passed to
+        the fsspec filesystem: credentials, ``endpoint_url``, ...
 
         Raises
         ------
@@ -207,9 +279,10 @@ class ArrayRef:
             ``where`` is none of these.
         """
         if isinstance(where, zarr.Array | zarr.Group):
+            _no_options(storage_options, "an opened zarr.Array / zarr.Group")
             inner = "/".join(p for p in (where.path.strip("/"), check_name(path)) if p)
             return cls(where.store, check_name(inner))
-        return cls(_as_store(where), check_name(path))
+        return cls(_as_store(where, storage_options), check_name(path))
 
     def __str__(self) -> str:
         return describe(self.store, self.path)
@@ -264,7 +337,8 @@ class ArrayRef:
         return sync(self.store.exists(self._key(key)))
 
     def list_keys(self, prefix: str) -> list[str]:
-        full = self._key(prefix) + "/"
+        full = self._key(prefix)
+        full = full + "/" if full else ""  # the whole store: every key
         keys = collect_aiterator(self.store.list_prefix(full))
         return [k[len(full):] for k in keys]
 

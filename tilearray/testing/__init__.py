@@ -5,6 +5,7 @@ Nothing in tilearray imports this package.
 """
 
 from .compare import assert_close, tolerance
-from .stores import CountingStore, FailingStore, counts, reset_counts
+from .stores import CountingStore, FailingStore, LatencyStore, counts, reset_counts
 
-__all__ = ["assert_close", "tolerance", "CountingStore", "FailingStore", "counts", "reset_counts"]
+__all__ = ["assert_close", "tolerance", "CountingStore", "FailingStore", "LatencyStore", "counts",
+           "reset_counts"]

@@ -123,3 +123,44 @@ class FailingStore(CountingStore):
         for key, _ in key_ranges:
             self._maybe_fail(key)
         return await super().get_partial_values(prototype, key_ranges)
+
+
+class LatencyStore(CountingStore):
+    """Sleeps a uniform ``lo``-``hi`` seconds before every read request (an
+    asyncio sleep: requests in flight overlap, as on a network) -- the
+    per-request latency of a cloud object store -- and counts them like
+    :class:`CountingStore` (``gets``; also ``exists``). For benchmarks."""
+
+    def __init__(self, store: Store, name: str = "latency", lo: float = 0.02,
+                 hi: float = 0.05) -> None:
+        super().__init__(store, name)
+        self.lo, self.hi = lo, hi
+
+    def __reduce__(self):
+        return (type(self), (self._store, self.name, self.lo, self.hi))
+
+    def _with_store(self, store):
+        return type(self)(store, self.name, self.lo, self.hi)
+
+    async def _delay(self) -> None:
+        import asyncio
+        import random
+
+        await asyncio.sleep(random.uniform(self.lo, self.hi))
+
+    async def get(self, key, prototype, byte_range=None):
+        await self._delay()
+        value = await self._store.get(key, prototype, byte_range)
+        self._count(key, value, "gets")
+        return value
+
+    async def get_partial_values(self, prototype, key_ranges):
+        import asyncio
+
+        return list(await asyncio.gather(*(self.get(k, prototype, r) for k, r in key_ranges)))
+
+    async def exists(self, key: str) -> bool:
+        await self._delay()
+        with _lock:
+            _counts[self.name]["exists"] += 1
+        return await self._store.exists(key)

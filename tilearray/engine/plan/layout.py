@@ -170,17 +170,13 @@ class BlockCosts:
     def at(self, i: int, j: int) -> tuple[int, int, int]:
         """``(bytes, requests, store gets)`` of block ``(i, j)``."""
         nbytes = nreq = gets = 0
-        for item, sharded, r, c in self._paths:
+        for item, _sharded, r, c in self._paths:
             n = int(r.length[i]) * int(c.length[j])
             if n == 0:
                 continue
             nbytes += n * item
             nreq += 1
-            units = int(r.units[i]) * int(c.units[j])
-            if sharded:
-                units += (int(r.tiles[i]) * int(c.tiles[j])
-                          - int(r.full_tiles[i]) * int(c.full_tiles[j]))
-            gets += units
+            gets += int(r.units[i]) * int(c.units[j])  # one GET per unit (io.WholeObjectReads)
         return nbytes, nreq, gets
 
     def band(self, axis: int, index: int, lo: int, hi: int) -> tuple[int, int, int]:
@@ -188,7 +184,7 @@ class BlockCosts:
         along ``axis`` and ``lo:hi`` along the other (one row or column of
         blocks, e.g. a matmul task's K panels)."""
         nbytes = nreq = gets = 0
-        for item, sharded, r, c in self._paths:
+        for item, _sharded, r, c in self._paths:
             one, many = (r, c) if axis == 0 else (c, r)
             if one.length[index] == 0:
                 continue
@@ -196,9 +192,6 @@ class BlockCosts:
             nbytes += int(one.length[index]) * int(lengths.sum()) * item
             nreq += int(np.count_nonzero(lengths))
             gets += int(one.units[index]) * int(many.units[lo:hi].sum())
-            if sharded:
-                gets += (int(one.tiles[index]) * int(many.tiles[lo:hi].sum())
-                         - int(one.full_tiles[index]) * int(many.full_tiles[lo:hi].sum()))
         return nbytes, nreq, gets
 
     def read_bytes(self) -> np.ndarray | None:

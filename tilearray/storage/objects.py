@@ -1,0 +1,64 @@
+"""Object stores (S3 and other fsspec filesystems behind zarr's
+``FsspecStore``): what tilearray does there in place of its local-file paths.
+
+- :func:`fsspec_of`: the filesystem and root path under a store (through
+  wrapper stores), for the calls zarr's Store API does not offer: a listing
+  with sizes and ETags, a conditional create.
+- :func:`objects_state`: the counterpart of a local array's file state
+  (newest mtime, bytes, files) -- a digest of every object's key, size and
+  ETag, from one listing -- so an input rewritten under a running job is
+  noticed on S3 as on disk (its ``zarr.json`` alone may not change).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from zarr.abc.store import Store
+from zarr.core.sync import sync
+
+_LOCK_MARK = "tilearray.lock"
+
+
+def fsspec_of(store: Store):
+    """``(filesystem, root path)`` of a zarr ``FsspecStore`` (seen through
+    wrapper stores), else None."""
+    seen = 0
+    while store is not None and seen < 8:
+        fs, path = getattr(store, "fs", None), getattr(store, "path", None)
+        if fs is not None and isinstance(path, str):
+            return fs, path
+        store, seen = getattr(store, "_store", None), seen + 1
+    return None
+
+
+def protocol_of(fs) -> str:
+    return fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+
+
+def objects_state(ref) -> tuple[str, int, int] | None:
+    """``(digest of every object's key, size and ETag, total bytes, object
+    count)`` of the array at ``ref`` on an fsspec store (None for other
+    stores, or when the listing fails). Locks are left out: on object stores
+    an array's own lock lives inside its prefix. The ETag is the content's
+    (not the time's): an object rewritten with the same bytes is unchanged."""
+    found = fsspec_of(ref.store)
+    if found is None:
+        return None
+    fs, root = found
+    prefix = "/".join(p for p in (root.rstrip("/"), ref.path.strip("/")) if p)
+    try:
+        listing = sync(fs._find(prefix, detail=True))
+    except Exception:  # unreachable or gone: the caller reports what it can read
+        return None
+    digest, total, count = hashlib.sha256(), 0, 0
+    for path in sorted(listing):
+        if _LOCK_MARK in path.rsplit("/", 1)[-1]:
+            continue
+        info = listing[path]
+        size = int(info.get("size") or 0)
+        tag = info.get("ETag") or info.get("etag") or info.get("md5Hash") or \
+            info.get("LastModified") or info.get("mtime") or ""
+        digest.update(f"{path[len(prefix):]}\0{size}\0{tag}\n".encode())
+        total, count = total + size, count + 1
+    return digest.hexdigest(), total, count
