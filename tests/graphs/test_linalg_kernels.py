@@ -442,7 +442,7 @@ def test_kernels_allocate_what_their_docstrings_say():
     for call in (lambda: la.gemm_update(c, spd, spd, trans_b=True),
                  lambda: la.syrk_update(c, spd), lambda: la.trsm(lo, c),
                  lambda: la.trsm_left_lower(lo, c)):
-        assert _new_bytes(call) <= 0.05 * t * t * b  # in place on an F-ordered tile
+        assert _new_bytes(call) <= 0.05 * t * t * b + 2**16  # in place on an F-ordered tile
     panel = np.asfortranarray(rng.standard_normal((4 * t, t // 4)))
     assert _new_bytes(la.getrf_panel, panel) <= 1.1 * panel.nbytes + 4 * t * 8  # LU + perm
 

@@ -197,7 +197,7 @@ def test_worker_killed_mid_tsqr_q(tmp_path):
         a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(5000, 24))
         with dask.config.set({"tilearray.memory.worker-baseline": "474MiB"}):
             q, r = ta.linalg.qr(a)
-            assert q.plan(out).stages[1].tasks >= 6  # several row blocks to kill between
+            assert q.plan(out).stages[1].tasks >= 4  # several row blocks to kill between
             pids = eng.client.run(os.getpid)
             result = {}
             t = threading.Thread(target=lambda: result.update(q=q.to_zarr(out)))
