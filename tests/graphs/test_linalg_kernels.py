@@ -113,6 +113,34 @@ def test_kernels_refuse_what_numpy_linalg_refuses():
         la.tsqr([np.ones((3, 2))], 1)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32])
+@pytest.mark.parametrize("shape", [(300, 7), (64, 64), (5, 9), (1, 4), (33, 1), (0, 3)])
+def test_leaf_geqrt_r_and_apply_match_numpy(shape, dtype):
+    """The TSQR leaf's blocked QR: |R| as NumPy's, and the Q it applies
+    (never formed) is the Q behind that R: Q R = X, Q^T Q = I, and Q @ S."""
+    rng = np.random.default_rng(sum(shape))
+    x = (rng.standard_normal(shape) * 10).astype(dtype)
+    want = np.dtype(dtype) if dtype != np.int32 else np.dtype(np.float64)
+    r = la.qr_leaf_r(x)
+    k = min(shape)
+    assert r.dtype == want and r.shape == (k, shape[1])
+    q = la.qr_leaf_apply(x, None)
+    assert q.dtype == want and q.shape == (shape[0], k)
+    if x.size == 0:
+        return
+    assert_close(np.abs(r), np.abs(np.linalg.qr(x.astype(want), mode="r")), precision=want)
+    assert_close(q @ r, x, precision=want, err_msg="Q R != X")
+    assert_close(q.T @ q, np.eye(k), precision=want, err_msg="Q^T Q != I")
+    s = rng.standard_normal((k, 3)).astype(want)
+    assert_close(la.qr_leaf_apply(x, s), q @ s, precision=want)
+    # overwrite_block destroys an F-ordered block of the computing dtype only
+    y = np.asfortranarray(x)
+    la.qr_leaf_r(y, overwrite_block=False)
+    np.testing.assert_array_equal(y, x)
+    with pytest.raises(ValueError, match="rows"):
+        la.qr_leaf_apply(x, np.ones((k + 1, 2), want))
+
+
 def test_qr_combine_splits_q_per_child():
     rng = np.random.default_rng(3)
     rs = [la.qr_leaf(rng.standard_normal((m, 6)))[1] for m in (10, 3, 6)]

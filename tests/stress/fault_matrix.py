@@ -57,6 +57,11 @@ class Tally:
     clear_error: int = 0
     lost: int = 0
     notes: list = field(default_factory=list)
+    extra: list = field(default_factory=list)
+    """seconds a job took beyond an undisturbed run's, one per kill that
+    struck while the job ran (worker kills)"""
+    clean: float = 0.0
+    """an undisturbed run's length, the median of a few (worker kills)"""
 
     def add(self, outcome: str, note: str = "") -> None:
         self.runs += 1
@@ -264,9 +269,9 @@ def worker_kill(s: Setup, proc_engine, rnd: random.Random, tally: Tally, i: int,
         time.sleep(rnd.uniform(0, span))
         with contextlib.suppress(ProcessLookupError):
             os.kill(victim, signal.SIGKILL)
+            box["killed"] = time.time()
 
     t = threading.Thread(target=kill)
-    t.start()
     box = {}
 
     def job():
@@ -274,11 +279,15 @@ def worker_kill(s: Setup, proc_engine, rnd: random.Random, tally: Tally, i: int,
             (ta.open(s.a) @ ta.open(s.b)).to_zarr(out, engine=proc_engine)
         except ta.TilearrayError as e:
             box["error"] = e  # judged below: resumed or a clear error
+        box["end"] = time.time()
 
     j = threading.Thread(target=job, daemon=True)
+    start = time.time()
+    t.start()
     j.start()
     j.join(90)
     t.join()
+    killed_at = box.get("killed")
     if j.is_alive():
         print("HUNG", proc_engine.client.run_on_scheduler(_scheduler_states), _nannies(proc_engine),
               file=sys.stderr)
@@ -311,6 +320,22 @@ def worker_kill(s: Setup, proc_engine, rnd: random.Random, tally: Tally, i: int,
         tally.add("lost", "a job hung after a worker was killed (no workers left)")
         raise _Hung
     tally.add(*box["outcome"])
+    if killed_at is not None and "error" not in box and killed_at < box["end"]:
+        # the kill struck mid-job and the job finished by itself: its cost
+        tally.extra.append(box["end"] - start - tally.clean)
+
+
+def clean_runs(s: Setup, engine, n: int = 3) -> float:
+    """The median length of ``n`` undisturbed runs of the job on ``engine``."""
+    import tilearray as ta
+
+    times = []
+    for i in range(n):
+        t = time.time()
+        (ta.open(s.a) @ ta.open(s.b)).to_zarr(os.path.join(s.dir, f"clean-{i}.zarr"),
+                                              engine=engine)
+        times.append(time.time() - t)
+    return float(np.median(times))
 
 
 def _nannies(engine) -> dict:
@@ -457,9 +482,10 @@ def run_matrix(base: str, runs: int, seed: int, kinds=KINDS, n: int = 384, tile:
             if kind == "worker":
                 with ta.Engine(n_workers=2, threads_per_worker=1, memory_per_worker=2**30,
                                quiet=True) as peng, dask.config.set(small_tasks(2**30, 1)):
+                    tallies[kind].clean = clean_runs(s, peng)
                     with contextlib.suppress(_Hung):
                         for i in range(runs):
-                            worker_kill(s, peng, rnd, tallies[kind], i, span * 3)
+                            worker_kill(s, peng, rnd, tallies[kind], i, tallies[kind].clean)
             elif kind == "disk-full":
                 with _small_disk(base) as mnt:
                     for i in range(runs):
@@ -481,6 +507,12 @@ def table(tallies: dict[str, Tally]) -> str:
     rows = ["| fault | runs | survived | clear error | lost data |", "|---|---|---|---|---|"]
     for kind, t in tallies.items():
         rows.append(f"| {kind} | {t.runs} | {t.survived} | {t.clear_error} | {t.lost} |")
+    for kind, t in tallies.items():
+        if t.extra:
+            med = float(np.median(t.extra))
+            rows.append(f"\n{kind}: extra time per kill that struck mid-job, median of "
+                        f"{len(t.extra)}: {med:+.2f} s on an undisturbed {t.clean:.2f} s run "
+                        f"({med / t.clean:+.0%}); max {max(t.extra):+.2f} s")
     return "\n".join(rows)
 
 

@@ -9,8 +9,9 @@ normalises signs (``diag(R) >= 0``) and turns R into what was asked (R, the
 singular values, Vt, a least-squares solution). Down the tree (a second
 read of X, only for Q or U): each node multiplies its Q pieces by the slice
 its parent handed down, and each leaf recomputes its block's QR -- the same
-LAPACK call on the same data, so the same ``Q_i`` -- multiplies it by its
-slice and writes its rows of Q. Nothing of size ``m`` is ever held whole.
+LAPACK call (blocked ``geqrt``) on the same data, so the same ``Q_i`` --
+applies it to its slice (``gemqrt``, ``Q_i`` never formed) and writes its
+rows of Q. Nothing of size ``m`` is ever held whole.
 
 Stats: every task counts itself once. The up tree merges its children's
 figures into the root; the down tasks and the leaves report only their own
@@ -47,7 +48,7 @@ def leaf_r(specs, rows, widths, deps=()):
     stats = IOStats()
     block = _block(specs, rows, widths, deps, stats)
     report(1, 2)  # read; the QR is the other half
-    r = kern.qr_leaf(block, overwrite_block=True, mode="r")
+    r = kern.qr_leaf_r(block, overwrite_block=True)
     del block
     return r, counted(stats.as_dict())
 
@@ -119,9 +120,9 @@ def leaf_store(specs, rows, widths, deps, out_ref, ncols: int, slice_, index: in
     stats = IOStats()
     block = _block(specs, rows, widths, deps, stats)
     report(1, 3)  # read, then QR and Q times the slice, then the write
-    q, _ = kern.qr_leaf(block, overwrite_block=True)
+    q = kern.qr_leaf_apply(block, _pick(slice_, index), overwrite_block=True)
     del block
-    block = np.ascontiguousarray(kern.q_apply_down(q, _pick(slice_, index))[:, :ncols])
+    block = np.ascontiguousarray(q[:, :ncols])
     del q
     report(2, 3)
     if out_ref is None:
