@@ -62,6 +62,8 @@ class Tally:
     struck while the job ran (worker kills)"""
     clean: float = 0.0
     """an undisturbed run's length, the median of a few (worker kills)"""
+    tasks: int = 0
+    """the job's planned tasks (worker kills)"""
 
     def add(self, outcome: str, note: str = "") -> None:
         self.runs += 1
@@ -287,7 +289,7 @@ def worker_kill(s: Setup, proc_engine, rnd: random.Random, tally: Tally, i: int,
     j.start()
     j.join(90)
     t.join()
-    killed_at = box.get("killed")
+    killed_at, job_end, failed = box.get("killed"), box.get("end"), "error" in box
     if j.is_alive():
         print("HUNG", proc_engine.client.run_on_scheduler(_scheduler_states), _nannies(proc_engine),
               file=sys.stderr)
@@ -320,9 +322,9 @@ def worker_kill(s: Setup, proc_engine, rnd: random.Random, tally: Tally, i: int,
         tally.add("lost", "a job hung after a worker was killed (no workers left)")
         raise _Hung
     tally.add(*box["outcome"])
-    if killed_at is not None and "error" not in box and killed_at < box["end"]:
+    if killed_at is not None and not failed and killed_at < job_end:
         # the kill struck mid-job and the job finished by itself: its cost
-        tally.extra.append(box["end"] - start - tally.clean)
+        tally.extra.append(job_end - start - tally.clean)
 
 
 def clean_runs(s: Setup, engine, n: int = 3) -> float:
@@ -483,6 +485,7 @@ def run_matrix(base: str, runs: int, seed: int, kinds=KINDS, n: int = 384, tile:
                 with ta.Engine(n_workers=2, threads_per_worker=1, memory_per_worker=2**30,
                                quiet=True) as peng, dask.config.set(small_tasks(2**30, 1)):
                     tallies[kind].clean = clean_runs(s, peng)
+                    tallies[kind].tasks = (ta.open(s.a) @ ta.open(s.b)).plan(engine=peng).tasks
                     with contextlib.suppress(_Hung):
                         for i in range(runs):
                             worker_kill(s, peng, rnd, tallies[kind], i, tallies[kind].clean)
@@ -512,7 +515,9 @@ def table(tallies: dict[str, Tally]) -> str:
             med = float(np.median(t.extra))
             rows.append(f"\n{kind}: extra time per kill that struck mid-job, median of "
                         f"{len(t.extra)}: {med:+.2f} s on an undisturbed {t.clean:.2f} s run "
-                        f"({med / t.clean:+.0%}); max {max(t.extra):+.2f} s")
+                        f"({med / t.clean:+.0%}); max {max(t.extra):+.2f} s; the job has "
+                        f"{t.tasks} tasks on 2 worker threads, "
+                        f"~{2 * t.clean / max(t.tasks, 1):.2f} s each")
     return "\n".join(rows)
 
 
