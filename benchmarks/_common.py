@@ -4,7 +4,8 @@
   0.2 s with psutil and keeps each one's peak;
 - :func:`local_cluster` starts a plain dask ``LocalCluster`` shaped like a
   tilearray ``Engine`` (n workers x 1 thread, ``memory_limit`` per worker);
-- :func:`worker_pids`, :func:`read_chars`, :func:`max_rss_of_workers` query
+- :func:`worker_pids`, :func:`read_chars`, :func:`write_chars`,
+  :func:`max_rss_of_workers` query
   worker processes (``client.run``);
 - :func:`run_in_child` runs a function in a fresh spawned process while
   sampling its RSS (used for the NumPy and raw-zarr baselines);
@@ -59,6 +60,7 @@ __all__ = [
     "run_in_child",
     "warm_workers",
     "worker_pids",
+    "write_chars",
 ]
 
 _T0 = time.perf_counter()
@@ -246,6 +248,23 @@ def read_chars(client=None) -> int:
     if client is None:
         return _read_chars()
     vals = client.run(_read_chars).values()
+    return -1 if any(v < 0 for v in vals) else sum(vals)
+
+
+def _write_chars() -> int:
+    try:
+        return psutil.Process().io_counters().write_chars
+    except Exception:
+        return -1
+
+
+def write_chars(client=None) -> int:
+    """Sum of ``write_chars`` (Linux wchar: bytes passed to write syscalls, to
+    the page cache or not; dask's spill files included) over the workers, or
+    this process if no client."""
+    if client is None:
+        return _write_chars()
+    vals = client.run(_write_chars).values()
     return -1 if any(v < 0 for v in vals) else sum(vals)
 
 
