@@ -67,10 +67,27 @@ BENCH_MATMUL_ENGINES ?= tilearray,tilearray-fewest-read,numpy,dask
 BENCH_LINALG_M     ?= 2000000
 BENCH_LINALG_N     ?= 256
 BENCH_LINALG_CHUNK ?= 65536
+# Its square jobs in the same run: rsvd, the randomized SVD (top 20, 2 power iterations) of
+# A 16384^2 float64 (2 GiB, decaying spectrum), and cholesky (L stored) / solve_spd (8 right-hand
+# sides) of an SPD S 32768^2 float64 (8 GiB; each engine's stored L is 8 GiB more on disk, and
+# NumPy's in-core Cholesky holds S + L = 16 GiB, skipped when that is not free). Never run at
+# these sizes. An ESTIMATE from flop counts only: the Cholesky is 11.7 TFLOP (tilearray plans
+# 151 tasks reading 46.75 GiB against an 8.81 GiB bound at 2 x 1 GiB; solve_spd 55.25 GiB), a
+# few minutes per engine per round at one BLAS thread per core, so the square jobs likely add
+# 1-2 hours with 3 rounds. Only some jobs: BENCH_LINALG_OPS=qr_r,svd_values,svd_u,lstsq (the
+# line as it was), or e.g. rsvd,cholesky.
+BENCH_LINALG_SQUARE_N     ?= 16384
+BENCH_LINALG_SQUARE_CHUNK ?= 2048
+BENCH_LINALG_SPD_N        ?= 32768
+BENCH_LINALG_SPD_CHUNK    ?= 2048
+BENCH_LINALG_OPS          ?= qr_r,svd_values,svd_u,lstsq,rsvd,cholesky,solve_spd
 bench: $(VENV)/.installed-bench
 	$(PY) benchmarks/matmul.py --n $(BENCH_N) --repeats $(BENCH_REPEATS) --engines $(BENCH_MATMUL_ENGINES)
 	$(PY) benchmarks/reductions.py --repeats $(BENCH_REPEATS)
-	$(PY) benchmarks/linalg.py --m $(BENCH_LINALG_M) --n $(BENCH_LINALG_N) --chunk-rows $(BENCH_LINALG_CHUNK) --repeats $(BENCH_REPEATS)
+	$(PY) benchmarks/linalg.py --m $(BENCH_LINALG_M) --n $(BENCH_LINALG_N) --chunk-rows $(BENCH_LINALG_CHUNK) \
+		--square-n $(BENCH_LINALG_SQUARE_N) --square-chunk $(BENCH_LINALG_SQUARE_CHUNK) \
+		--spd-n $(BENCH_LINALG_SPD_N) --spd-chunk $(BENCH_LINALG_SPD_CHUNK) \
+		--ops $(BENCH_LINALG_OPS) --repeats $(BENCH_REPEATS)
 	$(PY) benchmarks/codecs.py
 	$(PY) benchmarks/object_store.py
 
