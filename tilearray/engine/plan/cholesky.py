@@ -122,8 +122,7 @@ def lower_cholesky(node, spec, deps: list, budget: Budget, b: int, out, l_grid,
     name = "cholesky-" + tokenize(spec, deps, edges, str(out), keep, sorted(skip))
     a_costs = layout.BlockCosts(spec, [0, *(e[1] for e in edges)], [0, *(e[1] for e in edges)])
     l_costs = layout.BlockCosts(Read(out, l_grid, dtype), a_costs.row_edges, a_costs.col_edges)
-    work, keys = Tasks(), []
-    nbytes = nreq = gets = written = 0
+    work, keys, tot, written = Tasks(), [], layout.ReadTotals(), 0
     for j in range(nt):
         for i in range(j, nt):
             if (i, j) in skip:
@@ -133,8 +132,7 @@ def lower_cholesky(node, spec, deps: list, budget: Budget, b: int, out, l_grid,
             after = [(name, r, c) for r, c in reads if (r, c) not in skip]
             keys.append(work.add((name, i, j), gch.tile, spec, deps, out, edges, i, j, dtype,
                                  *after))
-            for cost in [a_costs.at(i, j)] + [l_costs.at(r, c) for r, c in reads]:
-                nbytes, nreq, gets = nbytes + cost[0], nreq + cost[1], gets + cost[2]
+            tot.add(a_costs.at(i, j), *(l_costs.at(r, c) for r, c in reads))
             written += (edges[i][1] - edges[i][0]) * (edges[j][1] - edges[j][0]) * dtype.itemsize
     for i in range(nt - 1):
         cols = tuple(j for j in range(i + 1, nt) if (i, j) not in skip)
@@ -149,9 +147,7 @@ def lower_cholesky(node, spec, deps: list, budget: Budget, b: int, out, l_grid,
         back_keys = [work.add((name, "back", i, j), gch.read_back, out, edges[i], edges[j],
                               (name, i, j) if j <= i else (name, "zeros", i))
                      for i, j in blocks]
-        for i, j in blocks:
-            cost = l_costs.at(i, j)
-            nbytes, nreq, gets = nbytes + cost[0], nreq + cost[1], gets + cost[2]
+        tot.add(*(l_costs.at(i, j) for i, j in blocks))
         outputs = {"result": Output("blocks", tuple(back_keys),
                                     tuple((edges[i], edges[j]) for i, j in blocks)),
                    "tiles": Output("stats", tuple(keys))}
@@ -159,10 +155,10 @@ def lower_cholesky(node, spec, deps: list, budget: Budget, b: int, out, l_grid,
     return Stage(
         "cholesky", f"{short(node)}: left-looking by {b} x {b} tiles ({nt} x {nt}; "
         f"{len(keys)} tasks, each writing its tiles whole); each task streams the L tiles "
-        f"to its left back from the output; reads {format_bytes(nbytes)} vs the I/O lower "
-        f"bound n^3/(3 sqrt(M)) = {format_bytes(bound)} ({nbytes / max(bound, 1):.2f}x)"
-        + back, len(work), peak, nbytes, written, flops=n**3 // 3, io_lower_bound=bound,
-        reads=nreq, store_gets=gets, work=work.freeze(), outputs=outputs)
+        f"to its left back from the output; reads {format_bytes(tot.nbytes)} vs the I/O lower "
+        f"bound n^3/(3 sqrt(M)) = {format_bytes(bound)} ({tot.nbytes / max(bound, 1):.2f}x)"
+        + back, len(work), peak, tot.nbytes, written, flops=n**3 // 3, io_lower_bound=bound,
+        reads=tot.reads, store_gets=tot.gets, work=work.freeze(), outputs=outputs)
 
 
 def trsolve_tile(n: int, ncols: int, t_spec, itemsize: int, budget: Budget) -> int:
@@ -194,20 +190,19 @@ def lower_trsolve(node, t_spec, b_spec, deps: list, budget: Budget) -> Stage:
     forward = bool(opts["lower"]) != bool(opts["trans"])
     order = range(len(edges)) if forward else range(len(edges) - 1, -1, -1)
     name = "trsolve-" + tokenize(t_spec, b_spec, deps, edges, node.options)
-    work, done, nbytes, nreq, gets = Tasks(), [], 0, 0, 0
+    work, done, tot = Tasks(), [], layout.ReadTotals()
     for i in order:
         work.add((name, i), gch.substitute, t_spec, deps, b_spec, deps, edges, i, ncols,
                  node.options, dtype, tuple(done), *[(name, k) for k in done])
         tiles = [((k, i) if opts["trans"] else (i, k)) for k in done] + [(i, i)]
-        for cost in [b_costs.at(i, 0)] + [t_costs.at(r, c) for r, c in tiles]:
-            nbytes, nreq, gets = nbytes + cost[0], nreq + cost[1], gets + cost[2]
+        tot.add(b_costs.at(i, 0), *(t_costs.at(r, c) for r, c in tiles))
         done.append(i)
     key = work.add(name + "-gather", gch.gather, bool(opts.get("vector")),
                    *[(name, i) for i in range(len(edges))])
     return Stage(
         "trsolve", f"{short(node)}: {'forward' if forward else 'backward'} substitution by "
         f"{len(edges)} row tiles of {b} (each reads its row of T once)", len(work), peak,
-        nbytes, flops=n * n * ncols, reads=nreq, store_gets=gets, work=work.freeze(),
+        tot.nbytes, flops=n * n * ncols, reads=tot.reads, store_gets=tot.gets, work=work.freeze(),
         outputs={"0": Output("value", (key,))})
 
 
@@ -218,27 +213,26 @@ def lower_logdiag(node, l_spec, deps: list) -> Stage:
     edges = tuple(tile_edges(n, b))
     cuts = [0, *(e[1] for e in edges)]
     costs = layout.BlockCosts(l_spec, cuts, cuts)
-    figures = np.sum([costs.at(i, i) for i in range(len(edges))], axis=0)
+    tot = layout.ReadTotals()
+    tot.add(*(costs.at(i, i) for i in range(len(edges))))
     key = "logdiag-" + tokenize(l_spec, deps, edges)
     work = Tasks()
     work.add(key, gch.logdiag, l_spec, deps, edges, np.dtype(node.dtype))
     return Stage("small", f"slogdet from the {len(edges)} diagonal tiles of the Cholesky "
-                 "factor", 1, 0, int(figures[0]), reads=int(figures[1]),
-                 store_gets=int(figures[2]), work=work.freeze(),
-                 outputs={"0": Output("value", (key,))})
+                 "factor", 1, 0, tot.nbytes, reads=tot.reads, store_gets=tot.gets,
+                 work=work.freeze(), outputs={"0": Output("value", (key,))})
 
 
 def incore_need(node, x_spec, y_spec) -> tuple:
-    """``(peak, bytes, requests, store gets)`` of one task reading the whole matrix."""
+    """``(peak, ReadTotals)`` of one task reading the whole matrix."""
     n = node.x.shape[0]
     ycols = node.y.shape[1] if node.y is not None else 0
     cuts = [0, n]
-    costs = [layout.BlockCosts(x_spec, cuts, cuts).at(0, 0)]
+    tot = layout.ReadTotals(*layout.BlockCosts(x_spec, cuts, cuts).at(0, 0))
     if y_spec is not None:
-        costs.append(layout.BlockCosts(y_spec, cuts, [0, ycols]).at(0, 0))
-    nbytes, nreq, gets = (int(v) for v in np.sum(costs, axis=0))
+        tot.add(layout.BlockCosts(y_spec, cuts, [0, ycols]).at(0, 0))
     item = np.dtype(node.dtype).itemsize
-    return incore_peak(nbytes, n, item, 4) + as_cols(n, ycols, item), nbytes, nreq, gets
+    return incore_peak(tot.nbytes, n, item, 4) + as_cols(n, ycols, item), tot
 
 
 def lower_incore(node, x_spec, y_spec, deps: list, budget: Budget) -> Stage:
@@ -247,7 +241,7 @@ def lower_incore(node, x_spec, y_spec, deps: list, budget: Budget) -> Stage:
     n = node.x.shape[0]
     op = dict(node.options)["op"]
     ycols = node.y.shape[1] if node.y is not None else 0
-    peak, nbytes, nreq, gets = incore_need(node, x_spec, y_spec)
+    peak, tot = incore_need(node, x_spec, y_spec)
     if peak > budget.task_memory:
         raise PlanningError(
             f"{short(node)}: {op} reads the whole {n} x {n} matrix into one task, which needs "
@@ -257,9 +251,9 @@ def lower_incore(node, x_spec, y_spec, deps: list, budget: Budget) -> Stage:
     work = Tasks()
     work.add(key, gch.incore, op, node.options, x_spec, deps, n, y_spec, deps, ycols,
              np.dtype(node.dtype))
-    return Stage("incore", f"{op} of the whole {n} x {n} matrix in one task", 1, peak, nbytes,
-                 flops=4 * n**3, reads=nreq, store_gets=gets, work=work.freeze(),
-                 outputs={"0": Output("value", (key,))})
+    return Stage("incore", f"{op} of the whole {n} x {n} matrix in one task", 1, peak,
+                 tot.nbytes, flops=4 * n**3, reads=tot.reads, store_gets=tot.gets,
+                 work=work.freeze(), outputs={"0": Output("value", (key,))})
 
 
 def as_cols(n: int, ycols: int, itemsize: int) -> int:

@@ -227,6 +227,22 @@ class BlockCosts:
         return out
 
 
+@dataclass
+class ReadTotals:
+    """Running sums of read costs ``(bytes, requests, store gets)`` as
+    :meth:`BlockCosts.at` / :meth:`BlockCosts.band` give them: a stage's
+    ``bytes_read``, ``reads`` and ``store_gets``."""
+
+    nbytes: int = 0
+    reads: int = 0
+    gets: int = 0
+
+    def add(self, *costs) -> None:
+        """Add each ``(bytes, requests, store gets)`` of ``costs``."""
+        for b, r, g in costs:
+            self.nbytes, self.reads, self.gets = self.nbytes + b, self.reads + r, self.gets + g
+
+
 def bases(spec, axis: int, n: int, hard: tuple[int, ...] | None) -> list[tuple[int, ...]]:
     """Edge lists blocks may break on along ``axis``, coarsest first.
 
@@ -301,7 +317,7 @@ def search(spec, shape, hard_rows, hard_cols, max_elems: int, peak_of, budget: i
     return smallest
 
 
-__all__ = ["BlockCosts", "Path", "bases", "paths", "search", "shapes"]
+__all__ = ["BlockCosts", "Path", "ReadTotals", "bases", "paths", "search", "shapes"]
 
 
 def widest_blocks(rows_base, cols_base, m: int, n: int, memory, budget: int) -> list:

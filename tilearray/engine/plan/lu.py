@@ -70,19 +70,18 @@ def lower_lu(node, spec, deps: list, budget: Budget, b: int, l_ref, u_ref, grid)
     a_costs = layout.BlockCosts(spec, [*range(0, n, band), n], cuts)
     l_costs = layout.BlockCosts(Read(l_ref, grid, dtype), [0, n], cuts)
     name = "lu-" + tokenize(spec, deps, edges, str(l_ref), str(u_ref))
-    work, prev, nbytes, nreq, gets = Tasks(), None, 0, 0, 0
+    work, prev, tot = Tasks(), None, layout.ReadTotals()
     for j in range(len(edges)):
         args = (spec, deps, l_ref, u_ref, edges, j, n, band, dtype) + ((prev,) if prev else ())
         prev = work.add((name, j), glu.panel, *args)
         a_reads = [a_costs.at(r, j) for r in range(a_costs.shape[0])]
-        for cost in a_reads + [l_costs.at(0, k) for k in range(j)]:
-            nbytes, nreq, gets = nbytes + cost[0], nreq + cost[1], gets + cost[2]
+        tot.add(*a_reads, *(l_costs.at(0, k) for k in range(j)))
     keys = tuple(t.key for t in work.freeze())
     return Stage(
         "lu", f"{short(node)}: left-looking LU with partial pivoting by {len(edges)} column "
         f"panels of {b} (in order; each reads A's panel and the L panels to its left, writes "
-        "its columns of L and U)", len(work), peak, nbytes, 2 * n * n * dtype.itemsize,
-        flops=2 * n**3 // 3, reads=nreq, store_gets=gets, work=work.freeze(),
+        "its columns of L and U)", len(work), peak, tot.nbytes, 2 * n * n * dtype.itemsize,
+        flops=2 * n**3 // 3, reads=tot.reads, store_gets=tot.gets, work=work.freeze(),
         outputs={"panels": Output("stats", keys), "last": Output("value", (keys[-1],))})
 
 
@@ -93,20 +92,19 @@ def lower_lu_forward(node, b_spec, deps: list, l_ref, grid, panels: tuple, b: in
     edges = tuple(tile_edges(n, b))
     cuts = [0, *(e[1] for e in edges)]
     l_costs = layout.BlockCosts(Read(l_ref, grid, dtype), [0, n], cuts)
-    first = layout.BlockCosts(b_spec, [0, n], [0, ncols]).at(0, 0)
+    tot = layout.ReadTotals(*layout.BlockCosts(b_spec, [0, n], [0, ncols]).at(0, 0))
     name = "lu-forward-" + tokenize(b_spec, deps, edges, str(l_ref), panels[-1])
-    work, prev, nbytes, nreq, gets = Tasks(), None, first[0], first[1], first[2]
+    work, prev = Tasks(), None
     for k in range(len(edges)):
         args = (l_ref, edges, k, n, b_spec, deps, ncols, dtype, panels[-1])
         prev = work.add((name, k), glu.forward, *args + ((prev,) if prev else ()))
-        cost = l_costs.at(0, k)
-        nbytes, nreq, gets = nbytes + cost[0], nreq + cost[1], gets + cost[2]
+        tot.add(l_costs.at(0, k))
     keys = tuple(t.key for t in work.freeze())
     item = dtype.itemsize
     peak = as_rss(3 * n * b * item + 3 * n * ncols * max(item, 8))
     return Stage("lu-fwd", f"L y = P b: forward sweep over the {len(edges)} L panels",
-                 len(work), peak, nbytes, flops=n * n * ncols, reads=nreq, store_gets=gets,
-                 work=work.freeze(),
+                 len(work), peak, tot.nbytes, flops=n * n * ncols, reads=tot.reads,
+                 store_gets=tot.gets, work=work.freeze(),
                  outputs={"steps": Output("stats", keys), "last": Output("value", (keys[-1],))})
 
 

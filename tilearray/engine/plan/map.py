@@ -61,13 +61,12 @@ def lower_map(node, spec, deps: list, budget: Budget, out=None, out_grid=None,
     row_edges, col_edges = costs.row_edges, costs.col_edges
     token = tokenize("map", spec, row_edges, col_edges, str(out), str(dtype), deps)
     work, blocks = Tasks(), []
-    nbytes = nreq = gets = written = 0
+    tot, written = layout.ReadTotals(), 0
     for i, rows in enumerate(intervals(row_edges)):
         for j, cols in enumerate(intervals(col_edges)):
             if out_grid is not None and all_done(out_grid, rows, cols, skip):
                 continue
-            b, r, g = costs.at(i, j)
-            nbytes, nreq, gets = nbytes + b, nreq + r, gets + g
+            tot.add(costs.at(i, j))
             key = ("map-" + token, i, j)
             if out is None:
                 work.add(key, gel.block_compute, spec, rows, cols, dtype, deps)
@@ -80,5 +79,5 @@ def lower_map(node, spec, deps: list, budget: Budget, out=None, out_grid=None,
     result = Output("store", keys) if out is not None else Output("blocks", keys, tuple(blocks))
     return Stage(
         "map", f"{short(node)} in blocks of up to {max_interval(row_edges)}x"
-        f"{max_interval(col_edges)}", len(work), peak, nbytes, written, reads=nreq,
-        store_gets=gets, work=work.freeze(), outputs={"result": result})
+        f"{max_interval(col_edges)}", len(work), peak, tot.nbytes, written, reads=tot.reads,
+        store_gets=tot.gets, work=work.freeze(), outputs={"result": result})

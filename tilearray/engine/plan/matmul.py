@@ -298,22 +298,10 @@ def _segments(op: Operands, k_split):
     return segments, a_k, b_k
 
 
-@dataclass
-class _Totals:
-    nbytes: int = 0
-    reads: int = 0
-    gets: int = 0
-    written: int = 0
-
-    def add(self, cost) -> None:
-        b, r, g = cost
-        self.nbytes, self.reads, self.gets = self.nbytes + b, self.reads + r, self.gets + g
-
-
 def tasks(op: Operands, chosen, k_split, dtype, deps, out=None, out_grid=None, skip=frozenset()):
     """The stage's tasks: per output block, one task per K segment (tree-summed
     when split), storing or returning the block. Returns ``(Tasks, Output,
-    _Totals)``."""
+    ReadTotals, bytes written)``."""
     row_edges, col_edges, _, mode = chosen
     read_bytes = None if mode == "prefetch" else op.task.band
     slab = op.slab_rows if mode == "slabs" else None
@@ -330,7 +318,7 @@ def tasks(op: Operands, chosen, k_split, dtype, deps, out=None, out_grid=None, s
     # X.T @ X, X @ X.T into storage: the result is symmetric, so each pair of
     # blocks (i, j), (j, i) is computed once and written twice
     sym = op.gram and out is not None and not split and row_edges == col_edges
-    work, keys, blocks, tot = Tasks(), [], [], _Totals()
+    work, keys, blocks, tot, written = Tasks(), [], [], layout.ReadTotals(), 0
     for i, rows in enumerate(intervals(row_edges)):
         for j, cols in enumerate(intervals(col_edges)):
             if sym and i > j:
@@ -362,13 +350,13 @@ def tasks(op: Operands, chosen, k_split, dtype, deps, out=None, out_grid=None, s
             if out is not None and split:
                 key = work.add((name, i, j), gmm.store_partials, out, rows, cols, key)
             if out is not None:
-                tot.written += (rows[1] - rows[0]) * (cols[1] - cols[0]) * dtype.itemsize \
+                written += (rows[1] - rows[0]) * (cols[1] - cols[0]) * dtype.itemsize \
                     * (2 if sym and i < j else 1)
             keys.append(key)
             blocks.append((rows, cols))
     result = Output("store", tuple(keys)) if out is not None else \
         Output("blocks", tuple(keys), tuple(blocks))
-    return work, result, tot
+    return work, result, tot, written
 
 
 def io_lower_bound(op: Operands, node, budget: Budget) -> int:
@@ -415,8 +403,8 @@ def lower_matmul(node, a_spec, b_spec, deps: list, budget: Budget, out=None, out
     if not layouts:
         check_fits("matmul", smallest[2], str(node), budget)
     chosen, k_split, trade = choose(op, layouts, budget, dtype, op.gram and out is not None)
-    work, result, tot = tasks(op, chosen, k_split, dtype, deps, out, out_grid, skip)
+    work, result, tot, written = tasks(op, chosen, k_split, dtype, deps, out, out_grid, skip)
     return Stage("matmul", describe(op, node, chosen, k_split, trade), len(work), chosen[2],
-                 tot.nbytes, tot.written, 2 * op.m * op.n * op.k,
+                 tot.nbytes, written, 2 * op.m * op.n * op.k,
                  io_lower_bound=io_lower_bound(op, node, budget) or None, reads=tot.reads,
                  store_gets=tot.gets, work=work.freeze(), outputs={"result": result})

@@ -105,16 +105,14 @@ def lower_matvec(node: MatVec, a_spec, w_index: int, deps: list, budget: Budget,
     token = tokenize("matvec", spec, kind, transposed, str(dtype), row_edges, col_edges, deps,
                      w_index, str(out))
     name = "matvec-" + token
-    work, parts = Tasks(), {}
-    nbytes = nreq = gets = 0
+    work, parts, tot = Tasks(), {}, layout.ReadTotals()
     for i, rows in enumerate(intervals(row_edges)):
         if out_grid is not None and all_done(out_grid, rows, (0, k), skip):
             continue
         for j, cols in enumerate(intervals(col_edges)):
             parts[i, j] = work.add((name, "block", i, j), gmv.block_product, spec, rows, cols,
                                    kind, transposed, dtype, w_index, deps)
-            b, r, g = costs.at(i, j)
-            nbytes, nreq, gets = nbytes + b, nreq + r, gets + g
+            tot.add(costs.at(i, j))
     groups = _groups(parts, kind)
     fan = int(_config.get("reduction.split-every"))
     roots = {g: tree(keys, fan, lambda level, n, g=g: (name, "sum", g, level, n),
@@ -147,8 +145,8 @@ def lower_matvec(node: MatVec, a_spec, w_index: int, deps: list, budget: Budget,
         f"{format_bytes(w_bytes)} over {nblocks} blocks of up to {max_interval(row_edges)}x"
         f"{max_interval(col_edges)}" + (f", partials summed with fan-in {fan}"
                                          if nblocks > len(groups) else ""),
-        len(work), peak, nbytes, written, flops=2 * int(np.prod(node.a.shape)) * k, reads=nreq,
-        store_gets=gets, work=work.freeze(), outputs=outputs)
+        len(work), peak, tot.nbytes, written, flops=2 * int(np.prod(node.a.shape)) * k,
+        reads=tot.reads, store_gets=tot.gets, work=work.freeze(), outputs=outputs)
 
 
 def _groups(parts: dict, kind: str) -> dict:

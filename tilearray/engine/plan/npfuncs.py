@@ -34,23 +34,23 @@ def _line_stage(node, kind: str, spec, deps, blocks, fn: str, kwargs: tuple, joi
     with ``strips``, each block read strip by strip (:func:`_strip_peak`)."""
     token = tokenize(kind, spec, blocks, fn, kwargs, deps)
     work, keys = Tasks(), []
-    nbytes = nreq = gets = peak = 0
+    tot, peak = layout.ReadTotals(), 0
     task = BlockTask(temp_per_elem, 0, read_flight(spec))
     for i, (rows, cols) in enumerate(blocks):
         if strips is None:
-            b, r, g = layout.BlockCosts(spec, rows, cols).at(0, 0)
+            cost = layout.BlockCosts(spec, rows, cols).at(0, 0)
             size = (rows[1] - rows[0]) * (cols[1] - cols[0])
-            peak = max(peak, block_peak(task, b, size))
+            peak = max(peak, block_peak(task, cost[0], size))
         else:
-            b, r, g, p = _strip_costs(spec, rows, cols, strips, task)
+            *cost, p = _strip_costs(spec, rows, cols, strips, task)
             peak = max(peak, p)
-        nbytes, nreq, gets = nbytes + b, nreq + r, gets + g
+        tot.add(cost)
         keys.append(work.add((f"{kind}-" + token, i), gnp.block_line, spec, rows, cols, deps,
                              fn, kwargs, strips))
     check_fits(kind, peak, label or str(node), budget)
     key = work.add(f"{kind}-join-" + token, gnp.join_values, join_axis, *keys)
-    return Stage("reduce", what, len(work), peak, nbytes, reads=nreq, store_gets=gets,
-                 work=work.freeze(), outputs={"0": Output("value", (key,))})
+    return Stage("reduce", what, len(work), peak, tot.nbytes, reads=tot.reads,
+                 store_gets=tot.gets, work=work.freeze(), outputs={"0": Output("value", (key,))})
 
 
 def _strip_costs(spec, rows, cols, strips, task: BlockTask):
@@ -142,13 +142,12 @@ def lower_scan(node, spec, deps: list, budget: Budget, out=None, out_grid=None,
     bands = intervals(row_edges if ax == 0 else col_edges)
     across = intervals(col_edges if ax == 0 else row_edges)
     pass1, carry_keys = Tasks(), []
-    nb1 = nreq1 = gets1 = 0
+    tot1 = layout.ReadTotals()
     for j, other in enumerate(across):
         totals = []
         for i, band in enumerate(bands[:-1]):
             rows, cols = (band, other) if ax == 0 else (other, band)
-            b, r, g = (costs.at(i, j) if ax == 0 else costs.at(j, i))
-            nb1, nreq1, gets1 = nb1 + b, nreq1 + r, gets1 + g
+            tot1.add(costs.at(i, j) if ax == 0 else costs.at(j, i))
             totals.append(pass1.add(("scan-total-" + token, i, j), gnp.block_total, spec,
                                     rows, cols, deps, op, ax, dtype))
         if totals:
@@ -157,18 +156,17 @@ def lower_scan(node, spec, deps: list, budget: Budget, out=None, out_grid=None,
     stages = []
     if len(pass1):
         stages.append(Stage("reduce", f"{short(node)}: totals of {len(bands) - 1} bands "
-                            "(first pass)", len(pass1), peak, nb1, reads=nreq1,
-                            store_gets=gets1, work=pass1.freeze()))
+                            "(first pass)", len(pass1), peak, tot1.nbytes, reads=tot1.reads,
+                            store_gets=tot1.gets, work=pass1.freeze()))
     pass2, blocks = Tasks(), []
-    nbytes = nreq = gets = written = 0
+    tot, written = layout.ReadTotals(), 0
     for j, other in enumerate(across):
         dj = list(deps) + ([carry_keys[j]] if carry_keys else [])
         for i, band in enumerate(bands):
             rows, cols = (band, other) if ax == 0 else (other, band)
             if out_grid is not None and all_done(out_grid, rows, cols, skip):
                 continue
-            b, r, g = costs.at(i, j) if ax == 0 else costs.at(j, i)
-            nbytes, nreq, gets = nbytes + b, nreq + r, gets + g
+            tot.add(costs.at(i, j) if ax == 0 else costs.at(j, i))
             pass2.add(("scan-" + token, i, j), gnp.scan_block, spec, rows, cols, dtype, out,
                       dj, op, ax, len(deps) if carry_keys else -1, i)
             if out is not None:
@@ -178,8 +176,8 @@ def lower_scan(node, spec, deps: list, budget: Budget, out=None, out_grid=None,
     result = Output("store", keys) if out is not None else Output("blocks", keys, tuple(blocks))
     stages.append(Stage("map", f"{short(node)} in blocks of up to {max_interval(row_edges)}x"
                         f"{max_interval(col_edges)}, each with its carry", len(pass2), peak,
-                        nbytes, written, reads=nreq, store_gets=gets, work=pass2.freeze(),
-                        outputs={"result": result}))
+                        tot.nbytes, written, reads=tot.reads, store_gets=tot.gets,
+                        work=pass2.freeze(), outputs={"result": result}))
     return stages, carry_keys
 
 

@@ -17,6 +17,7 @@ from ...graphs.blocks import intervals, max_interval, tree
 from ...graphs.emit import Tasks
 from ...graphs.spec import Op, leaves
 from ..expr.nodes import Elemwise, MatMul, MatVec, Node, Reduce, Scan, structure
+from . import layout
 from .map import check_fits, fit_blocks
 from .memory import op_temporaries
 from .types import Budget, Output, Stage
@@ -92,8 +93,7 @@ def lower_reduce(nodes: list[Reduce], specs: list, deps: list, budget: Budget,
     what = [(r.op, r.axis, r.ddof) for r in nodes]
     token = tokenize("reduce", what, specs, row_edges, col_edges, deps)
     name = f"reduce-{'-'.join(dict.fromkeys(r.op for r in nodes))}-{token}"
-    work, parts = Tasks(), {}
-    nbytes = nreq = gets = 0
+    work, parts, tot = Tasks(), {}, layout.ReadTotals()
     for i, rows in enumerate(intervals(row_edges)):
         for j, cols in enumerate(intervals(col_edges)):
             if len(nodes) == 1:
@@ -103,8 +103,7 @@ def lower_reduce(nodes: list[Reduce], specs: list, deps: list, budget: Budget,
                 parts[i, j] = work.add((name, "map", i, j), gred.reduce_map_many, tuple(specs),
                                        rows, cols, tuple(r.op for r in nodes),
                                        tuple(r.axis for r in nodes), n, deps)
-            b, r, g = costs.at(i, j)
-            nbytes, nreq, gets = nbytes + b, nreq + r, gets + g
+            tot.add(costs.at(i, j))
     check_fits("reduce", peak, " and ".join(str(r) for r in nodes), budget)
     split_every = int(_config.get("reduction.split-every"))
     outputs = {}
@@ -123,7 +122,7 @@ def lower_reduce(nodes: list[Reduce], specs: list, deps: list, budget: Budget,
     return Stage(
         "reduce", f"{ops}{note} over {len(parts)} blocks of up to "
         f"{max_interval(row_edges)}x{max_interval(col_edges)}, fan-in {split_every}{shared}",
-        len(work), peak, nbytes, reads=nreq, store_gets=gets, work=work.freeze(),
+        len(work), peak, tot.nbytes, reads=tot.reads, store_gets=tot.gets, work=work.freeze(),
         outputs=outputs)
 
 

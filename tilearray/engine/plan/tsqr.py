@@ -104,13 +104,11 @@ def lower_tsqr(node, specs, widths, deps: list, budget: Budget, out=None, out_gr
     name = "tsqr-" + tokenize(node.part, specs, widths, row_edges, deps, node.options,
                               str(out))
     up, costs = Tasks(), _costs(specs, widths, row_edges)
-    leaves, nbytes, nreq, gets = [], 0, 0, 0
+    leaves, tot = [], layout.ReadTotals()
     for i, rows in enumerate(intervals(row_edges)):
         leaves.append(up.add((name + "-leaf", i), gts.leaf_r, tuple(specs), rows,
                              tuple(widths), deps))
-        for c in costs:
-            b, r, g = c.at(i, 0)
-            nbytes, nreq, gets = nbytes + b, nreq + r, gets + g
+        tot.add(*(c.at(i, 0) for c in costs))
     top, levels = _tree(up, name, leaves, fan_in, keep_q=big)
     part, options = node.part, node.options
     if big:  # the root hands down D (Q) or D @ U_R (U)
@@ -120,8 +118,8 @@ def lower_tsqr(node, specs, widths, deps: list, budget: Budget, out=None, out_gr
     first = Stage(
         "tsqr", f"{short(node)}: QR of {len(leaves)} row blocks of up to "
         f"{max_interval(row_edges)} x {w}, R factors combined with fan-in {fan_in}",
-        len(up), max(peak, combine) if not big else combine, nbytes, flops=flops, reads=nreq,
-        store_gets=gets, work=up.freeze(),
+        len(up), max(peak, combine) if not big else combine, tot.nbytes, flops=flops,
+        reads=tot.reads, store_gets=tot.gets, work=up.freeze(),
         outputs={"R": Output("value", (root,))} if not big else
         {"factors": Output("value", (root,))})
     if not big:
@@ -143,7 +141,7 @@ def _down_stage(node, name, specs, widths, deps, row_edges, levels, root, costs,
     stores, leaves_done, blocks = Tasks(), [], []
     m, n = node.x.shape
     ncols = node.shape[1]
-    nbytes = nreq = gets = written = 0
+    tot, written = layout.ReadTotals(), 0
     for i, rows in enumerate(intervals(row_edges)):
         if out_grid is not None and all_done(out_grid, rows, (0, ncols), skip):
             continue
@@ -152,9 +150,7 @@ def _down_stage(node, name, specs, widths, deps, row_edges, levels, root, costs,
         leaves_done.append(stores.add((name + "-q", i), gts.leaf_store, tuple(specs), rows,
                                       tuple(widths), deps, out, ncols, src, index))
         blocks.append((rows, (0, ncols)))
-        for c in costs:
-            b, r, g = c.at(i, 0)
-            nbytes, nreq, gets = nbytes + b, nreq + r, gets + g
+        tot.add(*(c.at(i, 0) for c in costs))
         if out is not None:
             written += (rows[1] - rows[0]) * ncols * np.dtype(node.dtype).itemsize
     w = sum(widths)
@@ -162,8 +158,8 @@ def _down_stage(node, name, specs, widths, deps, row_edges, levels, root, costs,
     return Stage(
         "tsqr-q", f"{node.part} = the tree's Q factors applied back down: each of "
         f"{len(leaves_done)} row blocks read again, factored again and written "
-        f"({max_interval(row_edges)} x {ncols})", len(work), peak, nbytes, written,
-        flops=4 * m * w * w + 2 * m * w * ncols, reads=nreq, store_gets=gets, work=work,
+        f"({max_interval(row_edges)} x {ncols})", len(work), peak, tot.nbytes, written,
+        flops=4 * m * w * w + 2 * m * w * ncols, reads=tot.reads, store_gets=tot.gets, work=work,
         outputs={"result": Output("store", tuple(leaves_done)) if out is not None else
                  Output("blocks", tuple(leaves_done), tuple(blocks)),
                  "slices": Output("stats", tuple(t.key for t in down.freeze()))})
