@@ -1,4 +1,4 @@
-"""Fault injection: 20 randomised runs of every fault kind (tests/stress/fault_matrix.py;
+"""Fault injection: 8 randomised runs of every fault kind (tests/stress/fault_matrix.py;
 ``make stress`` runs more, on a bigger job). The seed is printed and in every
 failure message, so a failing run can be replayed with ``--seed``."""
 
@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "stress"))
 import fault_matrix  # noqa: E402
 
-RUNS = 20
+RUNS = 8
 #: Every kind, worker SIGKILLs included: their hang (a LocalCluster left with
 #: no nannies) was distributed's lost-worker timer, fixed in
 #: tilearray.engine.runtime.local (see the README's fault-injection section).
