@@ -68,6 +68,22 @@ def data(tmp_path_factory):
     return d
 
 
+@pytest.fixture(scope="module")
+def remote():
+    """CLI options for a job on a running scheduler (``--scheduler-address``):
+    one in-process worker of 1 GiB, 1 thread, as :data:`JOB` sizes the
+    embedded cluster. Tests about a command's behaviour use it, so each CLI
+    run skips starting and stopping a cluster of its own (seconds of CPU on
+    a 2-core machine); the embedded-cluster path keeps its own tests
+    (``test_matmul_matches_numpy``, ``test_matmul_transposes_and_output_layout``,
+    the failure and MPI tests)."""
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp",
+                      dashboard_address=":0", memory_limit="1GiB") as cluster:
+        yield ["--scheduler-address", cluster.scheduler_address, "--quiet"]
+
+
 @pytest.fixture
 def work(data, tmp_path):
     """A fresh directory holding links to the module's inputs."""
@@ -288,20 +304,20 @@ def test_matmul_transposes_and_output_layout(work):
     assert_close(read(work / "bbt.zarr"), b @ b.T)
 
 
-def test_matmul_existing_output_overwrite_and_resume(work):
-    ok(cli("matmul", "a.zarr", "b.zarr", "-o", "c.zarr", *JOB, cwd=work))
-    err = one_line_error(cli("matmul", "a.zarr", "b.zarr", "-o", "c.zarr", *JOB, cwd=work))
+def test_matmul_existing_output_overwrite_and_resume(work, remote):
+    ok(cli("matmul", "a.zarr", "b.zarr", "-o", "c.zarr", *remote, cwd=work))
+    err = one_line_error(cli("matmul", "a.zarr", "b.zarr", "-o", "c.zarr", *remote, cwd=work))
     assert "already exists" in err and "--overwrite" in err and "--resume" in err
 
-    p = ok(cli("matmul", "a.zarr", "b.zarr", "-o", "c.zarr", "--resume", *JOB, cwd=work))
+    p = ok(cli("matmul", "a.zarr", "b.zarr", "-o", "c.zarr", "--resume", *remote, cwd=work))
     assert "already complete" in p.stdout
 
     # a different job into the same output cannot be resumed into it
     err = one_line_error(cli("matmul", "b.zarr", "b.zarr", "--transpose-b", "-o", "c.zarr",
-                             "--resume", *JOB, cwd=work))
+                             "--resume", *remote, cwd=work))
     assert "cannot resume" in err
 
-    ok(cli("matmul", "b.zarr", "b.zarr", "--transpose-b", "-o", "c.zarr", "--overwrite", *JOB,
+    ok(cli("matmul", "b.zarr", "b.zarr", "--transpose-b", "-o", "c.zarr", "--overwrite", *remote,
            cwd=work))
     b = read(work / "b.zarr")
     assert_close(read(work / "c.zarr"), b @ b.T)
@@ -346,29 +362,29 @@ def test_failure_while_running_exits_1_and_leaves_output_incomplete(data, tmp_pa
 # -- reduce --------------------------------------------------------------------------
 
 
-def test_reduce_to_zarr_matches_numpy(work):
+def test_reduce_to_zarr_matches_numpy(work, remote):
     a = read(work / "a.zarr")
-    p = ok(cli("reduce", "a.zarr", "--op", "mean", "--axis", 0, "-o", "m.zarr", *JOB,
+    p = ok(cli("reduce", "a.zarr", "--op", "mean", "--axis", 0, "-o", "m.zarr", *remote,
                cwd=work))
     assert p.stdout.startswith("tilearray: mean(axis=0) of a.zarr -> m.zarr (200,) float64")
     assert_close(read(work / "m.zarr"), a.mean(axis=0))
 
-    ok(cli("reduce", "a.zarr", "--op", "std", "--axis", 1, "--ddof", 1, "-o", "s.zarr", *JOB,
+    ok(cli("reduce", "a.zarr", "--op", "std", "--axis", 1, "--ddof", 1, "-o", "s.zarr", *remote,
            cwd=work))
     assert_close(read(work / "s.zarr"), a.std(axis=1, ddof=1))
 
-    err = one_line_error(cli("reduce", "a.zarr", "--op", "sum", "-o", "m.zarr", *JOB,
+    err = one_line_error(cli("reduce", "a.zarr", "--op", "sum", "-o", "m.zarr", *remote,
                              cwd=work))
     assert "already exists" in err
     ok(cli("reduce", "a.zarr", "--op", "max", "--axis", "none", "-o", "m.zarr", "--overwrite",
-           *JOB, cwd=work))
+           *remote, cwd=work))
     assert read(work / "m.zarr") == pytest.approx(a.max())
 
 
-def test_reduce_summary_plan_is_the_plan_of_the_write(work):
+def test_reduce_summary_plan_is_the_plan_of_the_write(work, remote):
     """With -o the summary's plan is the plan of what runs (the write included):
     its task count is the run's, as the README promises for every expression."""
-    p = ok(cli("reduce", "a.zarr", "--op", "mean", "--axis", 0, "-o", "m.zarr", *JOB,
+    p = ok(cli("reduce", "a.zarr", "--op", "mean", "--axis", 0, "-o", "m.zarr", *remote,
                cwd=work))
     planned = int(p.stdout.split("| plan ")[1].split(" task(s)")[0])
     ran = int(p.stdout.split("| ran ")[1].split(" tasks")[0])
@@ -376,17 +392,17 @@ def test_reduce_summary_plan_is_the_plan_of_the_write(work):
     assert "write" in p.stdout.split("| plan ")[1].split("|")[0], p.stdout
 
 
-def test_reduce_prints_values(work):
+def test_reduce_prints_values(work, remote):
     a = read(work / "a.zarr")
-    p = ok(cli("reduce", "a.zarr", "--op", "sum", *JOB, cwd=work))
+    p = ok(cli("reduce", "a.zarr", "--op", "sum", *remote, cwd=work))
     assert float(p.stdout) == pytest.approx(a.sum(), rel=1e-12)
     assert "tilearray: sum(axis=none) of a.zarr" in p.stderr  # summary off stdout
 
-    p = ok(cli("reduce", "a.zarr", "--op", "norm", "--axis", 1, *JOB, cwd=work))
+    p = ok(cli("reduce", "a.zarr", "--op", "norm", "--axis", 1, *remote, cwd=work))
     values = np.array([float(v) for v in p.stdout.split()])
     assert_close(values, np.linalg.norm(a, axis=1))
 
-    p = ok(cli("reduce", "a.zarr", "--op", "argmax", "--axis", 0, *JOB, cwd=work))
+    p = ok(cli("reduce", "a.zarr", "--op", "argmax", "--axis", 0, *remote, cwd=work))
     assert [int(v) for v in p.stdout.split()] == list(a.argmax(axis=0))
 
 
@@ -563,15 +579,15 @@ def test_info_describes_1d_and_0d_arrays(tmp_path, capsys, monkeypatch):
     assert s["shape"] == [] and s["tilearray_output"] is False and s["complete"] is True
 
 
-def test_reduce_resume_keeps_a_complete_output(work):
+def test_reduce_resume_keeps_a_complete_output(work, remote):
     a = read(work / "a.zarr")
-    ok(cli("reduce", "a.zarr", "--op", "mean", "--axis", 0, "-o", "m.zarr", *JOB, cwd=work))
+    ok(cli("reduce", "a.zarr", "--op", "mean", "--axis", 0, "-o", "m.zarr", *remote, cwd=work))
     p = ok(cli("reduce", "a.zarr", "--op", "mean", "--axis", 0, "-o", "m.zarr", "--resume",
-               *JOB, cwd=work))
+               *remote, cwd=work))
     assert "already complete" in p.stdout
     assert_close(read(work / "m.zarr"), a.mean(axis=0))
     err = one_line_error(cli("reduce", "a.zarr", "--op", "sum", "--axis", 0, "-o", "m.zarr",
-                             "--resume", *JOB, cwd=work))
+                             "--resume", *remote, cwd=work))
     assert "cannot resume" in err
 
 

@@ -162,7 +162,7 @@ def test_killed_job_resumes_from_done_marker_objects(engine, s3_url, storage_opt
     expr = a * 2 + 1
     with _small_tasks():
         assert expr.plan(out, engine=engine).tasks == 6
-        expr.to_zarr(out, storage_options=storage_options)
+        expr.to_zarr(out, storage_options=storage_options, engine=engine)
     # the state a killed job leaves: the second row of units never written
     z = zarr.open_array(FsspecStore.from_url(out, storage_options=storage_options), mode="r+")
     z.attrs[ATTR_KEY] = {**z.attrs[ATTR_KEY], "complete": False}
@@ -182,7 +182,8 @@ def test_killed_job_resumes_from_done_marker_objects(engine, s3_url, storage_opt
     with pytest.raises(ta.StorageError, match="already exists"):
         expr.to_zarr(out, storage_options=storage_options)
     with _small_tasks():
-        c = expr.to_zarr(out, resume=True, storage_options=storage_options)
+        # engine= given: the session's current engine may be another fixture's
+        c = expr.to_zarr(out, resume=True, storage_options=storage_options, engine=engine)
     assert c.stats.skipped_units == 3 and c.stats.tasks == 3
     assert_close(c.compute(engine=engine), x * 2 + 1)
     after = _keys(s3fs_fs, out)
