@@ -159,14 +159,20 @@ def combine_peak(block_bytes: int, fan_in: int) -> int:
 
 def tsqr_leaf_peak(read_bytes: int, rows: int, width: int, itemsize: int, out_cols: int = 0,
                    write_flight_bytes: int = 0, read_flight_bytes: int = 0) -> int:
-    """A TSQR leaf: its reads held compressed and decoded (zarr's buffers in
-    flight, never more than the reads), the block copied into LAPACK's
-    working array (which becomes ``Q_i``), its R; writing Q or U, the rows
-    times the slice handed down and one output unit in flight."""
+    """A TSQR leaf (:mod:`tilearray.graphs.tsqr`), the largest of its phases:
+    reading (its reads held compressed and decoded, zarr's buffers in flight,
+    never more than the reads, and the block copied into LAPACK's F-ordered
+    working array); factoring (that array, which becomes the reflectors,
+    ``T`` and R or, writing Q or U, the rows times the slice handed down);
+    writing Q or U (those rows, their C-ordered copy, then the copy and one
+    output unit in flight). The reads are released before the factorization
+    and the reflectors before the write."""
     block = rows * width * itemsize
     out = rows * out_cols * itemsize
-    return as_rss(2 * read_bytes + min(read_flight_bytes, read_bytes) + block
-                  + width * width * itemsize + out + min(write_flight_bytes, out))
+    reading = 2 * read_bytes + min(read_flight_bytes, read_bytes) + block
+    factoring = block + 2 * width * width * itemsize + out
+    writing = out + max(out, min(write_flight_bytes, out))
+    return as_rss(max(reading, factoring, writing))
 
 
 def tsqr_combine_peak(width: int, fan_in: int, itemsize: int) -> int:

@@ -115,10 +115,13 @@ def lower_tsqr(node, specs, widths, deps: list, budget: Budget, out=None, out_gr
         part, options = "down", tuple(sorted({**dict(options), "right": node.part}.items()))
     root = up.add(name + "-root", gts.root, part, n, m, options, top)
     flops = 2 * m * w * w
+    # the up leaves read and factor (R only); with Q or U, ``peak`` is the
+    # down leaves' (they also hold and write their rows of the result)
+    up_peak = _leaf_peak(specs, widths, row_edges, itemsize, 0, None) if big else peak
     first = Stage(
         "tsqr", f"{short(node)}: QR of {len(leaves)} row blocks of up to "
         f"{max_interval(row_edges)} x {w}, R factors combined with fan-in {fan_in}",
-        len(up), max(peak, combine) if not big else combine, tot.nbytes, flops=flops,
+        len(up), max(up_peak, combine), tot.nbytes, flops=flops,
         reads=tot.reads, store_gets=tot.gets, work=up.freeze(),
         outputs={"R": Output("value", (root,))} if not big else
         {"factors": Output("value", (root,))})
