@@ -235,9 +235,10 @@ def worker_pids(client) -> list[int]:
     return sorted(client.run(os.getpid).values())
 
 
-def _read_chars() -> int:
+def _io_chars(field: str) -> int:
+    """This process's ``read_chars`` or ``write_chars``, or -1 where unknown."""
     try:
-        return psutil.Process().io_counters().read_chars
+        return getattr(psutil.Process().io_counters(), field)
     except Exception:
         return -1
 
@@ -245,26 +246,20 @@ def _read_chars() -> int:
 def read_chars(client=None) -> int:
     """Sum of ``read_chars`` (Linux rchar: bytes returned by read syscalls,
     page-cache hits included) over the workers, or this process if no client."""
-    if client is None:
-        return _read_chars()
-    vals = client.run(_read_chars).values()
-    return -1 if any(v < 0 for v in vals) else sum(vals)
-
-
-def _write_chars() -> int:
-    try:
-        return psutil.Process().io_counters().write_chars
-    except Exception:
-        return -1
+    return _summed_chars("read_chars", client)
 
 
 def write_chars(client=None) -> int:
     """Sum of ``write_chars`` (Linux wchar: bytes passed to write syscalls, to
     the page cache or not; dask's spill files included) over the workers, or
     this process if no client."""
+    return _summed_chars("write_chars", client)
+
+
+def _summed_chars(field: str, client) -> int:
     if client is None:
-        return _write_chars()
-    vals = client.run(_write_chars).values()
+        return _io_chars(field)
+    vals = client.run(_io_chars, field).values()
     return -1 if any(v < 0 for v in vals) else sum(vals)
 
 
@@ -317,10 +312,10 @@ def cubed_spec(cluster, client, work_dir: str, allowed_mem):
 
 def _child_main(conn, fn, args, kwargs):
     try:
-        rc0 = _read_chars()
+        rc0 = _io_chars("read_chars")
         out = fn(*args, **kwargs)
         out = dict(out or {})
-        out["read_chars"] = _read_chars() - rc0
+        out["read_chars"] = _io_chars("read_chars") - rc0
         out["ru_maxrss"] = _ru_maxrss()
         conn.send(("ok", out))
     except BaseException as e:  # report, never hang the parent

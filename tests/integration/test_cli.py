@@ -458,16 +458,11 @@ def test_console_script(tmp_path):
     assert p.returncode == 1 and p.stderr.startswith("tilearray: error: ")
 
 
-def test_existing_scheduler(work):
-    from distributed import LocalCluster
-
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp",
-                      dashboard_address=":0", memory_limit="1GiB") as cluster:
-        p = ok(cli("matmul", "a.zarr", "b.zarr", "-o", "c.zarr", "--quiet",
-                   "--scheduler-address", cluster.scheduler_address, cwd=work))
-        assert "| ran " in p.stdout
-        a, b = read(work / "a.zarr"), read(work / "b.zarr")
-        assert_close(read(work / "c.zarr"), a @ b)
+def test_existing_scheduler(work, remote):
+    p = ok(cli("matmul", "a.zarr", "b.zarr", "-o", "c.zarr", *remote, cwd=work))
+    assert "| ran " in p.stdout
+    a, b = read(work / "a.zarr"), read(work / "b.zarr")
+    assert_close(read(work / "c.zarr"), a @ b)
     err = one_line_error(cli("reduce", "a.zarr", "--op", "sum", "--quiet",
                              "--scheduler-address", "tcp://127.0.0.1:1",
                              "--connect-timeout", 2, cwd=work))
