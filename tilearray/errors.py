@@ -50,7 +50,8 @@ class NotPositiveDefiniteError(TilearrayError, LinAlgError):
 
     ``column`` is the global column (0-based) whose pivot was not positive:
     the leading minor of order ``column + 1`` is not positive definite.
-    ``tile`` is the diagonal tile index ``(k, k)`` being factored.
+    ``tile`` is the diagonal tile ``(k, k)`` holding it: the I/O unit of the
+    stored factor (``to_zarr(tile=...)``), or of a kernel's own tiles.
     """
 
     def __init__(self, tile: tuple[int, int], column: int):

@@ -76,20 +76,31 @@ def test_cholesky_matches_numpy(eng, tmp_path, rng, dtype, n, in_tile, out_tile)
 
 
 def test_plan_reports_io_against_the_lower_bound(tmp_path):
-    """Planned on metadata alone: tile chosen under the budget, reads near
-    n^3 / (3 b) and reported against n^3 / (3 sqrt(M))."""
+    """Planned on metadata alone: the task tile is the largest multiple of the
+    output's 2048 unit that fits (4096 at 1 GiB workers: two tiles and a unit
+    write), reads are A's lower triangle once plus the L panels, about
+    n^3 / (3 b), reported against n^3 / (3 sqrt(M))."""
     zarr.create_array(tmp_path / "a.zarr", shape=(32768, 32768), chunks=(2048, 2048), dtype="f8")
     a = ta.open(tmp_path / "a.zarr")
     budget = ta.Budget.from_config("1GiB", 2, 1)
     plan = ta.linalg.cholesky(a).plan(tmp_path / "l.zarr", tile=(2048, 2048), budget=budget)
     st = plan.stages[0]
-    n, b = 32768, 2048
+    n, b = 32768, 4096
+    assert f"by {b} x {b} tiles" in st.description, st.description
     assert st.peak_task_memory <= budget.task_memory
     assert st.bytes_written == n * n * 8
-    assert abs(st.bytes_read - 8 * n**3 / (3 * b)) < 0.1 * 8 * n**3 / (3 * b)
+    nt = n // b
+    a_once = nt * (nt + 1) // 2 * b * b * 8
+    l_back = 8 * n**3 / (3 * b)
+    assert abs(st.bytes_read - a_once - l_back) < 0.1 * l_back, st
     assert plan.io_lower_bound and "Cholesky I/O lower bound" in str(plan)
-    # with 4 GiB workers the planner's own tile (an SPD solve's factor) is 8192:
-    # reads 3.6x the bound
+    assert st.bytes_read / st.io_lower_bound < 3  # 5.3x with tiles of one unit
+    # a tile of one unit would not use the budget: the next multiple does not fit
+    bigger = ta.linalg.cholesky(a).plan(tmp_path / "l.zarr", tile=(2048, 2048),
+                                        budget=ta.Budget.from_config("2GiB", 2, 1))
+    assert "by 6144 x 6144 tiles" in bigger.stages[0].description
+    # with 4 GiB workers the planner's own tiles (an SPD solve's factor) are
+    # 8192 = n / (2 threads), the cap that keeps every thread busy
     solve = ta.linalg.solve_plan(a, np.ones(n), assume_a="pos")
     chosen = solve.plan(budget=ta.Budget.from_config("4GiB", 2, 1)).stages[0]
     assert "by 8192 x 8192 tiles" in chosen.description, chosen
@@ -189,28 +200,35 @@ def test_not_positive_definite_names_tile_and_column(eng, tmp_path, rng):
 
 
 def test_resume_recomputes_only_missing_tiles(eng, tmp_path, rng):
-    """A driver killed mid-run leaves some tiles without their done marker:
-    resume recomputes those alone, reading the done tiles back."""
-    n, b = 200, 40
+    """A driver killed mid-run leaves some units without their done marker:
+    resume recomputes the tiles holding them alone, reading the done ones back.
+    n = 600 in 40 x 40 units: tasks of 240 x 240 tiles (6 x 6 units; the
+    largest multiple under n / (2 threads), at least 256)."""
+    n, u, b = 600, 40, 240
     x = spd(rng, n)
     a = stored(tmp_path, "a.zarr", x, (50, 50))
     low = ta.linalg.cholesky(a)
     out = tmp_path / "l.zarr"
-    first = low.to_zarr(out, tile=(b, b))
-    assert first.stats.tasks == 15 + 4  # lower tiles + a zeros task per row
-    # as if killed: not complete, and tiles (2, 1), (4, 3), (4, 4), (0, 3) lost
+    plan = low.plan(out, tile=(u, u))
+    assert f"by {b} x {b} tiles" in plan.stages[0].description
+    first = low.to_zarr(out, tile=(u, u))
+    assert first.stats.tasks == 6 + 2  # lower tiles + a zeros task per row but the last
+    same_figures(plan, first.stats)
+    # as if killed: not complete, and the units of tiles (0, 0), (2, 1), (2, 2)
+    # and the upper (0, 1) lost -- one unit each
     ref = ArrayRef.from_location(out)
     z = zarr.open_array(out, mode="r+")
     meta = dict(z.attrs["tilearray"])
     meta["complete"] = False
     z.attrs["tilearray"] = meta
-    for i, j in [(2, 1), (4, 3), (4, 4), (0, 3)]:
-        z[i * b:(i + 1) * b, j * b:(j + 1) * b] = np.nan
+    lost = [(2, 1), (13, 7), (14, 14), (0, 8)]
+    for i, j in lost:
+        z[i * u:(i + 1) * u, j * u:(j + 1) * u] = np.nan
         os.remove(out / unit_done_key(i, j))  # a local store: the marker is a file
-    assert len(done_units(ref)) == 25 - 4
+    assert len(done_units(ref)) == 15 * 15 - 4
     again = low.to_zarr(out, resume=True)
     assert again.stats.tasks == 3 + 1  # three lower tiles, one zeros task (row 0)
-    assert again.stats.bytes_written == 4 * b * b * 8
+    assert again.stats.bytes_written == (b * b + 120 * b + 120 * 120 + b * b) * 8
     assert_close(again.compute(), np.linalg.cholesky(x))
 
 

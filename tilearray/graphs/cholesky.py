@@ -1,11 +1,14 @@
 """Tiled Cholesky, triangular solves and one-task dense routines, as tasks.
 
 Cholesky is left-looking by tile: task ``(i, j)`` (``i >= j``) reads
-``A_ij``, subtracts ``L_ik L_jk^T`` for ``k < j`` streaming one pair of L
-tiles at a time (read back from the output array, written earlier by the
-tasks it depends on), then factors (``potrf``, ``i == j``) or solves with
-``L_jj`` (``trsm``, ``i > j``) and writes ``L_ij`` whole, with its done
-marker. Each row's tiles above the diagonal are written as zeros by one task.
+``A_ij`` strip by strip, subtracts ``L_ik L_jk^T`` for the columns left of
+the tile streaming one pair of L column panels at a time (read back from the
+output array, written earlier by the tasks it depends on), then factors
+(``potrf``, ``i == j``) or solves with ``L_jj`` (``trsm``, ``i > j``) in
+place and writes ``L_ij`` unit by unit, with their done markers. A tile is
+several of the output's I/O units: the planner makes it as large as a task
+holds, since the L reads fall as the tile grows. Each row's tiles above the
+diagonal are written as zeros by one task.
 
 Triangular solves (``T X = B``) are blocked substitution: task ``i`` reads
 row tile ``i`` of T (the tiles left of the diagonal, or right of it going
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import NotPositiveDefiniteError
 from ..storage import IOStats, buffers, read_region, write_block
 from . import linalg as kern
 from .matmul import counted, merge_stats
@@ -32,31 +36,45 @@ def _c(spec, rows, cols, deps, stats, dtype) -> np.ndarray:
     return np.asfortranarray(evaluate(spec, rows, cols, list(deps), stats), dtype=dtype)
 
 
-def tile(a_spec, a_deps, l_ref, edges, i: int, j: int, dtype, *after):
-    """``L_ij`` of the Cholesky factor, written whole into ``l_ref``. Returns
-    the diagonal of ``L_jj`` (``i == j``) or None: results stay small, as
-    every later task of its row and column receives them.
+def tile(a_spec, a_deps, l_ref, edges, strips: tuple, panel: int, i: int, j: int, dtype,
+         *after):
+    """``L_ij`` of the Cholesky factor, written into ``l_ref`` unit by unit.
+
+    ``A_ij`` is read strip by strip (rows cut at ``strips``, global row
+    positions: each strip inside one I/O unit row of every input) into one
+    F-ordered tile; the L tiles to its left are streamed back from the output
+    in column panels ``panel`` wide (its I/O unit), one pair at a time. The
+    tile is factored (``potrf``) or solved against ``L_jj`` (``trsm``) in
+    place. Returns the diagonal of ``L_jj`` (``i == j``) or None: results
+    stay small, as every later task of its row and column receives them.
     ``after``: the tasks that wrote the L tiles it reads (their results unused)."""
     buffers.release(blocks_only=True)
     stats = IOStats()
     rows, cols = edges[i], edges[j]
-    c = _c(a_spec, rows, cols, a_deps, stats, dtype)
-    for k in range(j):
-        lik = read_region(l_ref, rows, edges[k], stats)
+    c = np.empty((rows[1] - rows[0], cols[1] - cols[0]), dtype=kern.result_dtype(dtype),
+                 order="F")
+    cuts = [rows[0], *(s for s in strips if rows[0] < s < rows[1]), rows[1]]
+    for s0, s1 in zip(cuts, cuts[1:], strict=False):
+        c[s0 - rows[0]:s1 - rows[0]] = evaluate(a_spec, (s0, s1), cols, list(a_deps), stats)
+    for k0 in range(0, cols[0], panel):
+        k = (k0, min(k0 + panel, cols[0]))
+        lik = read_region(l_ref, rows, k, stats)
         if i == j:
             c = kern.syrk_update(c, lik)
         else:
-            ljk = read_region(l_ref, cols, edges[k], stats)
+            ljk = read_region(l_ref, cols, k, stats)
             c = kern.gemm_update(c, lik, ljk, trans_b=True)
             del ljk
         del lik
     if i == j:
-        out = kern.potrf(c, tile=(i, j), col0=cols[0])
+        try:
+            c = kern.potrf(c, col0=cols[0], overwrite=True)
+        except NotPositiveDefiniteError as e:  # named by the stored factor's unit
+            raise NotPositiveDefiniteError((e.column // panel,) * 2, e.column) from None
     else:
-        out = kern.trsm(read_region(l_ref, cols, cols, stats), c)
-    del c
-    write_block(l_ref, rows, cols, np.ascontiguousarray(out, dtype=dtype), stats)
-    value = np.diagonal(out).copy() if i == j else None
+        c = kern.trsm(read_region(l_ref, cols, cols, stats), c)
+    write_block(l_ref, rows, cols, c if c.dtype == dtype else c.astype(dtype), stats)
+    value = np.diagonal(c).copy() if i == j else None
     return value, counted(stats.as_dict())
 
 

@@ -558,11 +558,14 @@ def _inout(c: np.ndarray, dtype) -> np.ndarray:
 
 
 @_single_threaded
-def potrf(a_kk: np.ndarray, *, tile: tuple[int, int] = (0, 0), col0: int = 0) -> np.ndarray:
+def potrf(a_kk: np.ndarray, *, tile: tuple[int, int] = (0, 0), col0: int = 0,
+          overwrite: bool = False) -> np.ndarray:
     """Cholesky factor ``L_kk`` of a diagonal tile (LAPACK ``potrf``, lower).
 
     ``a_kk`` is ``t x t``; only its lower triangle is read. Returns a new
-    ``t x t`` lower-triangular ``L_kk`` (upper triangle zeroed). Raises
+    ``t x t`` lower-triangular ``L_kk`` (upper triangle zeroed); with
+    ``overwrite``, written over ``a_kk`` when it is F-ordered of the computing
+    dtype (use the return value; memory ``t^2 b``). Raises
     :class:`~tilearray.errors.NotPositiveDefiniteError` naming ``tile`` and
     the global column ``col0 + j`` (``col0``: the tile's first column) whose
     pivot is not positive. NaN propagates without an error, as in
@@ -570,7 +573,7 @@ def potrf(a_kk: np.ndarray, *, tile: tuple[int, int] = (0, 0), col0: int = 0) ->
     """
     a = _float(a_kk)
     potrf_ = lapack.get_lapack_funcs("potrf", (a,))
-    c, info = potrf_(a, lower=1, clean=1, overwrite_a=0)
+    c, info = potrf_(a, lower=1, clean=1, overwrite_a=int(overwrite))
     if info > 0:
         raise NotPositiveDefiniteError(tile, col0 + info - 1)
     if info < 0:  # pragma: no cover - a bug in the arguments

@@ -3,11 +3,12 @@ one-task dense routines (:mod:`tilearray.graphs.cholesky` tasks). Pure:
 node, specs and budget in, :class:`~.types.Stage` records out.
 
 Cholesky is left-looking by square tile ``b``: task ``(i, j)``, ``i >= j``,
-reads ``A_ij`` and the L tiles ``(i, k)``, ``(j, k)`` for ``k < j`` (and
-``L_jj``) from the output array, which the tasks that wrote them precede,
-and writes ``L_ij`` whole. ``b`` is the output's I/O unit when the output
-is given (``to_zarr(tile=...)``), else the largest tile a task holds under
-the budget. Reads are about ``n^3 / (3 b)`` elements; the I/O lower bound
+reads ``A_ij`` (strip by strip) and the L column panels of rows ``i`` and
+``j`` left of the tile (and ``L_jj``) from the output array, which the tasks
+that wrote them precede, and writes ``L_ij`` whole. The output's square I/O
+unit ``u`` is given (``to_zarr(tile=...)``) or the planner's; ``b`` is the
+largest multiple of ``u`` a task holds under the budget (panels are ``u``
+wide, so a task holds about two tiles). Reads are about ``n^3 / (3 b)`` elements; the I/O lower bound
 reported is ``n^3 / (3 sqrt(M))`` words (Ballard, Demmel, Holtz, Schwartz
 2010: Omega(n^3 / sqrt(M)); this constant is the order, not the proven one),
 ``M`` the task's memory in elements, or A's lower triangle read once if
@@ -26,12 +27,12 @@ from ...errors import PlanningError
 from ...graphs import cholesky as gch
 from ...graphs.emit import Tasks
 from ...graphs.linalg import tile_edges
-from ...graphs.spec import Read, leaves
+from ...graphs.spec import Read, leaves, unit_edges
 from . import layout
 from .map import check_fits
-from .memory import cholesky_peak, incore_peak, trsolve_peak
+from .memory import cholesky_peak, chunk_flight, incore_peak, trsolve_peak
 from .memory import read_flight as zarr_flight
-from .sizing import short
+from .sizing import factor_tile, short
 from .types import Budget, Output, Stage
 
 MIN_TILE = 256
@@ -55,14 +56,23 @@ def _a_read(spec, b: int, n: int) -> int:
                * lf.dtype.itemsize for lf in leaves(spec))
 
 
+def _strip_read(spec, b: int, n: int) -> int:
+    """Bytes one strip of a ``b``-wide tile of ``spec`` fetches, at most: a
+    strip lies inside one I/O unit row of every input (taken as its longer side)."""
+    return sum(min(max(lf.grid.unit), n) * fetched_bytes(b, min(lf.grid.unit), n)
+               * lf.dtype.itemsize for lf in leaves(spec))
+
+
 def input_unit_side(spec) -> int:
     """The smallest I/O unit side of the stored arrays ``spec`` reads (1 without any)."""
     units = [u for lf in leaves(spec) for u in lf.grid.unit]
     return min(units) if units else 1
 
 
-def chol_peak(spec, b: int, n: int, itemsize: int) -> int:
-    return cholesky_peak(b, _a_read(spec, b, n), zarr_flight(spec), itemsize, itemsize)
+def chol_peak(spec, b: int, panel: int, n: int, itemsize: int) -> int:
+    """Peak of a tile task: ``b x b`` tiles, L's I/O unit ``panel`` (square)."""
+    return cholesky_peak(b, panel, _strip_read(spec, b, n), zarr_flight(spec),
+                         chunk_flight(panel * panel * itemsize), itemsize, itemsize)
 
 
 def fit_tile(n: int, align: int, cap: int, peak_of, budget: Budget) -> int:
@@ -80,25 +90,28 @@ def fit_tile(n: int, align: int, cap: int, peak_of, budget: Budget) -> int:
     return lo if lo < 64 or lo == cap else lo // 64 * 64
 
 
-def cholesky_tile(node, spec, budget: Budget) -> int:
-    """``b`` for a Cholesky whose output tiling is the planner's choice: the
-    largest that fits, at most ``n / (2 threads)`` (work for every thread)
-    but never under :data:`MIN_TILE`; aligned to A's I/O unit only when that
-    reads less (A is read about once, the L tiles ``n / (3 b)`` times)."""
+def cholesky_tile(node, spec, budget: Budget, unit: int | None = None) -> tuple[int, int]:
+    """``(b, unit)``: the task tile ``b`` of a Cholesky whose factor is stored
+    in square I/O units ``unit`` (the planner's choice when None: the stored
+    default, :func:`~.sizing.factor_tile`, or the largest that fits).
+
+    ``b`` is the largest multiple of ``unit`` whose task fits the budget, at
+    most ``n / (2 threads)`` (work for every thread) but never under
+    :data:`MIN_TILE`: the L tiles are read back about ``n / (3 b)`` times,
+    so reads fall as the tile grows. When even ``b = unit`` does not fit,
+    ``(unit, unit)`` is returned and the lowering refuses it with its peak."""
     n, item = node.shape[0], np.dtype(node.dtype).itemsize
     cap = max(MIN_TILE, -(-n // (2 * budget.total_threads)))
-    align = input_unit_side(spec)
-
-    def peak(b):
-        return chol_peak(spec, b, n, item)
-
-    aligned = fit_tile(n, align, cap, peak, budget)
-    free = fit_tile(n, 1, cap, peak, budget)
-
-    def reads(b):
-        return (-(-n // b)) ** 2 / 2 * _a_read(spec, b, n) + item * n**3 / (3 * b)
-
-    return min((aligned, free), key=lambda b: (reads(b), -b))
+    if unit is None:
+        unit = min(factor_tile(node), max(n, 1))
+        if chol_peak(spec, unit, unit, n, item) > budget.task_memory:  # units as large as fit
+            unit = fit_tile(n, input_unit_side(spec), cap,
+                            lambda b: chol_peak(spec, b, b, n, item), budget)
+    m = 1
+    while m * unit < n and (m + 1) * unit <= cap and \
+            chol_peak(spec, (m + 1) * unit, unit, n, item) <= budget.task_memory:
+        m += 1
+    return m * unit, unit
 
 
 def io_bound(n: int, itemsize: int, budget: Budget) -> int:
@@ -107,38 +120,60 @@ def io_bound(n: int, itemsize: int, budget: Budget) -> int:
     return int(itemsize * max(n**3 / (3 * math.sqrt(m_words)), n * (n + 1) / 2))
 
 
+def _tiles_done(skip, m: int, nu: int, nt: int) -> set:
+    """Tiles ``(i, j)`` whose ``m x m`` units (of ``nu`` per side) are all in ``skip``."""
+    def units(t):
+        return range(t * m, min(t * m + m, nu))
+    return {(i, j) for i in range(nt) for j in range(nt)
+            if all((r, c) in skip for r in units(i) for c in units(j))} if skip else set()
+
+
 def lower_cholesky(node, spec, deps: list, budget: Budget, b: int, out, l_grid,
                    skip=frozenset(), keep=False) -> Stage:
     """The Cholesky tile tasks of ``node`` (``A`` read as ``spec``) into ``out``
-    (a ``b x b`` tiled grid ``l_grid``, units in ``skip`` done): each tile
-    task, and per row one task writing the tiles above the diagonal as zeros.
-    ``keep``: each block row is read back by a task (``compute()``; output
-    "blocks"), after every tile task (their figures: output "stats")."""
+    (grid ``l_grid``: square I/O units dividing ``b``, those in ``skip``
+    done): each ``b x b`` tile task, and per row one task writing the tiles
+    above the diagonal as zeros. ``keep``: each block row is read back by a
+    task (``compute()``; output "blocks"), after every tile task (their
+    figures: output "stats")."""
     n, dtype = node.shape[0], np.dtype(node.dtype)
-    peak = chol_peak(spec, b, n, dtype.itemsize)
+    u = l_grid.unit[1]
+    peak = chol_peak(spec, b, u, n, dtype.itemsize)
     check_fits("cholesky", peak, f"{short(node)} in {b} x {b} tiles", budget)
     edges = tuple(tile_edges(n, b))
     nt = len(edges)
-    name = "cholesky-" + tokenize(spec, deps, edges, str(out), keep, sorted(skip))
-    a_costs = layout.BlockCosts(spec, [0, *(e[1] for e in edges)], [0, *(e[1] for e in edges)])
-    l_costs = layout.BlockCosts(Read(out, l_grid, dtype), a_costs.row_edges, a_costs.col_edges)
+    done = _tiles_done(skip, b // u, -(-n // u), nt)
+    strips = tuple(e for e in unit_edges(spec, 0, n) if 0 < e < n)
+    name = "cholesky-" + tokenize(spec, deps, edges, strips, str(out), keep, sorted(done))
+    cuts = [0, *(e[1] for e in edges)]
+    row_cuts = sorted(set(cuts) | set(strips))
+    a_costs = layout.BlockCosts(spec, row_cuts, cuts)
+    lread = Read(out, l_grid, dtype)
+    l_panels = layout.BlockCosts(lread, cuts, l_grid.unit_edges(1))
+    l_tiles = layout.BlockCosts(lread, cuts, cuts)
     work, keys, tot, written = Tasks(), [], layout.ReadTotals(), 0
     for j in range(nt):
         for i in range(j, nt):
-            if (i, j) in skip:
+            if (i, j) in done:
                 continue
             reads = [(i, k) for k in range(j)] + ([(j, k) for k in range(j)] if i > j else [])
             reads += [(j, j)] if i > j else []
-            after = [(name, r, c) for r, c in reads if (r, c) not in skip]
-            keys.append(work.add((name, i, j), gch.tile, spec, deps, out, edges, i, j, dtype,
-                                 *after))
-            tot.add(a_costs.at(i, j), *(l_costs.at(r, c) for r, c in reads))
+            after = [(name, r, c) for r, c in reads if (r, c) not in done]
+            keys.append(work.add((name, i, j), gch.tile, spec, deps, out, edges, strips, u,
+                                 i, j, dtype, *after))
+            s0, s1 = row_cuts.index(edges[i][0]), row_cuts.index(edges[i][1])
+            tot.add(*(a_costs.at(s, j) for s in range(s0, s1)))
+            panels = range(edges[j][0] // u)
+            tot.add(*(l_panels.at(i, k) for k in panels))
+            if i > j:
+                tot.add(*(l_panels.at(j, k) for k in panels), l_tiles.at(j, j))
             written += (edges[i][1] - edges[i][0]) * (edges[j][1] - edges[j][0]) * dtype.itemsize
     for i in range(nt - 1):
-        cols = tuple(j for j in range(i + 1, nt) if (i, j) not in skip)
+        cols = tuple(j for j in range(i + 1, nt) if (i, j) not in done)
         if cols:
             keys.append(work.add((name, "zeros", i), gch.zeros, out, edges, i, cols, dtype))
-            written += (edges[i][1] - edges[i][0]) * (n - edges[cols[0]][0]) * dtype.itemsize
+            written += (edges[i][1] - edges[i][0]) * sum(
+                edges[j][1] - edges[j][0] for j in cols) * dtype.itemsize
     bound = io_bound(n, dtype.itemsize, budget)
     outputs = {"result": Output("store", tuple(keys))}
     back = ""
@@ -147,16 +182,17 @@ def lower_cholesky(node, spec, deps: list, budget: Budget, b: int, out, l_grid,
         back_keys = [work.add((name, "back", i, j), gch.read_back, out, edges[i], edges[j],
                               (name, i, j) if j <= i else (name, "zeros", i))
                      for i, j in blocks]
-        tot.add(*(l_costs.at(i, j) for i, j in blocks))
+        tot.add(*(l_tiles.at(i, j) for i, j in blocks))
         outputs = {"result": Output("blocks", tuple(back_keys),
                                     tuple((edges[i], edges[j]) for i, j in blocks)),
                    "tiles": Output("stats", tuple(keys))}
         back = "; the factor is read back tile by tile for compute()"
     return Stage(
         "cholesky", f"{short(node)}: left-looking by {b} x {b} tiles ({nt} x {nt}; "
-        f"{len(keys)} tasks, each writing its tiles whole); each task streams the L tiles "
-        f"to its left back from the output; reads {format_bytes(tot.nbytes)} vs the I/O lower "
-        f"bound n^3/(3 sqrt(M)) = {format_bytes(bound)} ({tot.nbytes / max(bound, 1):.2f}x)"
+        f"{len(keys)} tasks, each writing its {u} x {u} units whole); each task reads its A "
+        f"tile strip by strip and streams the L panels to its left back from the output; "
+        f"reads {format_bytes(tot.nbytes)} vs the I/O lower bound n^3/(3 sqrt(M)) = "
+        f"{format_bytes(bound)} ({tot.nbytes / max(bound, 1):.2f}x)"
         + back, len(work), peak, tot.nbytes, written, flops=n**3 // 3, io_lower_bound=bound,
         reads=tot.reads, store_gets=tot.gets, work=work.freeze(), outputs=outputs)
 

@@ -231,9 +231,8 @@ class Planner:
             tile = (leaf_tile(node.a, 0), max(node.shape[1], 1))
         elif isinstance(node, nd.Scan):
             tile = (leaf_tile(node, 0), leaf_tile(node, 1))
-        elif isinstance(node, Factor):  # square tiles the planner picks under the budget
-            b = cholesky_tile(node, self.spec(node.x, []), self.budget)
-            tile = (b, b)
+        elif isinstance(node, Factor):  # square units the planner picks under the budget
+            tile = (cholesky_tile(node, self.spec(node.x, []), self.budget)[1],) * 2
         else:
             tile = (leaf_tile(node.x, 0), max(node.shape[1], 1))
         ref, grid = self._temporary(node, tile)
@@ -302,11 +301,11 @@ class Planner:
         spec = self.spec(node.x, deps)
         if node.part == "L":
             if out is None:
-                b = cholesky_tile(node, spec, self.budget)
-                out, out_grid = self._temporary(node, (b, b))
+                b, u = cholesky_tile(node, spec, self.budget)
+                out, out_grid = self._temporary(node, (u, u))
                 return self.add(lower_cholesky(node, spec, deps, self.budget, b, out, out_grid,
                                                keep=True))
-            b = _square_unit(node, out_grid)
+            b, _ = cholesky_tile(node, spec, self.budget, _square_unit(node, out_grid))
             return self.add(lower_cholesky(node, spec, deps, self.budget, b, out, out_grid,
                                            skip))
         if node.part == "logdiag":

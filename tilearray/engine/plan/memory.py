@@ -46,10 +46,15 @@ def per_element(spec, dtype: np.dtype) -> int:
 def read_flight(spec) -> int:
     """Zarr's own read buffers: up to ``async.concurrency`` chunks in flight,
     each held compressed and decoded."""
+    tiles = [leaf.grid.tile[0] * leaf.grid.tile[1] * leaf.dtype.itemsize for leaf in leaves(spec)]
+    return chunk_flight(max(tiles, default=0))
+
+
+def chunk_flight(chunk_bytes: int) -> int:
+    """Zarr's read buffers for chunks of ``chunk_bytes``: ``async.concurrency`` in flight."""
     import zarr
 
-    tiles = [leaf.grid.tile[0] * leaf.grid.tile[1] * leaf.dtype.itemsize for leaf in leaves(spec)]
-    return int(zarr.config.get("async.concurrency")) * max(tiles, default=0)
+    return int(zarr.config.get("async.concurrency")) * chunk_bytes
 
 
 def write_flight(out_grid, itemsize: int) -> int:
@@ -181,17 +186,20 @@ def tsqr_combine_peak(width: int, fan_in: int, itemsize: int) -> int:
     return as_rss((2 * fan_in * width * width + 9 * width * width) * itemsize)
 
 
-def cholesky_peak(b: int, a_read: int, a_flight: int, itemsize: int, l_itemsize: int) -> int:
+def cholesky_peak(b: int, panel: int, strip_read: int, a_flight: int, l_flight: int,
+                  itemsize: int, l_itemsize: int) -> int:
     """A left-looking Cholesky tile task over ``b x b`` tiles, the largest of
-    its three phases: reading ``A_ij`` (``a_read`` bytes held compressed and
-    decoded, zarr's buffers in flight, copied into C in the computing dtype
-    ``itemsize``); the updates (C, one ``L_ik`` and one ``L_jk`` of
-    ``l_itemsize``, the next read held compressed and decoded); the factor
-    (C, ``L_jj``, the result and one output unit copied and encoded)."""
-    tile, ltile = b * b * itemsize, b * b * l_itemsize
-    reading = 2 * a_read + min(a_flight, a_read) + tile
-    updating = tile + 2 * ltile + 2 * ltile
-    factoring = 2 * tile + ltile + 2 * ltile
+    its three phases: reading ``A_ij`` strip by strip into the tile (the
+    tile, and one strip's ``strip_read`` bytes held compressed and decoded
+    with zarr's buffers in flight); the updates (the tile, one ``L_ik`` and
+    one ``L_jk`` column panel ``panel`` wide of ``l_itemsize``, the next
+    read held compressed and decoded); the factor (the tile, ``L_jj`` read
+    with ``l_flight`` bytes in flight, and one output unit copied and
+    encoded: ``panel x panel``)."""
+    tile, ltile, lpanel = b * b * itemsize, b * b * l_itemsize, b * panel * l_itemsize
+    reading = tile + 2 * strip_read + min(a_flight, strip_read)
+    updating = tile + 4 * lpanel
+    factoring = tile + ltile + min(l_flight, ltile) + 2 * panel * panel * l_itemsize
     return as_rss(max(reading, updating, factoring))
 
 
