@@ -141,6 +141,8 @@ class Bar:
         self.gaps.update(position)
         if self.bar is not None and position != self.bar.n:
             self.bar.update(position - self.bar.n)
+            if self.bar.last_print_n != self.bar.n:  # tqdm skipped it (mininterval):
+                self.bar.refresh()                   # the bar must not show an old value
 
     def close(self, ok: bool = False) -> None:
         """Stop listening; a run that succeeded ends at its total (tasks that
