@@ -55,7 +55,8 @@ def tile(a_spec, a_deps, l_ref, edges, strips: tuple, panel: int, i: int, j: int
                  order="F")
     cuts = [rows[0], *(s for s in strips if rows[0] < s < rows[1]), rows[1]]
     for s0, s1 in zip(cuts, cuts[1:], strict=False):
-        c[s0 - rows[0]:s1 - rows[0]] = evaluate(a_spec, (s0, s1), cols, list(a_deps), stats)
+        kern.copy_rows(c[s0 - rows[0]:s1 - rows[0]],
+                       evaluate(a_spec, (s0, s1), cols, list(a_deps), stats))
     for k0 in range(0, cols[0], panel):
         k = (k0, min(k0 + panel, cols[0]))
         lik = read_region(l_ref, rows, k, stats)

@@ -37,7 +37,7 @@ def _block(specs, rows, widths, deps, stats) -> np.ndarray:
     out = np.empty((rows[1] - rows[0], sum(widths)), dtype, order="F")
     lo = 0
     for p, w in zip(parts, widths, strict=True):
-        out[:, lo : lo + w] = p
+        kern.copy_rows(out[:, lo : lo + w], p)
         lo += w
     return out
 
