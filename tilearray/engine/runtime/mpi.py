@@ -318,46 +318,18 @@ def start(engine_cls, memory_per_worker=None, threads_per_worker=1, nanny=True,
     quiet : bool, optional
         No progress bar; default: quiet unless stderr is a terminal.
     """
-    global _watch, _client_exit, _finalize_disabled
-    if _client_exit is not None and _client_exit.engine is not None:
-        if not _client_exit._closed:
-            return _client_exit.engine  # already booted: the same engine
-        raise ClusterError("this job's MPI cluster was already shut down; Engine.mpi() boots "
-                           "one cluster per mpiexec job")
-    if in_spawned_child():
-        raise ClusterError(
-            "tilearray.Engine.mpi() was called in a multiprocessing child process that is "
-            "re-importing the main script. Put the script's work under "
-            "`if __name__ == \"__main__\":` so that importing it has no side effects.")
+    booted = _booted_engine()
+    if booted is not None:
+        return booted  # already booted: the same engine
     wait = seconds_arg(timeout, 60)
     threads = int(threads_per_worker or 1)
-    # under the launcher: out of hydra's reach when a rank's wrapper is killed
-    leave_launcher_group(os.environ.get(STATUS_ENV))
-
-    import mpi4py
-
-    if "mpi4py.MPI" not in sys.modules and os.environ.get(FINALIZE_ENV) == "skip":
-        mpi4py.rc.finalize = False
-        _finalize_disabled = True
-    with deadline_after(wait, "MPI_Init (it waits for every rank)"):
-        from mpi4py import MPI  # MPI_Init: MPICH installs a SIGUSR1 handler, which spawned
-
-    ignore_sigusr1()  # children would reset to "terminate": ignore it instead
-    comm = MPI.COMM_WORLD
+    comm = _init_mpi(wait)
     size, rank = comm.Get_size(), comm.Get_rank()
-    if size < 3:
-        raise ClusterError(
-            f"tilearray.Engine.mpi() needs at least 3 MPI ranks (scheduler, client, one worker), "
-            f"got {size}; run with e.g. `mpiexec -n 4 python script.py`")
     import distributed  # noqa: F401  (configures its logging at import: quiet it after)
 
     quiet_logs(log_level)
     rank_barrier(comm, wait, "tilearray.Engine.mpi()")
     local_workers, blas = local_facts(comm, rank, threads)
-
-    import dask
-    from dask_mpi import initialize
-
     from ... import _config
     from .local import default_memory
     from .plugins import BlasLimit, QuietClosedScheduler
@@ -365,19 +337,7 @@ def start(engine_cls, memory_per_worker=None, threads_per_worker=1, nanny=True,
     mem = _config.parse_bytes_arg(memory_per_worker, "memory_per_worker",
                                   ClusterArgumentError) \
         if memory_per_worker is not None else default_memory(local_workers)
-    blas_env = {k: blas for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
-    dask.config.set({
-        "distributed.scheduler.allowed-failures": _config.get("scheduler.allowed-failures"),
-        "distributed.worker.memory.spill": False,
-        "distributed.worker.memory.target": False,
-        "distributed.nanny.pre-spawn-environ": {
-            **dask.config.get("distributed.nanny.pre-spawn-environ", {}), **blas_env},
-    })
-    if rank == SCHEDULER_RANK:
-        _watch = {"first": wait, "grace": wait}
-        preload = list(dask.config.get("distributed.scheduler.preload", []) or [])
-        dask.config.set({"distributed.scheduler.preload": [*preload, __name__]})
-
+    _configure_dask(rank, wait, blas)
     kwargs = dict(
         interface=interface,
         nthreads=threads,
@@ -391,41 +351,127 @@ def start(engine_cls, memory_per_worker=None, threads_per_worker=1, nanny=True,
         exit=False,
     )
     if rank != CLIENT_RANK:
-        hide = main_hidden() if (nanny and rank != SCHEDULER_RANK) else contextlib.nullcontext()
-        try:
-            with hide:
-                initialize(**kwargs)
-        except BaseException as e:  # noqa: BLE001 - report, then end this rank
-            role = "scheduler" if rank == SCHEDULER_RANK else "worker"
-            sys.stderr.write(f"tilearray.mpi: the {role} on rank {rank} failed: "
-                             f"{type(e).__name__}: {e}\n")
-            flush_streams()
-            if rank == SCHEDULER_RANK:  # every other rank waits for the scheduler's address
-                mark_abort(os.environ.get(STATUS_ENV))
-                comm.Abort(1)
-            os._exit(1)
-        flush_streams()
-        if not exit:
-            return None
-        # under the launcher: leave only once the client rank has reported its
-        # status (or is gone); see tilearray.engine.mpirun
-        await_client(os.environ.get(STATUS_ENV), stale=max(wait, 10.0))
-        if os.environ.get(FINALIZE_ENV) == "skip":
-            if not _finalize_disabled:
-                flush_streams()
-                os._exit(0)  # mpi4py would MPI_Finalize at exit, and wait for a dead rank
-        else:
-            _finalize(None)
-        # a normal exit: with os._exit right after MPI_Finalize, hydra took the rank
-        # for one that died and SIGKILLed the others, the client rank included (measured)
-        sys.exit(0)
+        return _serve(comm, rank, kwargs, nanny, exit, wait)
+    client = _connect_client(kwargs, size, wait)
+    if quiet is None:
+        quiet = not (hasattr(sys.stderr, "isatty") and sys.stderr.isatty())
+    engine = _mpi_engine_class(engine_cls)(
+        client=client, memory_per_worker=memory_per_worker, quiet=quiet)
+    engine.blas_threads = blas
+    engine.mpi_size = size
+    _register_client_exit(engine, wait)
+    with context.lock:
+        if context.default is None:
+            context.default = engine
+    log.info("tilearray.mpi: %d workers x %d threads, %s per worker", size - 2, threads, mem)
+    return engine
 
-    # -- client rank
+
+def _booted_engine():
+    """This job's engine if :func:`start` already booted it (else None); a
+    second boot after its shutdown, or from a re-imported main module, is refused."""
+    if _client_exit is not None and _client_exit.engine is not None:
+        if not _client_exit._closed:
+            return _client_exit.engine
+        raise ClusterError("this job's MPI cluster was already shut down; Engine.mpi() boots "
+                           "one cluster per mpiexec job")
+    if in_spawned_child():
+        raise ClusterError(
+            "tilearray.Engine.mpi() was called in a multiprocessing child process that is "
+            "re-importing the main script. Put the script's work under "
+            "`if __name__ == \"__main__\":` so that importing it has no side effects.")
+    return None
+
+
+def _init_mpi(wait: float):
+    """``MPI_Init`` (bounded by ``wait``) and ``COMM_WORLD``, checked to have 3 ranks or more."""
+    global _finalize_disabled
+    # under the launcher: out of hydra's reach when a rank's wrapper is killed
+    leave_launcher_group(os.environ.get(STATUS_ENV))
+
+    import mpi4py
+
+    if "mpi4py.MPI" not in sys.modules and os.environ.get(FINALIZE_ENV) == "skip":
+        mpi4py.rc.finalize = False
+        _finalize_disabled = True
+    with deadline_after(wait, "MPI_Init (it waits for every rank)"):
+        from mpi4py import MPI  # MPI_Init: MPICH installs a SIGUSR1 handler, which spawned
+
+    ignore_sigusr1()  # children would reset to "terminate": ignore it instead
+    comm = MPI.COMM_WORLD
+    if comm.Get_size() < 3:
+        raise ClusterError(
+            f"tilearray.Engine.mpi() needs at least 3 MPI ranks (scheduler, client, one worker), "
+            f"got {comm.Get_size()}; run with e.g. `mpiexec -n 4 python script.py`")
+    return comm
+
+
+def _configure_dask(rank: int, wait: float, blas: int) -> None:
+    """dask's config on every rank: retries, no spilling, the workers' BLAS
+    threads; the scheduler rank preloads this module (the lost-client watch)."""
+    global _watch
+    import dask
+
+    from ... import _config
+
+    blas_env = {k: blas for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+    dask.config.set({
+        "distributed.scheduler.allowed-failures": _config.get("scheduler.allowed-failures"),
+        "distributed.worker.memory.spill": False,
+        "distributed.worker.memory.target": False,
+        "distributed.nanny.pre-spawn-environ": {
+            **dask.config.get("distributed.nanny.pre-spawn-environ", {}), **blas_env},
+    })
+    if rank == SCHEDULER_RANK:
+        _watch = {"first": wait, "grace": wait}
+        preload = list(dask.config.get("distributed.scheduler.preload", []) or [])
+        dask.config.set({"distributed.scheduler.preload": [*preload, __name__]})
+
+
+def _serve(comm, rank: int, kwargs: dict, nanny: bool, exit: bool, wait: float):
+    """The scheduler or a worker on this rank until the cluster closes; then
+    the process exits (returns None with ``exit=False``)."""
+    from dask_mpi import initialize
+
+    hide = main_hidden() if (nanny and rank != SCHEDULER_RANK) else contextlib.nullcontext()
+    try:
+        with hide:
+            initialize(**kwargs)
+    except BaseException as e:  # noqa: BLE001 - report, then end this rank
+        role = "scheduler" if rank == SCHEDULER_RANK else "worker"
+        sys.stderr.write(f"tilearray.mpi: the {role} on rank {rank} failed: "
+                         f"{type(e).__name__}: {e}\n")
+        flush_streams()
+        if rank == SCHEDULER_RANK:  # every other rank waits for the scheduler's address
+            mark_abort(os.environ.get(STATUS_ENV))
+            comm.Abort(1)
+        os._exit(1)
+    flush_streams()
+    if not exit:
+        return None
+    # under the launcher: leave only once the client rank has reported its
+    # status (or is gone); see tilearray.engine.mpirun
+    await_client(os.environ.get(STATUS_ENV), stale=max(wait, 10.0))
+    if os.environ.get(FINALIZE_ENV) == "skip":
+        if not _finalize_disabled:
+            flush_streams()
+            os._exit(0)  # mpi4py would MPI_Finalize at exit, and wait for a dead rank
+    else:
+        _finalize(None)
+    # a normal exit: with os._exit right after MPI_Finalize, hydra took the rank
+    # for one that died and SIGKILLed the others, the client rank included (measured)
+    sys.exit(0)
+
+
+def _connect_client(kwargs: dict, size: int, wait: float):
+    """The client rank's Client, once all ``size - 2`` worker ranks joined."""
+    import dask
+    from dask_mpi import initialize
+    from distributed import Client
+
     if os.environ.get(STATUS_ENV):
         start_heartbeat(os.environ[STATUS_ENV])  # the launcher waits while it beats
     initialize(**kwargs)
-    from distributed import Client
-
     address = dask.config.get("scheduler_address")
     try:
         client = Client(address, timeout=wait)
@@ -440,26 +486,17 @@ def start(engine_cls, memory_per_worker=None, threads_per_worker=1, nanny=True,
         raise ClusterError(
             f"only {got} of {n_workers} dask workers (MPI ranks 2..{size - 1}) joined within "
             f"{wait:.0f} s; see those ranks' stderr") from e
+    return client
 
-    if quiet is None:
-        quiet = not (hasattr(sys.stderr, "isatty") and sys.stderr.isatty())
-    engine = _mpi_engine_class(engine_cls)(
-        client=client, memory_per_worker=memory_per_worker, quiet=quiet)
-    engine.blas_threads = blas
-    engine.mpi_size = size
+
+def _register_client_exit(engine, wait: float) -> None:
+    """The client rank's exit hook (reports status, shuts the cluster down), once per job."""
+    global _client_exit
     if _client_exit is None:
         _client_exit = _ClientExit(os.environ.get(STATUS_ENV), wait)
         atexit.register(_client_exit.at_exit)
     _client_exit.engine = engine
     _client_exit._closed = False
-
-    with context.lock:
-        if context.default is None:
-            context.default = engine
-    log.info("tilearray.mpi: %d workers x %d threads, %s per worker", n_workers, threads,
-             mem)
-    return engine
-
 
 if __name__ == "__main__":
     sys.exit(main())
