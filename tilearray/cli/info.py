@@ -69,12 +69,8 @@ def _cluster_info(args) -> int:
 
 
 def cmd_info(args) -> int:
-    from dask.utils import format_bytes
-
     import tilearray as ta
     from tilearray.errors import StorageError, TilearrayError
-    from tilearray.storage import ArrayRef, done_units, info_attrs
-    from tilearray.storage.array import local_files_state, unfinished
 
     if not args.paths and not args.scheduler_address:
         raise UsageError("give array PATHs, or --scheduler-address for a cluster's health")
@@ -97,68 +93,84 @@ def cmd_info(args) -> int:
         except TilearrayError as e:  # report the other paths too, then fail (as ls does)
             failed.append(e)
             continue
-        g = x.grid
-        ref = ArrayRef.from_location(full)
-        z = ref.open()
-        meta = info_attrs(z)
-        complete = bool(meta.get("complete", True))
-        done = g.n_units if complete else len(done_units(ref))
-        state = local_files_state(ref)
-        stored = state[1] if state else None
-        info = {
-            "path": path,
-            "shape": list(x.shape),
-            "dtype": str(x.dtype),
-            "zarr_format": z.metadata.zarr_format,
-            "tile": list(g.tile),
-            "io_unit": list(g.unit),
-            "sharded": g.sharded,
-            "tile_grid": list(g.tile_grid),
-            "unit_grid": list(g.unit_grid),
-            "units": g.n_units,
-            "nbytes": x.nbytes,
-            "stored_bytes": stored,
-            "tilearray_output": bool(meta),
-            "complete": complete,
-            "units_done": done,
-            "expression": meta.get("expression"),
-        }
+        info, meta = _matrix_facts(path, full, x)
         if args.json:
             print(json.dumps(info))
             continue
         if k:
             print()
-        ratio = f", {x.nbytes / stored:.2f}x compression" if stored and complete else ""
-        unit = (f"{g.unit[0]} x {g.unit[1]} (shard of {g.unit[0] // g.tile[0]} x "
-                f"{g.unit[1] // g.tile[1]} tiles)" if g.sharded
-                else f"{g.unit[0]} x {g.unit[1]} (one chunk, unsharded)")
-        if complete:
-            status = "yes" if meta else "yes (not written by tilearray)"
-        else:
-            what, how = unfinished(meta, g.n_units - done, g.n_units)
-            how = cli_words(how[:1].lower() + how[1:])
-            status = (f"NO: {what}; {how}" if done == g.n_units
-                      else f"NO: {done} of {g.n_units} I/O units written; {how}")
-        print(repr(x))
-        print(f"  path:        {path}")
-        print(f"  shape:       {x.shape[0]} x {x.shape[1]}")
-        print(f"  dtype:       {x.dtype} (Zarr v{info['zarr_format']})")
-        print(f"  tile:        {g.tile[0]} x {g.tile[1]}")
-        print(f"  I/O unit:    {unit}")
-        print(f"  grids:       {g.tile_grid[0]} x {g.tile_grid[1]} tiles, "
-              f"{g.unit_grid[0]} x {g.unit_grid[1]} = {g.n_units} I/O units")
-        print(f"  bytes:       {format_bytes(x.nbytes)} in memory"
-              + (f", {format_bytes(stored)} {_stored_where(full)}{ratio}"
-                 if stored is not None else ""))
-        print(f"  complete:    {status}")
-        if meta.get("expression"):
-            print(f"  expression:  {meta['expression']}")
+        _print_matrix(x, info, meta, full)
     if len(failed) == 1:
         raise failed[0]
     if failed:
         raise StorageError(f"{len(failed)} paths could not be read: "
                            + "; ".join(str(e) for e in failed))
     return exit_code
+
+
+def _matrix_facts(path: str, full: str, x) -> tuple[dict, dict]:
+    """``(info, tilearray attributes)`` of the stored matrix ``x`` (``--json``'s record)."""
+    from tilearray.storage import ArrayRef, done_units, info_attrs
+    from tilearray.storage.array import local_files_state
+
+    g = x.grid
+    ref = ArrayRef.from_location(full)
+    z = ref.open()
+    meta = info_attrs(z)
+    complete = bool(meta.get("complete", True))
+    state = local_files_state(ref)
+    return {
+        "path": path,
+        "shape": list(x.shape),
+        "dtype": str(x.dtype),
+        "zarr_format": z.metadata.zarr_format,
+        "tile": list(g.tile),
+        "io_unit": list(g.unit),
+        "sharded": g.sharded,
+        "tile_grid": list(g.tile_grid),
+        "unit_grid": list(g.unit_grid),
+        "units": g.n_units,
+        "nbytes": x.nbytes,
+        "stored_bytes": state[1] if state else None,
+        "tilearray_output": bool(meta),
+        "complete": complete,
+        "units_done": g.n_units if complete else len(done_units(ref)),
+        "expression": meta.get("expression"),
+    }, meta
+
+
+def _print_matrix(x, info: dict, meta: dict, full: str) -> None:
+    """The text form of :func:`_matrix_facts`."""
+    from dask.utils import format_bytes
+
+    from tilearray.storage.array import unfinished
+
+    g, stored, done = x.grid, info["stored_bytes"], info["units_done"]
+    ratio = f", {x.nbytes / stored:.2f}x compression" if stored and info["complete"] else ""
+    unit = (f"{g.unit[0]} x {g.unit[1]} (shard of {g.unit[0] // g.tile[0]} x "
+            f"{g.unit[1] // g.tile[1]} tiles)" if g.sharded
+            else f"{g.unit[0]} x {g.unit[1]} (one chunk, unsharded)")
+    if info["complete"]:
+        status = "yes" if meta else "yes (not written by tilearray)"
+    else:
+        what, how = unfinished(meta, g.n_units - done, g.n_units)
+        how = cli_words(how[:1].lower() + how[1:])
+        status = (f"NO: {what}; {how}" if done == g.n_units
+                  else f"NO: {done} of {g.n_units} I/O units written; {how}")
+    print(repr(x))
+    print(f"  path:        {info['path']}")
+    print(f"  shape:       {x.shape[0]} x {x.shape[1]}")
+    print(f"  dtype:       {x.dtype} (Zarr v{info['zarr_format']})")
+    print(f"  tile:        {g.tile[0]} x {g.tile[1]}")
+    print(f"  I/O unit:    {unit}")
+    print(f"  grids:       {g.tile_grid[0]} x {g.tile_grid[1]} tiles, "
+          f"{g.unit_grid[0]} x {g.unit_grid[1]} = {g.n_units} I/O units")
+    print(f"  bytes:       {format_bytes(x.nbytes)} in memory"
+          + (f", {format_bytes(stored)} {_stored_where(full)}{ratio}"
+             if stored is not None else ""))
+    print(f"  complete:    {status}")
+    if meta.get("expression"):
+        print(f"  expression:  {meta['expression']}")
 
 
 def _stored_where(full: str) -> str:
