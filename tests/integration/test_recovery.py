@@ -210,3 +210,38 @@ def test_worker_killed_mid_tsqr_q(tmp_path):
             qa, r = np.asarray(result["q"]), r.compute(engine=eng)
         assert_close(qa @ r, x, scale=np.abs(x).max() * 4)
         assert_close(qa.T @ qa, np.eye(24), scale=4.0)
+
+
+@pytest.mark.timeout(300)
+def test_worker_killed_mid_cholesky(tmp_path):
+    """A worker SIGKILLed once some tiles of L are written: the tile tasks it
+    held run again elsewhere (each rewrites its own units whole) and L is
+    right."""
+    import numpy as np
+
+    rng = np.random.default_rng(6)
+    n = 1500
+    m = rng.uniform(-1, 1, (n, n))
+    x = (m + m.T) / 2 + n * np.eye(n)
+    out = str(tmp_path / "l.zarr")
+    with ta.Engine(n_workers=2, threads_per_worker=1, memory_per_worker="600MiB",
+                   quiet=True) as eng:
+        a = ta.from_numpy(x, tmp_path / "a.zarr", tile=(100, 100))
+        low = ta.linalg.cholesky(a)
+        plan = low.plan(out, tile=(100, 100))
+        assert plan.tasks >= 10, plan  # several tile tasks to kill between
+        pids = eng.client.run(os.getpid)
+        result = {}
+        t = threading.Thread(target=lambda: result.update(l=low.to_zarr(out, tile=(100, 100))))
+        t.start()
+        deadline = time.time() + 60
+        while _done(out) < 8 and time.time() < deadline:
+            time.sleep(0.005)
+        victim = next(iter(pids.values()))
+        os.kill(victim, signal.SIGKILL)
+        killed_mid_job = t.is_alive() and _done(out) < n * n // 100**2
+        t.join(timeout=240)
+        got = np.asarray(result["l"])
+        assert victim not in eng.client.run(os.getpid).values()  # a new worker process
+    assert killed_mid_job
+    assert_close(got, np.linalg.cholesky(x))
