@@ -127,15 +127,24 @@ def svd_compressed(x: TiledArray, k: int, *, n_power_iter: int = 0, seed: int = 
                    oversample: int = 10):
     """Randomized truncated SVD (Halko, Martinsson, Tropp 2011) of any shape.
 
-    ``Y = X @ Omega`` (a Gaussian ``n x l`` test matrix, ``l = k +
-    oversample``, drawn from ``seed`` in the driver and sent to the workers
-    once), ``Q`` = TSQR's Q of Y, then ``n_power_iter`` times ``Q = qr(X @
-    qr(X.T @ Q).Q).Q`` (each re-orthonormalised by TSQR), ``B = Q.T @ X``
-    (``l x n``, in memory) and the SVD of B. The whole chain is one plan:
-    each intermediate (``m x l`` or ``n x l``) is a temporary array, X is
-    read ``2 + 2 * n_power_iter`` times, and nothing of size ``m x n`` is
-    held. Accuracy improves with power iterations when the spectrum decays
-    slowly.
+    A Gaussian ``n x l`` test matrix Omega (``l = k + oversample``, drawn
+    from ``seed`` in the driver and sent to the workers once) is refined by
+    ``n_power_iter`` subspace iterations on ``X.T @ X``: ``V = qr(X.T @ (X @
+    V)).Q``, each ``X.T @ (X @ V)`` one pass over X (a task reads a whole row
+    panel, multiplies it by V and its transpose by that) and its ``n x l``
+    QR in memory. Then ``Q`` = TSQR's Q of ``X @ V``, ``B = Q.T @ X`` (``l x
+    n``, in memory) and the SVD of B. X is read ``2 + n_power_iter`` times
+    (``2 + 2 * n_power_iter`` when no row panel of X fits a task: each
+    iteration then reads X twice, or, when ``V`` itself does not fit a task,
+    goes through ``m x l`` temporaries re-orthonormalised by TSQR).
+    Nothing of size ``m x n`` is held.
+
+    Each iteration re-orthonormalises after ``X.T @ X`` (not after each of X
+    and X.T), so singular values below about ``sqrt(eps) * s[0]`` of the
+    working precision are not resolved by the power iterations; the work is
+    done in float64 (float32 input included: results are cast back), where
+    that is about ``1e-8 * s[0]``. Accuracy improves with power iterations
+    when the spectrum decays slowly.
 
     Parameters
     ----------
@@ -153,8 +162,8 @@ def svd_compressed(x: TiledArray, k: int, *, n_power_iter: int = 0, seed: int = 
     Returns
     -------
     U : TiledArray
-        ``m x k``, lazy: storing or computing it runs the range finder again
-        (the same numbers, as the seed fixes Omega).
+        ``m x k``, lazy: storing or computing it reads X once more (``X @
+        V`` and its TSQR; the power iterations are not run again).
     s : numpy.ndarray
         ``k`` singular values, descending.
     Vt : numpy.ndarray
@@ -172,11 +181,28 @@ def svd_compressed(x: TiledArray, k: int, *, n_power_iter: int = 0, seed: int = 
         raise ValueError(f"svd_compressed: n_power_iter={n_power_iter!r} must be an integer >= 0")
     dtype = result_dtype(x.dtype)
     width = min(int(k) + max(int(oversample), 0), m, n)
-    q = qr(x @ omega_rows(int(seed), n, width, 0, n, dtype))[0]
-    for _ in range(n_power_iter):
-        q = qr(x @ qr(x.T @ q)[0])[0]
+    v = omega_rows(int(seed), n, width, 0, n, np.float64)
+    if n_power_iter and _plans(x.T @ (x @ v)):
+        for _ in range(n_power_iter):
+            v = np.linalg.qr((x.T @ (x @ v)).compute())[0]
+        q = qr(x @ v)[0]
+    else:  # V too wide for a task: m x l temporaries, each re-orthonormalised by TSQR
+        q = qr(x @ v)[0]
+        for _ in range(n_power_iter):
+            q = qr(x @ qr(x.T @ q)[0])[0]
     u_b, s, vt = np.linalg.svd((q.T @ x).compute(), full_matrices=False)
-    return q @ np.ascontiguousarray(u_b[:, :k]), s[:k], vt[:k]
+    u = q @ np.ascontiguousarray(u_b[:, :k])
+    return (u if u.dtype == dtype else u.astype(dtype)), s[:k].astype(dtype), \
+        vt[:k].astype(dtype)
+
+
+def _plans(expr: TiledArray) -> bool:
+    """Whether ``expr`` plans under the current engine's budget."""
+    try:
+        expr.plan()
+    except PlanningError:
+        return False
+    return True
 
 
 def lstsq(x: TiledArray, y, rcond=None):

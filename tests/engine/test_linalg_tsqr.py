@@ -219,8 +219,31 @@ def test_randomized_svd_of_a_square_matrix(thread_engine, tmp_path, rng):
                  scale=10.0, precision=np.float32)
     again = ta.linalg.svd(a, k=8, n_power_iter=2, seed=3, compute_uv=False)
     assert np.array_equal(again, s)
+    assert u.plan().bytes_read < 1.5 * x.nbytes  # U: X @ V and its TSQR, not the iterations
     with pytest.raises(ValueError, match="k=0"):
         ta.linalg.svd_compressed(a, 0)
+
+
+def test_randomized_svd_float32_and_without_one_pass_iterations(thread_engine, tmp_path, rng,
+                                                                monkeypatch):
+    """float32 X (computed in float64, returned as float32) and the path taken
+    when ``X.T @ (X @ V)`` cannot be planned (V too wide for a task): m x l
+    temporaries re-orthonormalised by TSQR, the same singular values."""
+    m, n, rank = 500, 260, 6
+    u0, _ = np.linalg.qr(rng.standard_normal((m, rank)))
+    v0, _ = np.linalg.qr(rng.standard_normal((n, rank)))
+    x = ((u0 * np.geomspace(100, 1, rank)) @ v0.T).astype(np.float32)
+    want = np.linalg.svd(x.astype(np.float64), compute_uv=False)[:6]
+    a = ta.from_numpy(x, tmp_path / "x32.zarr", tile=(64, 100))
+    u, s, vt = ta.linalg.svd_compressed(a, 6, n_power_iter=1, seed=1)
+    assert s.dtype == vt.dtype == u.dtype == np.float32
+    assert np.abs(s / want - 1).max() < 1e-6
+    ua = u.compute()
+    assert_close((ua * s) @ vt, x, scale=100.0, precision=np.float32)
+    monkeypatch.setattr(ta.linalg, "_plans", lambda expr: False)
+    u2, s2, _ = ta.linalg.svd_compressed(a, 6, n_power_iter=1, seed=1)
+    assert np.abs(s2 / want - 1).max() < 1e-6
+    assert_close(np.abs(u2.compute()), np.abs(ua), scale=1.0, precision=np.float32)
 
 
 def test_q_resumes_by_row_block(thread_engine, tmp_path, rng):

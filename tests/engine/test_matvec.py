@@ -58,6 +58,50 @@ def test_products_with_numpy_operands_match_numpy(tmp_path, thread_engine, rng):
                 _check(expr, want, thread_engine, prec)
 
 
+def test_gram_products_read_x_once(tmp_path, thread_engine, rng):
+    """``X.T @ (X @ W)`` and ``X @ (X.T @ W)``: one pass over whole row
+    (column) panels, each multiplied by W and its transpose by that, the
+    partials tree-summed (many panels with small blocks). Ragged tiles, f64
+    and f32 (with an f64 operand: cast once per panel), vector and k=3
+    operands, an elementwise op fused into the read; the plan's tasks and
+    bytes are the run's."""
+    for dtype in ("float64", "float32"):
+        x = rng.standard_normal((203, 57)).astype(dtype)
+        X = ta.from_numpy(x, tmp_path / f"x-{dtype}.zarr", tile=(31, 13))
+        w, W = rng.standard_normal(57).astype(dtype), rng.standard_normal((57, 3))
+        u, U = rng.standard_normal(203), rng.standard_normal((203, 3)).astype(dtype)
+        prec = np.float32 if dtype == "float32" else None
+        for blocks in ({}, SMALL_BLOCKS):
+            with dask.config.set(blocks):
+                for expr, want in [(X.T @ (X @ w), x.T @ (x @ w)), (X.T @ (X @ W), x.T @ (x @ W)),
+                                   (X @ (X.T @ u), x @ (x.T @ u)), (X @ (X.T @ U), x @ (x.T @ U)),
+                                   ((2 * X).T @ ((2 * X) @ w), 4 * (x.T @ (x @ w)))]:
+                    plan = _check(expr, want, thread_engine, prec)
+                    assert plan.bytes_read == x.nbytes, str(plan)
+                    passes = [st for st in plan.stages if st.bytes_read]
+                    assert len(passes) == 1 and "one pass" in passes[0].description
+                    if blocks:
+                        assert passes[0].tasks > 3, str(plan)  # panels, sums, the join
+
+
+def test_gram_product_reads_twice_when_no_panel_fits(tmp_path, rng):
+    """A row panel (one row of 16 KiB chunks, 16 x 16384 f64 = 2 MiB) over a
+    1 MiB task budget: ``X @ w`` is joined first and X read a second time, as
+    two passes of blocks that fit; the same plan with room reads X once."""
+    import zarr
+
+    zarr.create_array(tmp_path / "x.zarr", shape=(64, 16384), chunks=(16, 128), dtype="f8")
+    X = ta.open(tmp_path / "x.zarr")
+    w = np.ones(16384)
+    tight = ta.Budget(2 * 2**20, 1, 1, baseline=2**19, fraction=0.8)
+    plan = (X.T @ (X @ w)).plan(budget=tight)
+    assert plan.peak_task_memory <= tight.task_memory
+    assert plan.bytes_read == 2 * X.nbytes, str(plan)
+    assert [st.bytes_read for st in plan.stages if st.bytes_read] == [X.nbytes] * 2
+    roomy = (X.T @ (X @ w)).plan(budget=ta.Budget(2**30, 1, 1))
+    assert roomy.bytes_read == X.nbytes and "one pass" in str(roomy), str(roomy)
+
+
 def test_matrix_product_with_a_matrix_temporary(tmp_path, thread_engine, rng):
     """``(S.T @ S) @ v``: the matmul is computed into a temporary, then read once."""
     s = rng.standard_normal((60, 30))
@@ -209,4 +253,4 @@ def test_user_script_pca_regression_power_iteration(tmp_path, engine):
             vn /= np.linalg.norm(vn)
         assert_close(v, vn, scale=1.0)
         p = (X.T @ (X @ v)).plan()
-        assert p.peak_task_memory <= budget.task_memory and p.bytes_read == 2 * x.nbytes
+        assert p.peak_task_memory <= budget.task_memory and p.bytes_read == x.nbytes

@@ -504,31 +504,28 @@ def omega_rows(seed: int, n: int, k: int, start: int, stop: int,
 @_single_threaded
 def svd_compressed_ref(a, k: int, *, n_power_iter: int = 0, seed: int = 0,
                        oversample: int = 10, tile: int = 256, fan_in: int = 2):
-    """In-memory reference randomized truncated SVD (Halko, Martinsson, Tropp).
+    """In-memory reference of ``tilearray.linalg.svd_compressed``'s randomized
+    truncated SVD (Halko, Martinsson, Tropp), in float64.
 
-    ``Y = A Omega`` with Omega's rows built per column tile by
-    :func:`omega_rows`; each power iteration ``Y = A orth(A^T Q)`` is
-    re-orthonormalised by :func:`tsqr` over row tiles; ``B = Q^T A``
-    (``l x n``, ``l = k + oversample``) and ``U = Q U_B``. Returns
-    ``(U, s, Vt)`` truncated to ``k``, dtype of ``a`` (as :func:`result_dtype`).
+    Omega (``n x l``, ``l = k + oversample``) from :func:`omega_rows`; each
+    power iteration ``V = orth(A^T (A V))`` by an in-memory QR; ``Q`` =
+    :func:`tsqr`'s Q of ``A V`` over row tiles; ``B = Q^T A`` and ``U = Q
+    U_B``. Returns ``(U, s, Vt)`` truncated to ``k``, cast to the dtype of
+    ``a`` (as :func:`result_dtype`).
     """
-    a = _float(a, order="C")
+    dtype = result_dtype(np.asarray(a).dtype)
+    a = _float(a, order="C").astype(np.float64, copy=False)
     m, n = a.shape
     lk = min(k + oversample, m, n)
-    rows, cols = tile_edges(m, tile), tile_edges(n, tile)
-
-    def orth(blocks):  # TSQR's Q, blocks stacked
-        return np.vstack(tsqr(blocks, fan_in)[0])
-
-    omega = [omega_rows(seed, n, lk, c0, c1, a.dtype) for c0, c1 in cols]
-    y = sum(a[:, c0:c1] @ om for (c0, c1), om in zip(cols, omega, strict=True))
-    q = orth([y[r0:r1] for r0, r1 in rows])
+    rows = tile_edges(m, tile)
+    v = omega_rows(seed, n, lk, 0, n, np.float64)
     for _ in range(n_power_iter):
-        z = orth([a[:, c0:c1].T @ q for c0, c1 in cols])
-        q = orth([a[r0:r1] @ z for r0, r1 in rows])
+        v = np.linalg.qr(a.T @ (a @ v))[0]
+    y = a @ v
+    q = np.vstack(tsqr([y[r0:r1] for r0, r1 in rows], fan_in)[0])
     b = sum(q[r0:r1].T @ a[r0:r1] for r0, r1 in rows)
     u_b, s, vt = svd_from_r(b)
-    return q @ u_b[:, :k], s[:k], vt[:k]
+    return ((q @ u_b[:, :k]).astype(dtype), s[:k].astype(dtype), vt[:k].astype(dtype))
 
 
 def slogdet_from_lu(perm: np.ndarray, diag_u: np.ndarray) -> tuple[float, float]:

@@ -65,3 +65,27 @@ def join(shape, axis: int, transposed: bool, *parts):
     if transposed:
         value = value.T
     return np.ascontiguousarray(value).reshape(shape), counted(stats)
+
+
+def gram_block(spec, rows, cols, axis, dtype, w_index, deps=()):
+    """One panel's share of a Gram product in one read: for a row panel
+    (``axis`` 0, ``cols`` every column) ``P.T @ (P @ W)``, ``(n, k)``; for a
+    column panel (``axis`` 1, ``rows`` every row) ``P @ (P.T @ W)``, ``(m,
+    k)``. The panel is read once and used twice; the thin ``P @ W`` never
+    leaves the task. ``(part, stats)`` in ``dtype``."""
+    stats = IOStats()
+    deps = list(deps)
+    w = operand(deps[w_index], "right", False)
+    x = np.asarray(evaluate(spec, rows, cols, deps, stats))
+    x = np.broadcast_to(x, (rows[1] - rows[0], cols[1] - cols[0]))
+    if axis == 1:
+        x = x.T
+    with one_blas_thread():
+        if x.dtype != dtype:  # BLAS multiplies in one dtype: one cast copy, used twice
+            x = x.astype(dtype)
+        thin = np.matmul(x, w, dtype=dtype)
+        part = np.matmul(x.T, thin, dtype=dtype)
+    del x, thin
+    st = stats.as_dict()
+    st["tasks"] = 1
+    return part, st

@@ -70,7 +70,7 @@ from .cholesky import (
 from .lu import lower_lu, lower_lu_forward, lower_lu_slogdet, lu_width
 from .map import lower_map
 from .matmul import lower_matmul
-from .matvec import lower_matvec, oriented
+from .matvec import gram_form, lower_gram, lower_matvec, oriented
 from .npfuncs import lower_diagonal, lower_quantile, lower_scan
 from .reduce import fusable_groups, lower_empty_reduce, lower_reduce, unshifted
 from .sizing import DoesNotFit, leaf_tile
@@ -265,7 +265,21 @@ class Planner:
     def matvec(self, node: MatVec, out=None, out_grid=None, skip=frozenset(),
                value: bool = False) -> Stage:
         """``node``'s pass over its stored operand; its small operand is
-        resolved first (one task holds it) and read by every block task."""
+        resolved first (one task holds it) and read by every block task.
+        ``X.T @ (X @ w)`` and ``X @ (X.T @ w)`` computed to a value read X
+        once when a whole panel of X fits a task (else ``X @ w`` is joined
+        first and X read again)."""
+        gram = gram_form(node) if out is None else None
+        if gram is not None:
+            inner, axis = gram
+            deps = []
+            w_index = self._depend(self.small(inner.w), deps)
+            spec = self.spec(inner.a if axis == 0 else node.a, deps)
+            try:
+                return self.add(lower_gram(node, axis, spec, w_index, deps, self.budget),
+                                spec, deps)
+            except DoesNotFit:
+                pass
         deps: list = []
         w_index = self._depend(self.small(node.w), deps)
         spec = self.spec(node.a, deps)

@@ -23,7 +23,7 @@ from ...graphs import matmul as gmm
 from ...graphs import matvec as gmv
 from ...graphs.blocks import intervals, max_interval, tree
 from ...graphs.emit import Tasks
-from ..expr.nodes import MatVec, Transpose
+from ..expr.nodes import MatVec, Transpose, structure
 from . import layout
 from .map import block_reads
 from .memory import (
@@ -155,3 +155,82 @@ def _groups(parts: dict, kind: str) -> dict:
     for (i, j), key in parts.items():
         groups.setdefault(i if kind == "right" else j, []).append(key)
     return dict(sorted(groups.items()))
+
+
+def gram_form(node: MatVec):
+    """``(inner, axis)`` when ``node`` is ``X.T @ (X @ W)`` (``axis`` 0: over
+    X's row panels) or ``X @ (X.T @ W)`` (``axis`` 1: over its column
+    panels) with the same X (one expression, elementwise ops and all) and an
+    in-memory W; else None."""
+    inner = node.w
+    if node.side != "right" or not isinstance(inner, MatVec) or inner.side != "right":
+        return None
+    if isinstance(node.a, Transpose) and not isinstance(inner.a, Transpose):
+        x, y, axis = node.a.x, inner.a, 0
+    elif isinstance(inner.a, Transpose) and not isinstance(node.a, Transpose):
+        x, y, axis = node.a, inner.a.x, 1
+    else:
+        return None
+    if x.ndim != 2 or not inner.w.small or (x is not y and structure(x) != structure(y)):
+        return None
+    return inner, axis
+
+
+def lower_gram(node: MatVec, axis: int, x_spec, w_index: int, deps: list,
+               budget: Budget) -> Stage:
+    """``X.T @ (X @ W)`` (``axis`` 0) or ``X @ (X.T @ W)`` (``axis`` 1) in one
+    pass: each task reads a whole panel of X (``x_spec``) once, multiplies it
+    by W and its transpose by that, and the partials are tree-summed into one
+    value (output ``"0"``). Raises :class:`DoesNotFit` when no panel fits a
+    task (the caller then reads X twice)."""
+    inner = node.w
+    dtype = np.dtype(node.dtype)
+    x_node = inner.a if axis == 0 else node.a
+    m, n = x_node.shape
+    side = n if axis == 0 else m  # length of the result (and of W)
+    k = 1 if len(inner.w.shape) == 1 else inner.w.shape[1]
+    w_bytes = _nbytes(inner.w.shape, inner.w.dtype)
+    temps = op_temporaries(x_spec) * max(dtype.itemsize, 8)
+    cast = dtype.itemsize if np.dtype(x_node.dtype) != dtype else 0
+    task = BlockTask(temps + cast, 0, read_flight(x_spec), 0)
+
+    def peak_of(costs: layout.BlockCosts) -> int:
+        b, size = block_reads(costs)
+        long = int(costs.sizes[axis].max(initial=0))
+        # W, the thin product of the panel and the partial
+        return block_peak(task, b, size) + as_rss(w_bytes + (long + side) * k * dtype.itemsize)
+
+    per_elem = per_element(x_spec, np.dtype("u1")) + temps + cast + 8
+    room = max(budget.task_memory - as_rss(w_bytes), 1)
+    cap = min(room, _config.get_bytes("map.block-bytes"))
+    whole = (0, n) if axis == 0 else (0, m)
+    costs, peak = layout.search(x_spec, (m, n), whole if axis == 1 else None,
+                                whole if axis == 0 else None, max(cap // max(per_elem, 1), 1),
+                                peak_of, budget.task_memory)
+    edges = costs.row_edges if axis == 0 else costs.col_edges
+    if len(costs.col_edges if axis == 0 else costs.row_edges) != 2:
+        raise DoesNotFit("product", peak, short(node), budget)  # the panels are not whole
+    part = side * k * dtype.itemsize
+    fan = int(_config.get("reduction.split-every"))
+    peak = max(peak, combine_peak(part, fan) if len(edges) > 2 else 0,
+               as_rss(2 * _nbytes(node.shape, dtype)))
+    _refusal(node, peak, w_bytes, budget)
+    name = "gram-" + tokenize("gram", x_spec, axis, str(dtype), edges, deps, w_index)
+    work, tot, parts = Tasks(), layout.ReadTotals(), []
+    for i, span in enumerate(intervals(edges)):
+        rows, cols = (span, whole) if axis == 0 else (whole, span)
+        parts.append(work.add((name, "block", i), gmv.gram_block, x_spec, rows, cols, axis,
+                              dtype, w_index, deps))
+        tot.add(costs.at(i, 0) if axis == 0 else costs.at(0, i))
+    root = tree(parts, fan, lambda level, c: (name, "sum", level, c),
+                lambda children: (gmm.sum_partials, *children), work)
+    key = work.add(name, gmv.join, tuple(node.shape), 0, False, root)
+    what = "row" if axis == 0 else "column"
+    return Stage(
+        "product", f"{short(node)}: one pass over {len(parts)} {what} panels of up to "
+        f"{max_interval(edges)} {what}s, each multiplied by an in-memory operand of "
+        f"{format_bytes(w_bytes)} and by its transpose"
+        + (f", partials summed with fan-in {fan}" if len(parts) > 1 else ""),
+        len(work), peak, tot.nbytes, 0, flops=4 * m * n * k,
+        reads=tot.reads, store_gets=tot.gets, work=work.freeze(), outputs={"0": Output(
+            "value", (key,))})
