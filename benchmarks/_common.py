@@ -115,6 +115,23 @@ def dir_size(path: str) -> int:
     return total
 
 
+def evict(*paths: str | None) -> None:
+    """Drop the files under ``paths`` from the OS page cache
+    (``POSIX_FADV_DONTNEED``; clean pages only, no privileges needed), so the
+    next engine reads them from disk like the first did."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    for path in paths:
+        for dirpath, _, files in os.walk(path or ""):
+            for f in files:
+                with contextlib.suppress(OSError):
+                    fd = os.open(os.path.join(dirpath, f), os.O_RDONLY)
+                    try:
+                        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                    finally:
+                        os.close(fd)
+
+
 def dgemm_gflops(n: int = 2048, threads: int = 1, repeats: int = 3) -> float:
     """Best-of-``repeats`` GFLOP/s of an n x n dgemm in this process with
     ``threads`` BLAS threads: a machine-speed check (the host is shared)."""

@@ -3,8 +3,13 @@
     python benchmarks/linalg.py --m 2000000 --n 256 --memory-per-worker 1GiB --workers 2 \
         [--chunk-rows 65536] [--square-n 16384] [--square-chunk 2048] [--rsvd-k 20] \
         [--rsvd-power-iter 2] [--spd-n 32768] [--spd-chunk 2048] [--repeats 3] \
-        [--workdir DIR] [--engines tilearray,dask,numpy] \
+        [--workdir DIR] [--engines tilearray,dask,numpy] [--cache cold|as-found] \
         [--ops qr_r,svd_values,svd_u,lstsq,rsvd,cholesky,solve_spd]
+
+Before every engine's run of a job its inputs are dropped from the OS page
+cache (``--cache cold``, the default): each engine reads them from disk, as a
+first run on data at rest does, rather than whatever the previous engine
+left cached.
 
 Issue 29's "Measure" jobs on three inputs, each written once by plain Zarr
 (default codecs: bytes + zstd 0) chunk by chunk from a fixed seed (never
@@ -115,6 +120,7 @@ import numpy as np
 from _common import (
     RSSSampler,
     dir_size,
+    evict,
     fmt_bytes,
     local_cluster,
     log,
@@ -677,6 +683,8 @@ def run_all(args, paths, engines, ops) -> tuple[dict, dict]:
                     prev = results[e].get(op)
                     if prev is not None and ("error" in prev or "skipped" in prev):
                         continue
+                    if args.cache == "cold":
+                        evict(*op_inputs(args, paths, op)[:2])
                     try:
                         r = runners[e].run(op)
                     except Skipped as ex:
@@ -895,6 +903,10 @@ def main(argv=None) -> int:
                    help="comma-separated subset of " + ",".join(ENGINES))
     p.add_argument("--ops", default=",".join(OPS), help="comma-separated subset of "
                    + ",".join(OPS))
+    p.add_argument("--cache", choices=("cold", "as-found"), default="cold",
+                   help="cold (default): the job's inputs are dropped from the OS page cache "
+                        "before every engine's run, so each reads them from disk; as-found: "
+                        "left as the previous run left them")
     p.add_argument("--repeats", type=int, default=3,
                    help="rounds of (every op x every engine), interleaved; the table shows "
                         "medians (default 3)")

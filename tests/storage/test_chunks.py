@@ -153,3 +153,36 @@ def test_reads_through_tilearray_use_it_and_agree(tmp_path):
             off = ta.open(str(tmp_path / "a.zarr")).sum(axis=0).compute()
     np.testing.assert_array_equal(on, off)
     assert_close(on, x.sum(axis=0, dtype=np.float64).astype(np.float32))
+
+
+def test_prefetch_hints_every_byte_of_the_region_chunks(tmp_path, monkeypatch):
+    """``prefetch`` asks for each chunk file of the region in WILLNEED_STEP
+    pieces covering it whole (Linux reads at most the readahead window per
+    call), from a background thread, and skips missing chunks."""
+    import threading
+
+    from tilearray.storage import chunks
+
+    z, _ = _make(tmp_path / "a.zarr", chunks=(300, 256), compressors=None)
+    reader = direct_reader(z, "a.zarr", z.store, "")
+    os.remove(os.path.join(str(tmp_path / "a.zarr"), "c", "3", "0"))  # a missing chunk
+    calls, real = [], os.posix_fadvise
+    monkeypatch.setattr(chunks, "WILLNEED_STEP", 4096)
+
+    def record(fd, offset, length, advice):
+        calls.append((os.fstat(fd).st_ino, offset, length, advice))
+        return real(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", record)
+    before = set(threading.enumerate())
+    reader.prefetch((0, 1000), (0, 256))  # chunks (0..3, 0): 4 files, one missing
+    for t in set(threading.enumerate()) - before:
+        t.join(timeout=30)
+    by_file: dict = {}
+    for ino, offset, length, advice in calls:
+        assert advice == os.POSIX_FADV_WILLNEED and length == 4096
+        by_file.setdefault(ino, []).append(offset)
+    assert len(by_file) == 3
+    for offsets in by_file.values():
+        assert offsets == list(range(0, 300 * 256 * 8, 4096))  # raw chunks: 600 KiB each
+    assert_close(reader.read((0, 600), (0, 256)), np.asarray(z[0:600, 0:256]))

@@ -17,7 +17,7 @@ import numpy as np
 from ..storage import IOStats
 from .linalg import one_blas_thread
 from .matmul import counted, merge_stats
-from .spec import evaluate
+from .spec import evaluate, prefetch_next
 
 
 def operand(w, side: str, transposed: bool) -> np.ndarray:
@@ -35,14 +35,16 @@ def operand(w, side: str, transposed: bool) -> np.ndarray:
     return w
 
 
-def block_product(spec, rows, cols, side, transposed, dtype, w_index, deps=()):
+def block_product(spec, rows, cols, side, transposed, dtype, w_index, deps=(), ahead=None):
     """Partial product of block ``rows x cols`` of ``spec`` with the operand
     ``deps[w_index]``: ``(block @ W[cols], stats)`` or ``(W[:, rows] @ block,
-    stats)``, in ``dtype`` (NumPy's result dtype of the product)."""
+    stats)``, in ``dtype`` (NumPy's result dtype of the product); the
+    region ``ahead`` (a later block) is hinted to the stores meanwhile."""
     stats = IOStats()
     deps = list(deps)
     w = operand(deps[w_index], side, transposed)
     x = np.asarray(evaluate(spec, rows, cols, deps, stats))
+    prefetch_next([spec], None if ahead is None else [ahead])
     x = np.broadcast_to(x, (rows[1] - rows[0], cols[1] - cols[0]))
     with one_blas_thread():
         if side == "right":
@@ -67,16 +69,18 @@ def join(shape, axis: int, transposed: bool, *parts):
     return np.ascontiguousarray(value).reshape(shape), counted(stats)
 
 
-def gram_block(spec, rows, cols, axis, dtype, w_index, deps=()):
+def gram_block(spec, rows, cols, axis, dtype, w_index, deps=(), ahead=None):
     """One panel's share of a Gram product in one read: for a row panel
     (``axis`` 0, ``cols`` every column) ``P.T @ (P @ W)``, ``(n, k)``; for a
     column panel (``axis`` 1, ``rows`` every row) ``P @ (P.T @ W)``, ``(m,
     k)``. The panel is read once and used twice; the thin ``P @ W`` never
-    leaves the task. ``(part, stats)`` in ``dtype``."""
+    leaves the task; the region ``ahead`` (a later panel) is hinted to the
+    stores meanwhile. ``(part, stats)`` in ``dtype``."""
     stats = IOStats()
     deps = list(deps)
     w = operand(deps[w_index], "right", False)
     x = np.asarray(evaluate(spec, rows, cols, deps, stats))
+    prefetch_next([spec], None if ahead is None else [ahead])
     x = np.broadcast_to(x, (rows[1] - rows[0], cols[1] - cols[0]))
     if axis == 1:
         x = x.T

@@ -396,6 +396,16 @@ def prefetch(spec, rows: Range, cols: Range) -> None:
         prefetch_region(leaf.ref, r, c)
 
 
+def prefetch_next(specs, regions) -> None:
+    """Hint the region a later task reads (``regions``: one ``(rows, cols)``
+    per spec, or None): asked right after a task's own read, the OS loads
+    it while this task computes."""
+    if regions is None:
+        return
+    for spec, (rows, cols) in zip(specs, regions, strict=True):
+        prefetch(spec, rows, cols)
+
+
 def reads(spec, rows: Range, cols: Range):
     """Yield ``(leaf, rows, cols)`` in leaf coordinates that evaluating
     ``rows x cols`` of ``spec`` reads (mirrors :func:`evaluate`; pure)."""

@@ -26,7 +26,7 @@ from ..storage import IOStats, buffers, write_block
 from . import linalg as kern
 from .matmul import counted, merge_stats
 from .progress import report
-from .spec import evaluate
+from .spec import evaluate, prefetch_next
 
 
 def _block(specs, rows, widths, deps, stats) -> np.ndarray:
@@ -42,11 +42,18 @@ def _block(specs, rows, widths, deps, stats) -> np.ndarray:
     return out
 
 
-def leaf_r(specs, rows, widths, deps=()):
-    """Read row block ``rows`` of ``[X | Y]`` and return the R of its QR."""
+def _hint(specs, widths, ahead) -> None:
+    if ahead is not None:
+        prefetch_next(specs, [(ahead, (0, w)) for w in widths])
+
+
+def leaf_r(specs, rows, widths, deps=(), ahead=None):
+    """Read row block ``rows`` of ``[X | Y]`` and return the R of its QR
+    (rows ``ahead``, a later leaf's, are hinted to the stores meanwhile)."""
     buffers.release(blocks_only=True)
     stats = IOStats()
     block = _block(specs, rows, widths, deps, stats)
+    _hint(specs, widths, ahead)
     report(1, 2)  # read; the QR is the other half
     r = kern.qr_leaf_r(block, overwrite_block=True)
     del block
@@ -112,13 +119,15 @@ def _pick(slice_, index):
     return value[index] if isinstance(value, list) else value
 
 
-def leaf_store(specs, rows, widths, deps, out_ref, ncols: int, slice_, index: int = 0):
+def leaf_store(specs, rows, widths, deps, out_ref, ncols: int, slice_, index: int = 0,
+               ahead=None):
     """Rows ``rows`` of Q (or U): the block's QR again, ``Q_i`` times its
     slice, written whole into ``out_ref`` (columns ``0:ncols``), or returned
-    when ``out_ref`` is None."""
+    when ``out_ref`` is None (rows ``ahead`` hinted, as :func:`leaf_r`)."""
     buffers.release(blocks_only=True)
     stats = IOStats()
     block = _block(specs, rows, widths, deps, stats)
+    _hint(specs, widths, ahead)
     report(1, 3)  # read, then QR and Q times the slice, then the write
     q = kern.qr_leaf_apply(block, _pick(slice_, index), overwrite_block=True)
     del block

@@ -36,7 +36,7 @@ from .memory import (
     read_flight,
     write_flight,
 )
-from .sizing import DoesNotFit, all_done, short
+from .sizing import DoesNotFit, ahead, all_done, short
 from .types import Budget, Output, Stage
 
 
@@ -106,13 +106,15 @@ def lower_matvec(node: MatVec, a_spec, w_index: int, deps: list, budget: Budget,
                      w_index, str(out))
     name = "matvec-" + token
     work, parts, tot = Tasks(), {}, layout.ReadTotals()
-    for i, rows in enumerate(intervals(row_edges)):
-        if out_grid is not None and all_done(out_grid, rows, (0, k), skip):
-            continue
-        for j, cols in enumerate(intervals(col_edges)):
-            parts[i, j] = work.add((name, "block", i, j), gmv.block_product, spec, rows, cols,
-                                   kind, transposed, dtype, w_index, deps)
-            tot.add(costs.at(i, j))
+    blocks = [(i, j, rows, cols) for i, rows in enumerate(intervals(row_edges))
+              if out_grid is None or not all_done(out_grid, rows, (0, k), skip)
+              for j, cols in enumerate(intervals(col_edges))]
+    for n, (i, j, rows, cols) in enumerate(blocks):
+        nxt = ahead(blocks, n, budget)
+        parts[i, j] = work.add((name, "block", i, j), gmv.block_product, spec, rows, cols,
+                               kind, transposed, dtype, w_index, deps,
+                               None if nxt is None else nxt[2:])
+        tot.add(costs.at(i, j))
     groups = _groups(parts, kind)
     fan = int(_config.get("reduction.split-every"))
     roots = {g: tree(keys, fan, lambda level, n, g=g: (name, "sum", g, level, n),
@@ -217,10 +219,13 @@ def lower_gram(node: MatVec, axis: int, x_spec, w_index: int, deps: list,
     _refusal(node, peak, w_bytes, budget)
     name = "gram-" + tokenize("gram", x_spec, axis, str(dtype), edges, deps, w_index)
     work, tot, parts = Tasks(), layout.ReadTotals(), []
-    for i, span in enumerate(intervals(edges)):
+    spans = intervals(edges)
+    for i, span in enumerate(spans):
         rows, cols = (span, whole) if axis == 0 else (whole, span)
+        nxt = ahead(spans, i, budget)
         parts.append(work.add((name, "block", i), gmv.gram_block, x_spec, rows, cols, axis,
-                              dtype, w_index, deps))
+                              dtype, w_index, deps, None if nxt is None else
+                              ((nxt, whole) if axis == 0 else (whole, nxt))))
         tot.add(costs.at(i, 0) if axis == 0 else costs.at(0, i))
     root = tree(parts, fan, lambda level, c: (name, "sum", level, c),
                 lambda children: (gmm.sum_partials, *children), work)

@@ -64,6 +64,14 @@ def all_done(grid: Grid, rows, cols, done) -> bool:
                for j in grid.units_touching(1, cols))
 
 
+def ahead(spans, i: int, budget) -> tuple | None:
+    """The span a pass's task ``i`` hints to the stores after its own read:
+    the one the next wave of tasks starts on (``spans[i + slots]``, slots =
+    the budget's parallel tasks), or None past the end."""
+    nxt = i + budget.n_workers * budget.threads_per_worker
+    return tuple(spans[nxt]) if nxt < len(spans) else None
+
+
 def short(node) -> str:
     s = str(node)
     return s if len(s) < 90 else s[:87] + "..."

@@ -18,7 +18,7 @@ from ...graphs.emit import Tasks
 from . import layout
 from .map import check_fits
 from .memory import read_flight, tsqr_combine_peak, tsqr_leaf_peak, write_flight
-from .sizing import all_done, short
+from .sizing import ahead, all_done, short
 from .types import Budget, Output, Stage
 
 
@@ -105,9 +105,10 @@ def lower_tsqr(node, specs, widths, deps: list, budget: Budget, out=None, out_gr
                               str(out))
     up, costs = Tasks(), _costs(specs, widths, row_edges)
     leaves, tot = [], layout.ReadTotals()
-    for i, rows in enumerate(intervals(row_edges)):
+    spans = intervals(row_edges)
+    for i, rows in enumerate(spans):
         leaves.append(up.add((name + "-leaf", i), gts.leaf_r, tuple(specs), rows,
-                             tuple(widths), deps))
+                             tuple(widths), deps, ahead(spans, i, budget)))
         tot.add(*(c.at(i, 0) for c in costs))
     top, levels = _tree(up, name, leaves, fan_in, keep_q=big)
     part, options = node.part, node.options
@@ -128,11 +129,11 @@ def lower_tsqr(node, specs, widths, deps: list, budget: Budget, out=None, out_gr
     if not big:
         return [first]
     return [first, _down_stage(node, name, specs, widths, deps, row_edges, levels, root,
-                               costs, peak, out, out_grid, skip)]
+                               costs, peak, out, out_grid, skip, budget)]
 
 
 def _down_stage(node, name, specs, widths, deps, row_edges, levels, root, costs, peak, out,
-                out_grid, skip) -> Stage:
+                out_grid, skip, budget) -> Stage:
     """Slices down the tree, then each leaf's rows of Q (or U) written."""
     down, slices = Tasks(), {}
     for depth, level in reversed(list(enumerate(levels))):
@@ -151,7 +152,8 @@ def _down_stage(node, name, specs, widths, deps, row_edges, levels, root, costs,
         leaf = (name + "-leaf", i)
         src, index = slices.get(leaf, (root, 0))
         leaves_done.append(stores.add((name + "-q", i), gts.leaf_store, tuple(specs), rows,
-                                      tuple(widths), deps, out, ncols, src, index))
+                                      tuple(widths), deps, out, ncols, src, index,
+                                      ahead(intervals(row_edges), i, budget)))
         blocks.append((rows, (0, ncols)))
         tot.add(*(c.at(i, 0) for c in costs))
         if out is not None:
