@@ -24,10 +24,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import NotPositiveDefiniteError
-from ..storage import IOStats, buffers, read_region, write_block
+from ..storage import IOStats, buffers, prefetch_region, read_region, write_block
 from . import linalg as kern
 from .matmul import counted, merge_stats
-from .spec import evaluate
+from .spec import evaluate, prefetch
 
 SlogdetResult = type(np.linalg.slogdet(np.eye(1)))
 
@@ -63,6 +63,7 @@ def tile(a_spec, a_deps, l_ref, edges, strips: tuple, panel: int, i: int, j: int
     rows, cols = edges[i], edges[j]
     c = np.empty((rows[1] - rows[0], cols[1] - cols[0]), dtype=kern.result_dtype(dtype),
                  order="F")
+    prefetch(a_spec, rows, cols)  # the OS loads later strips while the first are copied
     cuts = [rows[0], *(s for s in strips if rows[0] < s < rows[1]), rows[1]]
     for s0, s1 in zip(cuts, cuts[1:], strict=False):
         kern.copy_rows(c[s0 - rows[0]:s1 - rows[0]],
@@ -70,6 +71,10 @@ def tile(a_spec, a_deps, l_ref, edges, strips: tuple, panel: int, i: int, j: int
     for k0 in range(0, cols[0], panel):
         k = (k0, min(k0 + panel, cols[0]))
         lik = read_region(l_ref, rows, k, stats)
+        if k[1] < cols[0]:  # the next pair loads while this one multiplies
+            nxt = (k[1], min(k[1] + panel, cols[0]))
+            for r in {rows, cols}:
+                prefetch_region(l_ref, r, nxt)
         if i == j:
             c = kern.syrk_update(c, lik)
         else:

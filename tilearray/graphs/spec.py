@@ -14,9 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ..storage import ArrayRef, IOStats, read_region
+from ..storage import ArrayRef, IOStats, prefetch_region, read_region
 from ..storage.geometry import Grid, Range
-from ..storage.io import prefetch_region
 
 
 @dataclass(frozen=True)

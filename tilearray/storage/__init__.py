@@ -12,7 +12,7 @@ from .array import (
     open_array,
 )
 from .geometry import Grid, boundaries, int_pair
-from .io import IOStats, ReadRequest, plan_reads, read_region, write_block
+from .io import IOStats, ReadRequest, plan_reads, prefetch_region, read_region, write_block
 
 __all__ = [
     "ArrayRef",
@@ -29,6 +29,7 @@ __all__ = [
     "mark_complete",
     "open_array",
     "plan_reads",
+    "prefetch_region",
     "read_region",
     "write_block",
 ]
