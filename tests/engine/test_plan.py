@@ -201,3 +201,20 @@ def test_map_into_shards_fits_small_workers(tmp_path):
         assert c.stats.peak_worker_memory - idle <= plan.peak_task_memory
         assert c.stats.tasks == plan.tasks and c.stats.bytes_read == plan.bytes_read
         assert_close(np.asarray(c), x + y)
+
+
+def test_tasks_hint_the_block_the_next_wave_reads():
+    """A pass's task i hints block i + (workers x threads): the one a slot
+    takes up next; the last wave hints nothing. TSQR leaves carry it."""
+    from tilearray.engine.plan.sizing import ahead
+
+    spans = [(i * 10, i * 10 + 10) for i in range(7)]
+    budget = ta.Budget(2**30, n_workers=2, threads_per_worker=2)
+    assert [ahead(spans, i, budget) for i in range(7)] == spans[4:] + [None] * 4
+    x = np.zeros((7000, 8))
+    plan = ta.linalg.qr(ta.from_numpy(x, "memory://hint-x", tile=(1000, 8)),
+                        mode="r").plan(budget=ta.Budget(2**20 * 64, 2, 1, baseline=2**20))
+    leaves = [t for s in plan.stages for t in s.work if "leaf" in str(t.key)]
+    assert len(leaves) > 2
+    hinted = [t.args[-1] for t in leaves]
+    assert hinted[:-2] == [t.args[1] for t in leaves][2:] and hinted[-2:] == [None, None]
