@@ -254,3 +254,18 @@ def test_user_script_pca_regression_power_iteration(tmp_path, engine):
         assert_close(v, vn, scale=1.0)
         p = (X.T @ (X @ v)).plan()
         assert p.peak_task_memory <= budget.task_memory and p.bytes_read == x.nbytes
+
+
+@pytest.mark.parametrize("shape", [(0, 5), (3, 0), (0, 0)])
+def test_products_with_an_empty_stored_side(shape, thread_engine, tmp_path):
+    """An empty X gives NumPy's zeros (or empty) results: the one-pass Gram
+    forms, left and right products (this raised IndexError / ValueError)."""
+    x = np.zeros(shape)
+    X = ta.from_numpy(x, tmp_path / "x.zarr", tile=(4, 5))
+    w, v, W = np.ones(shape[1]), np.arange(shape[0], dtype=float), np.ones((shape[1], 2))
+    for expr, want in [(X.T @ (X @ w), x.T @ (x @ w)), (X @ (X.T @ v), x @ (x.T @ v)),
+                       (X.T @ v, x.T @ v), (v @ X, v @ x), (X @ w, x @ w), (X @ W, x @ W),
+                       (X.T @ (X @ W), x.T @ (x @ W))]:
+        got = expr.compute(engine=thread_engine)
+        assert np.shape(got) == want.shape
+        assert_close(got, want)

@@ -57,9 +57,12 @@ def block_product(spec, rows, cols, side, transposed, dtype, w_index, deps=(), a
     return part, st
 
 
-def join(shape, axis: int, transposed: bool, *parts):
+def join(shape, axis: int, transposed: bool, dtype, *parts):
     """One value from the summed partials of consecutive blocks along
-    ``axis``, transposed back when the product was, in ``shape``."""
+    ``axis``, transposed back when the product was, in ``shape`` (with no
+    parts -- an empty stored side -- zeros of ``dtype``, as NumPy's)."""
+    if not parts:
+        return np.zeros(shape, dtype), counted({})
     stats: dict = {}
     for _, st in parts:
         stats = merge_stats(stats, st)

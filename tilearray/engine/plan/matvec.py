@@ -126,7 +126,7 @@ def lower_matvec(node: MatVec, a_spec, w_index: int, deps: list, budget: Budget,
     outputs, written = {}, 0
     if value or kind == "left":
         key = work.add(name, gmv.join, tuple(node.shape), 0 if kind == "right" else 1,
-                       transposed, *roots.values())
+                       transposed, dtype, *roots.values())
         peak = max(peak, as_rss(2 * _nbytes(node.shape, dtype)))
         outputs["0"] = Output("value", (key,))
     elif out is not None:
@@ -227,9 +227,9 @@ def lower_gram(node: MatVec, axis: int, x_spec, w_index: int, deps: list,
                               dtype, w_index, deps, None if nxt is None else
                               ((nxt, whole) if axis == 0 else (whole, nxt))))
         tot.add(costs.at(i, 0) if axis == 0 else costs.at(0, i))
-    root = tree(parts, fan, lambda level, c: (name, "sum", level, c),
-                lambda children: (gmm.sum_partials, *children), work)
-    key = work.add(name, gmv.join, tuple(node.shape), 0, False, root)
+    roots = [tree(parts, fan, lambda level, c: (name, "sum", level, c),
+                  lambda children: (gmm.sum_partials, *children), work)] if parts else []
+    key = work.add(name, gmv.join, tuple(node.shape), 0, False, dtype, *roots)
     what = "row" if axis == 0 else "column"
     return Stage(
         "product", f"{short(node)}: one pass over {len(parts)} {what} panels of up to "
