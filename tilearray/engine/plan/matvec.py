@@ -178,13 +178,10 @@ def gram_form(node: MatVec):
     return inner, axis
 
 
-def lower_gram(node: MatVec, axis: int, x_spec, w_index: int, deps: list,
-               budget: Budget) -> Stage:
-    """``X.T @ (X @ W)`` (``axis`` 0) or ``X @ (X.T @ W)`` (``axis`` 1) in one
-    pass: each task reads a whole panel of X (``x_spec``) once, multiplies it
-    by W and its transpose by that, and the partials are tree-summed into one
-    value (output ``"0"``). Raises :class:`DoesNotFit` when no panel fits a
-    task (the caller then reads X twice)."""
+def _gram_layout(node: MatVec, axis: int, x_spec, budget: Budget):
+    """Whole panels of X for :func:`lower_gram`: ``(costs, peak)`` of the
+    layout reading least whose every task fits; :class:`DoesNotFit` when no
+    whole panel fits."""
     inner = node.w
     dtype = np.dtype(node.dtype)
     x_node = inner.a if axis == 0 else node.a
@@ -203,29 +200,49 @@ def lower_gram(node: MatVec, axis: int, x_spec, w_index: int, deps: list,
         return block_peak(task, b, size) + as_rss(w_bytes + (long + side) * k * dtype.itemsize)
 
     per_elem = per_element(x_spec, np.dtype("u1")) + temps + cast + 8
-    room = max(budget.task_memory - as_rss(w_bytes), 1)
-    cap = min(room, _config.get_bytes("map.block-bytes"))
-    whole = (0, n) if axis == 0 else (0, m)
+    cap = min(max(budget.task_memory - as_rss(w_bytes), 1),
+              _config.get_bytes("map.block-bytes"))
+    whole = ((0, m), (0, n))[1 - axis]
     costs, peak = layout.search(x_spec, (m, n), whole if axis == 1 else None,
                                 whole if axis == 0 else None, max(cap // max(per_elem, 1), 1),
                                 peak_of, budget.task_memory)
-    edges = costs.row_edges if axis == 0 else costs.col_edges
     if len(costs.col_edges if axis == 0 else costs.row_edges) != 2:
         raise DoesNotFit("product", peak, short(node), budget)  # the panels are not whole
-    part = side * k * dtype.itemsize
     fan = int(_config.get("reduction.split-every"))
-    peak = max(peak, combine_peak(part, fan) if len(edges) > 2 else 0,
+    edges = costs.row_edges if axis == 0 else costs.col_edges
+    peak = max(peak, combine_peak(side * k * dtype.itemsize, fan) if len(edges) > 2 else 0,
                as_rss(2 * _nbytes(node.shape, dtype)))
     _refusal(node, peak, w_bytes, budget)
+    return costs, peak
+
+
+def _panel(span, whole, axis: int) -> tuple:
+    """``(rows, cols)`` of a row panel (``axis`` 0) or a column panel."""
+    return (span, whole) if axis == 0 else (whole, span)
+
+
+def lower_gram(node: MatVec, axis: int, x_spec, w_index: int, deps: list,
+               budget: Budget) -> Stage:
+    """``X.T @ (X @ W)`` (``axis`` 0) or ``X @ (X.T @ W)`` (``axis`` 1) in one
+    pass: each task reads a whole panel of X (``x_spec``) once, multiplies it
+    by W and its transpose by that, and the partials are tree-summed into one
+    value (output ``"0"``). Raises :class:`DoesNotFit` when no panel fits a
+    task (the caller then reads X twice)."""
+    costs, peak = _gram_layout(node, axis, x_spec, budget)
+    dtype = np.dtype(node.dtype)
+    m, n = (node.w.a if axis == 0 else node.a).shape
+    k = 1 if len(node.w.w.shape) == 1 else node.w.w.shape[1]
+    whole = ((0, m), (0, n))[1 - axis]
+    edges = costs.row_edges if axis == 0 else costs.col_edges
+    fan = int(_config.get("reduction.split-every"))
     name = "gram-" + tokenize("gram", x_spec, axis, str(dtype), edges, deps, w_index)
     work, tot, parts = Tasks(), layout.ReadTotals(), []
     spans = intervals(edges)
     for i, span in enumerate(spans):
-        rows, cols = (span, whole) if axis == 0 else (whole, span)
         nxt = ahead(spans, i, budget)
-        parts.append(work.add((name, "block", i), gmv.gram_block, x_spec, rows, cols, axis,
-                              dtype, w_index, deps, None if nxt is None else
-                              ((nxt, whole) if axis == 0 else (whole, nxt))))
+        parts.append(work.add((name, "block", i), gmv.gram_block, x_spec,
+                              *_panel(span, whole, axis), axis, dtype, w_index, deps,
+                              None if nxt is None else _panel(nxt, whole, axis)))
         tot.add(costs.at(i, 0) if axis == 0 else costs.at(0, i))
     roots = [tree(parts, fan, lambda level, c: (name, "sum", level, c),
                   lambda children: (gmm.sum_partials, *children), work)] if parts else []
@@ -234,7 +251,7 @@ def lower_gram(node: MatVec, axis: int, x_spec, w_index: int, deps: list,
     return Stage(
         "product", f"{short(node)}: one pass over {len(parts)} {what} panels of up to "
         f"{max_interval(edges)} {what}s, each multiplied by an in-memory operand of "
-        f"{format_bytes(w_bytes)} and by its transpose"
+        f"{format_bytes(_nbytes(node.w.w.shape, node.w.w.dtype))} and by its transpose"
         + (f", partials summed with fan-in {fan}" if len(parts) > 1 else ""),
         len(work), peak, tot.nbytes, 0, flops=4 * m * n * k,
         reads=tot.reads, store_gets=tot.gets, work=work.freeze(), outputs={"0": Output(
