@@ -1,8 +1,10 @@
 """Faults on purpose: corrupt inputs, failing stores, locked and read-only outputs."""
 
 import json
+import logging
 import os
 import socket
+import time
 
 import numpy as np
 import pytest
@@ -98,3 +100,34 @@ def test_read_only_output_store_clear_error(engine, tmp_path, rng):
     assert str(e.value) == (f"cannot write {where!r}: the store {where!r} was opened "
                             "read-only; write to a location this process can write to")
     np.testing.assert_array_equal(ta.open(tmp_path / "a.zarr").compute(), x)  # inputs intact
+
+
+def _block(x):
+    return np.full(4, x), {"tasks": 1}
+
+
+def _fails_later(dep):
+    time.sleep(0.3)  # long after dep's result was gathered and released
+    raise ValueError("task failed on purpose")
+
+
+def _slow(dep):
+    time.sleep(2.0)  # still running, holding dep, when its sibling fails
+    return dep, {}
+
+
+def test_engine_usable_after_a_failure_whose_inputs_were_gathered(thread_engine, caplog):
+    """A task fails after a result it depends on was gathered and released,
+    while a sibling still holds that result: the run raises the task's error
+    and the next job runs on the same connection (the failed run used to
+    cancel the released key, and distributed's scheduler failed an assertion
+    and dropped the client's connection: a job started right after then
+    failed with "scheduler-connection-lost")."""
+    graph = {"x": (_block, 1.0), "y": (_fails_later, "x"), "w": (_slow, "x")}
+    with caplog.at_level(logging.ERROR, logger="distributed"):
+        with pytest.raises(ValueError, match="on purpose"):
+            thread_engine.run(graph, ["x", "y", "w"], quiet=True)
+        values, _ = thread_engine.run({"z": (_block, 2.0)}, ["z"], quiet=True)
+    assert np.array_equal(values[0], np.full(4, 2.0))
+    handler_errors = [r.getMessage() for r in caplog.records if "while handling" in r.getMessage()]
+    assert not handler_errors, handler_errors

@@ -1,6 +1,7 @@
 """Recovery: worker loss, driver killed then resumed, changed inputs refused."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,8 +26,11 @@ def _inputs(tmp_path):
 
 
 def _done(path):
+    """Done markers present: ``i.j`` names only (a job killed while writing a
+    marker leaves the store's ``i.j.<uuid>.partial`` temporary file)."""
     d = os.path.join(path, "tilearray.done")
-    return len(os.listdir(d)) if os.path.isdir(d) else 0
+    names = os.listdir(d) if os.path.isdir(d) else []
+    return sum(re.fullmatch(r"\d+\.\d+", name) is not None for name in names)
 
 
 @pytest.mark.timeout(300)

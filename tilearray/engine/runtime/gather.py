@@ -70,8 +70,12 @@ def gather(client, graph: dict, keys: list, *, description: str, quiet: bool, pl
             bar.refresh()
         ok = True
     except BaseException:
-        if futures:
-            client.cancel(futures)
+        # release, not cancel: the scheduler forgets every task no one wants,
+        # so none still queued runs. client.cancel() of a key released above
+        # while a sibling still needs it fails an assertion in distributed's
+        # scheduler (stimulus_cancel), which drops this client's connection
+        for f in futures:
+            f.release()
         raise
     finally:
         job_event(client, "end", ok=ok)
