@@ -96,14 +96,18 @@ def test_plan_reports_io_against_the_lower_bound(tmp_path):
     assert plan.io_lower_bound and "Cholesky I/O lower bound" in str(plan)
     assert st.bytes_read / st.io_lower_bound < 3  # 5.3x with tiles of one unit
     # a tile of one unit would not use the budget: the next multiple does not fit
+    # (one thread: the cap n / (4 threads) = 8192 does not bind)
     bigger = ta.linalg.cholesky(a).plan(tmp_path / "l.zarr", tile=(2048, 2048),
-                                        budget=ta.Budget.from_config("2GiB", 2, 1))
+                                        budget=ta.Budget.from_config("2GiB", 1, 1))
     assert "by 6144 x 6144 tiles" in bigger.stages[0].description
     # with 4 GiB workers the planner's own tiles (an SPD solve's factor) are
-    # 8192 = n / (2 threads), the cap that keeps every thread busy
+    # at most n / (4 threads): 8192 on one thread, 4096 on two (8 x 8 tiles,
+    # work for both threads along the diagonal chain)
     solve = ta.linalg.solve_plan(a, np.ones(n), assume_a="pos")
-    chosen = solve.plan(budget=ta.Budget.from_config("4GiB", 2, 1)).stages[0]
+    chosen = solve.plan(budget=ta.Budget.from_config("4GiB", 1, 1)).stages[0]
     assert "by 8192 x 8192 tiles" in chosen.description, chosen
+    two = solve.plan(budget=ta.Budget.from_config("4GiB", 2, 1)).stages[0]
+    assert "by 4096 x 4096 tiles" in two.description, two
     assert 1 < chosen.bytes_read / chosen.io_lower_bound < 4
 
 

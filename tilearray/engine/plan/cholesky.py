@@ -39,6 +39,12 @@ MIN_TILE = 256
 """Elements: Cholesky tiles narrower than this waste BLAS efficiency."""
 MIN_FIT = 64
 """Elements: the narrowest tile or panel the planner tries under a tight budget."""
+TILE_ROWS_PER_THREAD = 4
+"""Cholesky tile rows per thread at least (the tile is at most ``n / (4
+threads)``): at 16384² on 2 threads, 8 x 8 tiles of 2048² took 24.4-25.0 s
+against 29.8-30.6 s for 4 x 4 tiles of 4096² (twice each, interleaved, cold
+cache), though they read 6.38 GiB instead of 3.75 GiB: along the diagonal
+chain a 4 x 4 grid leaves one thread idle for whole tile tasks."""
 
 
 def fetched_bytes(b: int, unit: int, n: int) -> int:
@@ -96,12 +102,13 @@ def cholesky_tile(node, spec, budget: Budget, unit: int | None = None) -> tuple[
     default, :func:`~.sizing.factor_tile`, or the largest that fits).
 
     ``b`` is the largest multiple of ``unit`` whose task fits the budget, at
-    most ``n / (2 threads)`` (work for every thread) but never under
+    most ``n / (TILE_ROWS_PER_THREAD threads)`` but never under
     :data:`MIN_TILE`: the L tiles are read back about ``n / (3 b)`` times,
-    so reads fall as the tile grows. When even ``b = unit`` does not fit,
+    so reads fall as the tile grows, but fewer, larger tiles leave threads
+    idle along the diagonal chain. When even ``b = unit`` does not fit,
     ``(unit, unit)`` is returned and the lowering refuses it with its peak."""
     n, item = node.shape[0], np.dtype(node.dtype).itemsize
-    cap = max(MIN_TILE, -(-n // (2 * budget.total_threads)))
+    cap = max(MIN_TILE, -(-n // (TILE_ROWS_PER_THREAD * budget.total_threads)))
     if unit is None:
         unit = min(factor_tile(node), max(n, 1))
         if chol_peak(spec, unit, unit, n, item) > budget.task_memory:  # units as large as fit
