@@ -46,7 +46,10 @@ normal (chunks ``--spd-chunk`` x 8):
 
     cholesky    L stored              ta.linalg.cholesky(S).to_zarr (tilearray's default tile)
                                       | da.to_zarr(da.linalg.cholesky(S, lower=True))
-                                      | np.linalg.cholesky(S) (L in memory, not stored)
+                                      | scipy.linalg.cholesky(S, lower=True, overwrite_a=True)
+                                      in place (L in memory, not stored; np.linalg.cholesky
+                                      holds S, a working copy and L: 3 x 8 GiB at 32768²,
+                                      killed for memory here)
     solve_spd   S x = B               ta.linalg.solve_plan(S, B, assume_a="pos").compute(), i.e.
                                       ta.linalg.solve(S, B, assume_a="pos") with its plan and
                                       stats at hand | da.linalg.solve(S, B, assume_a="pos")
@@ -358,12 +361,13 @@ def op_inputs(args, paths, op) -> tuple[str, str | None, np.ndarray | None]:
 
 
 def incore_need(args, op) -> int:
-    """Bytes NumPy in-core holds at most (about): the input and a copy or result."""
+    """Bytes NumPy in-core holds at most (about): the input and a copy or result
+    (the SPD jobs: the input, factored in place)."""
     if op in TALL_OPS:
         return 2 * args.m * args.n * 8 + args.m * 8
     if op == "rsvd":
         return 2 * args.square_n ** 2 * 8
-    return 2 * args.spd_n ** 2 * 8 + args.spd_n * N_RHS * 8
+    return args.spd_n ** 2 * 8 + 2 * args.spd_n * N_RHS * 8  # both SPD jobs work in place
 
 
 # -- engines ---------------------------------------------------------------------------
@@ -628,9 +632,12 @@ def _numpy_child(x_path, y_path, op, rows, k=0):
         elif op == "rsvd":
             out["s"] = np.linalg.svd(X, compute_uv=False)[:k]
         elif op == "cholesky":
-            out["L_rows"] = np.linalg.cholesky(X)[rows]
+            # in place: X is C-ordered and symmetric, so X.T is the same matrix F-ordered
+            low = scipy.linalg.cholesky(X.T, lower=True, overwrite_a=True, check_finite=False)
+            out["L_rows"] = low[rows]
         elif op == "solve_spd":
-            out["x"] = scipy.linalg.solve(X, y, assume_a="pos", overwrite_a=True)
+            out["x"] = scipy.linalg.solve(X.T, y, assume_a="pos", overwrite_a=True,
+                                          check_finite=False)
         t2 = time.perf_counter()
         blas = [(i.get("internal_api"), i.get("num_threads"), i.get("architecture"))
                 for i in threadpool_info()]
