@@ -70,12 +70,11 @@ BENCH_LINALG_CHUNK ?= 65536
 # Its square jobs in the same run: rsvd, the randomized SVD (top 20, 2 power iterations) of
 # A 16384^2 float64 (2 GiB, decaying spectrum), and cholesky (L stored) / solve_spd (8 right-hand
 # sides) of an SPD S 32768^2 float64 (8 GiB; each engine's stored L is 8 GiB more on disk, and
-# NumPy's in-core Cholesky holds S + L = 16 GiB, skipped when that is not free). Never run at
-# these sizes. An ESTIMATE from flop counts only: the Cholesky is 11.7 TFLOP (tilearray plans
-# 151 tasks reading 46.75 GiB against an 8.81 GiB bound at 2 x 1 GiB; solve_spd 55.25 GiB), a
-# few minutes per engine per round at one BLAS thread per core, so the square jobs likely add
-# 1-2 hours with 3 rounds. Only some jobs: BENCH_LINALG_OPS=qr_r,svd_values,svd_u,lstsq (the
-# line as it was), or e.g. rsvd,cholesky.
+# NumPy factors S in place, 8.7 GiB, skipped when that is not free). Measured one round each on
+# 2026-12-05 (fast BLAS day): rsvd ~13 s tilearray / ~17 s dask; at 32768² cholesky 167 s /
+# 220 s / 252 s NumPy, solve_spd 185 s / 217 s / 260 s, plus ~1 min to write S: the square jobs
+# add ~25 min per round (1-2 hours with 3 rounds on a slow-BLAS day, when cholesky took 604 s /
+# 814 s). Only some jobs: BENCH_LINALG_OPS=qr_r,svd_values,svd_u,lstsq, or e.g. rsvd,cholesky.
 BENCH_LINALG_SQUARE_N     ?= 16384
 BENCH_LINALG_SQUARE_CHUNK ?= 2048
 BENCH_LINALG_SPD_N        ?= 32768
