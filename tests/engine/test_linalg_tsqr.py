@@ -2,6 +2,7 @@
 (TSQR) against NumPy: ragged row and column tilings, f32/f64/int, ill-
 conditioned and rank-deficient X, plan figures equal to the run's, bad input."""
 
+import dask
 import numpy as np
 import pytest
 
@@ -50,6 +51,31 @@ def test_q_stays_orthogonal_where_x_inv_r_does_not(thread_engine, tmp_path, rng)
     indirect = x @ np.linalg.inv(r)
     assert np.abs(indirect.T @ indirect - np.eye(N)).max() > 1e-9
     assert_close(qa @ r, x, scale=1.0)
+
+
+def test_q_by_solve_on_well_conditioned_leaves_only(thread_engine, tmp_path, rng,
+                                                   monkeypatch):
+    """Leaves whose R is well conditioned write ``X_i R_i^-1 S``; the one
+    leaf whose rows make two columns nearly equal (its R ~1e10 from
+    singular, X as a whole well conditioned) applies its reflectors: Q is
+    orthogonal to rounding either way and Q R = X."""
+    from tilearray.graphs import linalg as kern
+
+    x = _x(rng, m=2000, n=N)
+    x[800:1000, 5] = x[800:1000, 6] * (1 + 1e-10)
+    applied = []
+    apply = kern.qr_leaf_apply
+    monkeypatch.setattr(kern, "qr_leaf_apply", lambda *a, **k: applied.append(1) or apply(*a, **k))
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(100, N))
+    q, r = ta.linalg.qr(a)
+    with dask.config.set({"tilearray.map.block-bytes": 200 * N * 8}):  # leaves of 200 rows
+        leaves = q.plan(tmp_path / "q.zarr").stages[0].description
+        n_leaves = int(leaves.split("QR of ")[1].split(" row blocks")[0])
+        assert n_leaves == 10, leaves
+        qa, r = np.asarray(q.to_zarr(tmp_path / "q.zarr")), r.compute()
+    assert len(applied) == 1  # the leaf of rows 800:1000
+    assert np.abs(qa.T @ qa - np.eye(N)).max() < 1e-13
+    assert_close(qa @ r, x, scale=np.abs(x).max())
 
 
 def test_rank_deficient_qr_and_svd(thread_engine, tmp_path, rng):

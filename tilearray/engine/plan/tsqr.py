@@ -153,7 +153,7 @@ def _down_stage(node, name, specs, widths, deps, row_edges, levels, root, costs,
         src, index = slices.get(leaf, (root, 0))
         leaves_done.append(stores.add((name + "-q", i), gts.leaf_store, tuple(specs), rows,
                                       tuple(widths), deps, out, ncols, src, index,
-                                      ahead(intervals(row_edges), i, budget)))
+                                      ahead(intervals(row_edges), i, budget), leaf))
         blocks.append((rows, (0, ncols)))
         tot.add(*(c.at(i, 0) for c in costs))
         if out is not None:
@@ -162,7 +162,8 @@ def _down_stage(node, name, specs, widths, deps, row_edges, levels, root, costs,
     work = down.freeze() + stores.freeze()
     return Stage(
         "tsqr-q", f"{node.part} = the tree's Q factors applied back down: each of "
-        f"{len(leaves_done)} row blocks read again, factored again and written "
+        f"{len(leaves_done)} row blocks read again, times R_i^-1 where R_i is well "
+        f"conditioned (float64), else factored again, and written "
         f"({max_interval(row_edges)} x {ncols})", len(work), peak, tot.nbytes, written,
         flops=4 * m * w * w + 2 * m * w * ncols, reads=tot.reads, store_gets=tot.gets, work=work,
         outputs={"result": Output("store", tuple(leaves_done)) if out is not None else
