@@ -5,6 +5,7 @@ conditioned and rank-deficient X, plan figures equal to the run's, bad input."""
 import dask
 import numpy as np
 import pytest
+import zarr
 
 import tilearray as ta
 from tilearray.testing import assert_close
@@ -76,6 +77,21 @@ def test_q_by_solve_on_well_conditioned_leaves_only(thread_engine, tmp_path, rng
     assert len(applied) == 1  # the leaf of rows 800:1000
     assert np.abs(qa.T @ qa - np.eye(N)).max() < 1e-13
     assert_close(qa @ r, x, scale=np.abs(x).max())
+
+
+def test_leaf_r_kept_for_the_way_down_only_while_small(tmp_path):
+    """Planned on metadata: the down leaves get their up leaf's R (held in
+    worker memory meanwhile) while all of them take at most a quarter of a
+    task's memory; beyond, every leaf factors its block again."""
+    budget = ta.Budget.from_config("1GiB", 2, 1)
+    for n, kept in ((64, True), (512, False)):
+        zarr.create_array(tmp_path / f"x{n}.zarr", shape=(60000, n), chunks=(600, n), dtype="f8")
+        q, _ = ta.linalg.qr(ta.open(tmp_path / f"x{n}.zarr"))
+        with dask.config.set({"tilearray.map.block-bytes": 600 * n * 8}):  # 100 leaves
+            plan = q.plan(tmp_path / f"q{n}.zarr", budget=budget)
+        assert "QR of 100 row blocks" in plan.stages[0].description, plan
+        assert ("times R_i^-1" in plan.stages[1].description) is kept, plan
+        assert ("R_i not kept" in plan.stages[1].description) is not kept, plan
 
 
 def test_rank_deficient_qr_and_svd(thread_engine, tmp_path, rng):

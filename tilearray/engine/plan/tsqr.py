@@ -128,13 +128,17 @@ def lower_tsqr(node, specs, widths, deps: list, budget: Budget, out=None, out_gr
         {"factors": Output("value", (root,))})
     if not big:
         return [first]
+    # the down leaves may use their up leaf's R (X_i R_i^-1): those stay in
+    # worker memory until then, so only while they are a small share of it
+    keep_r = len(leaves) * w * w * max(itemsize, 8) <= budget.task_memory // 4
     return [first, _down_stage(node, name, specs, widths, deps, row_edges, levels, root,
-                               costs, peak, out, out_grid, skip, budget)]
+                               costs, peak, out, out_grid, skip, budget, keep_r)]
 
 
 def _down_stage(node, name, specs, widths, deps, row_edges, levels, root, costs, peak, out,
-                out_grid, skip, budget) -> Stage:
-    """Slices down the tree, then each leaf's rows of Q (or U) written."""
+                out_grid, skip, budget, keep_r: bool) -> Stage:
+    """Slices down the tree, then each leaf's rows of Q (or U) written
+    (``keep_r``: each given its up leaf's R, see :func:`~tilearray.graphs.tsqr.leaf_store`)."""
     down, slices = Tasks(), {}
     for depth, level in reversed(list(enumerate(levels))):
         for g, (key, children) in enumerate(level):
@@ -153,7 +157,8 @@ def _down_stage(node, name, specs, widths, deps, row_edges, levels, root, costs,
         src, index = slices.get(leaf, (root, 0))
         leaves_done.append(stores.add((name + "-q", i), gts.leaf_store, tuple(specs), rows,
                                       tuple(widths), deps, out, ncols, src, index,
-                                      ahead(intervals(row_edges), i, budget), leaf))
+                                      ahead(intervals(row_edges), i, budget),
+                                      leaf if keep_r else None))
         blocks.append((rows, (0, ncols)))
         tot.add(*(c.at(i, 0) for c in costs))
         if out is not None:
@@ -162,8 +167,9 @@ def _down_stage(node, name, specs, widths, deps, row_edges, levels, root, costs,
     work = down.freeze() + stores.freeze()
     return Stage(
         "tsqr-q", f"{node.part} = the tree's Q factors applied back down: each of "
-        f"{len(leaves_done)} row blocks read again, times R_i^-1 where R_i is well "
-        f"conditioned (float64), else factored again, and written "
+        f"{len(leaves_done)} row blocks read again, "
+        + ("times R_i^-1 where R_i is well conditioned (float64), else factored again, "
+           if keep_r else "factored again (R_i not kept: too many), ") + "and written "
         f"({max_interval(row_edges)} x {ncols})", len(work), peak, tot.nbytes, written,
         flops=4 * m * w * w + 2 * m * w * ncols, reads=tot.reads, store_gets=tot.gets, work=work,
         outputs={"result": Output("store", tuple(leaves_done)) if out is not None else
