@@ -144,27 +144,29 @@ def test_leaf_geqrt_r_and_apply_match_numpy(shape, dtype):
 @pytest.mark.parametrize("shape", [(300, 7), (128, 48), (33, 1)])
 def test_leaf_solve_is_the_reflectors_q_where_r_is_well_conditioned(shape):
     """X_i R_i^-1 S equals the reflectors' Q_i S for a well-conditioned
-    float64 leaf; None (apply the reflectors) for float32, an ill-conditioned
-    or singular R, a short leaf (R not square) and a slice of the wrong size."""
+    float64 leaf; no weights (apply the reflectors) for float32, an
+    ill-conditioned or singular R, a short leaf (R not square) and a slice
+    of the wrong size."""
     rng = np.random.default_rng(sum(shape))
     x = rng.standard_normal(shape)
-    k = shape[1]
+    m, k = shape
     s = rng.standard_normal((k, 3))
-    got = la.qr_leaf_solve(np.asfortranarray(x), la.qr_leaf_r(x), s)
-    assert got is not None and got.shape == (shape[0], 3) and got.dtype == np.float64
+    w = la.leaf_solve_weights(la.qr_leaf_r(x), s, m)
+    got = la.leaf_times(x, w)
+    assert got.shape == (m, 3) and got.dtype == np.float64
     assert_close(got, la.qr_leaf_apply(x, s), scale=np.abs(s).sum(axis=0).max())
     x32 = x.astype(np.float32)
-    assert la.qr_leaf_solve(x32, la.qr_leaf_r(x32), s.astype(np.float32)) is None
-    assert la.qr_leaf_solve(x, la.qr_leaf_r(x), np.ones((k + 1, 3))) is None
+    assert la.leaf_solve_weights(la.qr_leaf_r(x32), s.astype(np.float32), m) is None
+    assert la.leaf_solve_weights(la.qr_leaf_r(x), np.ones((k + 1, 3)), m) is None
     if k > 1:
         ill = x.copy()
         ill[:, 0] = ill[:, -1] * (1 + 1e-11)  # kappa ~ 1e11: X R^-1 would lose ~1e-5
-        assert la.qr_leaf_solve(ill, la.qr_leaf_r(ill), s) is None
+        assert la.leaf_solve_weights(la.qr_leaf_r(ill), s, m) is None
         zero = x.copy()
         zero[:, 0] = 0.0  # R singular
-        assert la.qr_leaf_solve(zero, la.qr_leaf_r(zero), s) is None
+        assert la.leaf_solve_weights(la.qr_leaf_r(zero), s, m) is None
     short = x[: k - 1] if k > 1 else x[:0]
-    assert la.qr_leaf_solve(short, la.qr_leaf_r(short), s) is None
+    assert la.leaf_solve_weights(la.qr_leaf_r(short), s, len(short)) is None
 
 
 def test_qr_combine_splits_q_per_child():

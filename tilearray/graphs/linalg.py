@@ -248,25 +248,29 @@ with kappa."""
 
 
 @_single_threaded
-def qr_leaf_solve(block, r, parent_slice) -> np.ndarray | None:
-    """``Q_i @ parent_slice`` as ``X_i @ (R_i^-1 @ parent_slice)`` -- one
-    triangular solve of ``n x n`` and one gemm, about a quarter of
-    :func:`qr_leaf_apply`'s time at 65536 x 256 -- when ``R_i`` (the leaf's
-    R from :func:`qr_leaf_r`, square) is conditioned well enough that this
-    loses at most :data:`SOLVE_MAX_LOSS` of orthogonality; None otherwise
-    (the caller applies the reflectors). Returns ``m_i x k`` C-ordered."""
-    a = np.asarray(block)
+def leaf_solve_weights(r, parent_slice, rows: int) -> np.ndarray | None:
+    """``R_i^-1 @ parent_slice`` for a leaf of ``rows`` rows whose R (from
+    :func:`qr_leaf_r`) is square and conditioned well enough that ``X_i @``
+    this loses at most :data:`SOLVE_MAX_LOSS` of orthogonality; None
+    otherwise (the leaf then applies its reflectors, :func:`qr_leaf_apply`).
+    ``X_i @ weights`` is ``Q_i @ parent_slice``: one gemm, about a quarter of
+    :func:`qr_leaf_apply`'s time at 65536 x 256."""
     r = np.asarray(r)
-    dtype = result_dtype(np.result_type(a.dtype, r.dtype))
-    m, n = a.shape
-    if r.shape != (n, n) or m < n or n == 0 or parent_slice.shape[0] != n:
+    n = r.shape[1] if r.ndim == 2 else 0
+    if r.shape != (n, n) or rows < n or n == 0 or np.shape(parent_slice)[0] != n:
         return None
+    dtype = result_dtype(r.dtype)
     trcon = lapack.get_lapack_funcs("trcon", (r,))
     rcond, info = trcon(r, norm="1", uplo="U", diag="N")
     if info != 0 or not rcond > np.finfo(dtype).eps / SOLVE_MAX_LOSS:
         return None
-    w = sla.solve_triangular(r, np.asarray(parent_slice, dtype), check_finite=False)
-    return a @ w.astype(dtype, copy=False)
+    return sla.solve_triangular(r, np.asarray(parent_slice, dtype), check_finite=False)
+
+
+@_single_threaded
+def leaf_times(block, weights: np.ndarray) -> np.ndarray:
+    """``block @ weights`` (C-ordered) in ``weights``' dtype, one BLAS thread."""
+    return np.asarray(block).astype(weights.dtype, copy=False) @ weights
 
 
 def qr_combine(r_list: Sequence[np.ndarray], *, mode: str = "reduced"):

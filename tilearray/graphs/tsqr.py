@@ -128,16 +128,24 @@ def leaf_store(specs, rows, widths, deps, out_ref, ncols: int, slice_, index: in
     into ``out_ref`` (columns ``0:ncols``), or returned when ``out_ref`` is
     None (rows ``ahead`` hinted, as :func:`leaf_r`). ``Q_i @ slice`` is
     ``X_i @ (R_i^-1 slice)`` when ``leaf`` (the up leaf's ``(R_i, stats)``)
-    has an R that well conditioned (:func:`~.linalg.qr_leaf_solve`), else
+    has an R that is well conditioned (:func:`~.linalg.leaf_solve_weights`), else
     the block's QR again with its reflectors applied to the slice."""
     buffers.release(blocks_only=True)
     stats = IOStats()
-    block = _block(specs, rows, widths, deps, stats)
+    s = _pick(slice_, index)
+    w = None if leaf is None else kern.leaf_solve_weights(leaf[0], s, rows[1] - rows[0])
+    if w is not None:  # as read: no F-ordered copy for LAPACK
+        parts = [np.asarray(evaluate(sp, rows, (0, wd), list(deps), stats)) for sp, wd in zip(
+            specs, widths, strict=True)]
+        block = parts[0] if len(parts) == 1 else np.hstack(parts)
+        del parts
+    else:
+        block = _block(specs, rows, widths, deps, stats)
     _hint(specs, widths, ahead)
     report(1, 3)  # read, then Q times the slice, then the write
-    s = _pick(slice_, index)
-    q = None if leaf is None else kern.qr_leaf_solve(block, leaf[0], s)
-    if q is None:
+    if w is not None:
+        q = kern.leaf_times(block, w)
+    else:
         q = kern.qr_leaf_apply(block, s, overwrite_block=True)
     del block
     block = np.ascontiguousarray(q[:, :ncols])
