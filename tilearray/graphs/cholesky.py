@@ -34,16 +34,7 @@ SlogdetResult = type(np.linalg.slogdet(np.eye(1)))
 
 def _c(spec, rows, cols, deps, stats, dtype) -> np.ndarray:
     """Region ``rows x cols`` of ``spec``, F-ordered in ``dtype`` (LAPACK's layout)."""
-    return _into_f(evaluate(spec, rows, cols, list(deps), stats), dtype)
-
-
-def _into_f(x, dtype) -> np.ndarray:
-    """``x`` F-ordered in ``dtype`` (itself if it is already, as
-    :func:`numpy.asfortranarray`), else copied in row bands (:func:`kern.copy_rows`)."""
-    x = np.asarray(x)
-    if x.flags.f_contiguous and x.dtype == np.dtype(dtype):
-        return x
-    return kern.copy_rows(np.empty(x.shape, dtype, order="F"), x)
+    return kern.as_fortran(evaluate(spec, rows, cols, list(deps), stats), dtype)
 
 
 def tile(a_spec, a_deps, l_ref, edges, strips: tuple, panel: int, i: int, j: int, dtype,

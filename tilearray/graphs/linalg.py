@@ -105,7 +105,23 @@ def copy_rows(dst: np.ndarray, src) -> np.ndarray:
     return dst
 
 
+def as_fortran(x, dtype=None, *, copy: bool = False) -> np.ndarray:
+    """``x`` F-ordered (LAPACK's layout) in ``dtype`` (default: the dtype
+    :func:`result_dtype` computes it in): ``x`` itself when it already is
+    and ``copy`` is False, as :func:`numpy.asfortranarray`, else copied in
+    row bands (:func:`copy_rows`)."""
+    x = np.asarray(x)
+    dtype = result_dtype(x.dtype) if dtype is None else np.dtype(dtype)
+    if not copy and x.flags.f_contiguous and x.dtype == dtype:
+        return x
+    if x.ndim != 2:
+        return np.array(x, dtype=dtype, order="F")
+    return copy_rows(np.empty(x.shape, dtype, order="F"), x)
+
+
 def _float(a, order="F", copy=False) -> np.ndarray:
+    if order == "F":
+        return as_fortran(a, copy=copy)
     a = np.asarray(a)
     return np.array(a, dtype=result_dtype(a.dtype), order=order, copy=copy or None)
 

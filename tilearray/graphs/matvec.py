@@ -35,17 +35,22 @@ def operand(w, side: str, transposed: bool) -> np.ndarray:
     return w
 
 
+def _read(spec, rows, cols, deps, stats, ahead) -> np.ndarray:
+    """Block ``rows x cols`` of ``spec`` (broadcast to its shape), then the
+    region ``ahead`` (a later task's, or None) hinted to the stores."""
+    x = np.asarray(evaluate(spec, rows, cols, list(deps), stats))
+    prefetch_next([spec], None if ahead is None else [ahead])
+    return np.broadcast_to(x, (rows[1] - rows[0], cols[1] - cols[0]))
+
+
 def block_product(spec, rows, cols, side, transposed, dtype, w_index, deps=(), ahead=None):
     """Partial product of block ``rows x cols`` of ``spec`` with the operand
     ``deps[w_index]``: ``(block @ W[cols], stats)`` or ``(W[:, rows] @ block,
     stats)``, in ``dtype`` (NumPy's result dtype of the product); the
     region ``ahead`` (a later block) is hinted to the stores meanwhile."""
     stats = IOStats()
-    deps = list(deps)
     w = operand(deps[w_index], side, transposed)
-    x = np.asarray(evaluate(spec, rows, cols, deps, stats))
-    prefetch_next([spec], None if ahead is None else [ahead])
-    x = np.broadcast_to(x, (rows[1] - rows[0], cols[1] - cols[0]))
+    x = _read(spec, rows, cols, deps, stats, ahead)
     with one_blas_thread():
         if side == "right":
             part = np.matmul(x, w[cols[0] : cols[1]], dtype=dtype)
@@ -80,11 +85,8 @@ def gram_block(spec, rows, cols, axis, dtype, w_index, deps=(), ahead=None):
     leaves the task; the region ``ahead`` (a later panel) is hinted to the
     stores meanwhile. ``(part, stats)`` in ``dtype``."""
     stats = IOStats()
-    deps = list(deps)
     w = operand(deps[w_index], "right", False)
-    x = np.asarray(evaluate(spec, rows, cols, deps, stats))
-    prefetch_next([spec], None if ahead is None else [ahead])
-    x = np.broadcast_to(x, (rows[1] - rows[0], cols[1] - cols[0]))
+    x = _read(spec, rows, cols, deps, stats, ahead)
     if axis == 1:
         x = x.T
     with one_blas_thread():

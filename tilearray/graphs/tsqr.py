@@ -134,13 +134,7 @@ def leaf_store(specs, rows, widths, deps, out_ref, ncols: int, slice_, index: in
     stats = IOStats()
     s = _pick(slice_, index)
     w = None if leaf is None else kern.leaf_solve_weights(leaf[0], s, rows[1] - rows[0])
-    if w is not None:  # as read: no F-ordered copy for LAPACK
-        parts = [np.asarray(evaluate(sp, rows, (0, wd), list(deps), stats)) for sp, wd in zip(
-            specs, widths, strict=True)]
-        block = parts[0] if len(parts) == 1 else np.hstack(parts)
-        del parts
-    else:
-        block = _block(specs, rows, widths, deps, stats)
+    block = _block(specs, rows, widths, deps, stats)
     _hint(specs, widths, ahead)
     report(1, 3)  # read, then Q times the slice, then the write
     if w is not None:

@@ -150,14 +150,15 @@ def _down_stage(node, name, specs, widths, deps, row_edges, levels, root, costs,
     m, n = node.x.shape
     ncols = node.shape[1]
     tot, written = layout.ReadTotals(), 0
-    for i, rows in enumerate(intervals(row_edges)):
+    spans = intervals(row_edges)
+    for i, rows in enumerate(spans):
         if out_grid is not None and all_done(out_grid, rows, (0, ncols), skip):
             continue
         leaf = (name + "-leaf", i)
         src, index = slices.get(leaf, (root, 0))
         leaves_done.append(stores.add((name + "-q", i), gts.leaf_store, tuple(specs), rows,
                                       tuple(widths), deps, out, ncols, src, index,
-                                      ahead(intervals(row_edges), i, budget),
+                                      ahead(spans, i, budget),
                                       leaf if keep_r else None))
         blocks.append((rows, (0, ncols)))
         tot.add(*(c.at(i, 0) for c in costs))
