@@ -189,12 +189,39 @@ def test_adaptive_engine_scales_up_for_a_job(tmp_path, rng):
         job, box = _run_in_thread(lambda: expr.to_zarr(tmp_path / "out.zarr"))
         # queued work makes dask's adaptive scaling add the second worker
         client.wait_for_workers(2, timeout=60)
+        # the added worker was built after the engine started: it must still
+        # not pause (at 80 % of this whole process's RSS it did, and hung)
+        assert set(client.run(_memory_settings).values()) == {(False, False, False)}
         _wait(lambda: len(_tilearray_workers(client, since, "map")) >= 1, what="tasks")
         Event("adapt-hold", client=client).set()
         hold.result(timeout=60)
         job.join(90)
         assert not job.is_alive() and "error" not in box, box.get("error")
         assert_close(box["value"].compute(), expected)
+
+
+def _memory_settings(dask_worker):
+    m = dask_worker.memory_manager
+    return m.memory_pause_fraction, m.memory_spill_fraction, m.memory_target_fraction
+
+
+def _terminate(dask_worker):
+    return dask_worker.memory_manager.memory_terminate_fraction
+
+
+@pytest.mark.parametrize("processes", [False, True])
+def test_workers_added_later_get_the_engines_memory_settings(processes):
+    """Adaptive scaling builds workers after start_local returned, outside its
+    dask.config.set: they must get the same settings as the first ones."""
+    with ta.Engine(n_workers=1, threads_per_worker=1, memory_per_worker="512MiB",
+                   processes=processes, quiet=True) as eng:
+        eng.cluster.scale(2)
+        eng.client.wait_for_workers(2, timeout=60)
+        assert set(eng.client.run(_memory_settings).values()) == {(False, False, False)}
+        if processes:  # the nanny's kill stays the safety net
+            default = dask.config.get("distributed.worker.memory.terminate")
+            assert set(eng.client.run(_terminate, nanny=True).values()) == {default}
+        assert dask.config.get("distributed.worker.memory.pause") is not False
 
 
 def test_adaptive_rejects_bad_bounds_and_existing_clients():

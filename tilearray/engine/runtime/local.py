@@ -4,6 +4,7 @@ worker, dask's memory settings for planned tasks)."""
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 
@@ -54,7 +55,7 @@ def start_local(n_workers, threads, memory_per_worker, processes, adaptive, span
     """Start the LocalCluster and a Client on it; returns ``(cluster, client,
     (memory, threads, max workers), BLAS threads per worker, saved environment)``."""
     lo, hi = span if span is not None else (None, None)
-    from distributed import Client, LocalCluster
+    from distributed import Client, LocalCluster, Nanny, Worker
 
     cores = os.cpu_count() or 1
     n = int(n_workers or max(cores // threads, 1))
@@ -66,24 +67,15 @@ def start_local(n_workers, threads, memory_per_worker, processes, adaptive, span
     # distributed's nanny writes its pre-spawn settings (OMP/MKL/OPENBLAS
     # threads = 1, ...) into this process's environment; keep ours
     environ = dict(os.environ)
+    settings = _worker_settings(processes)
     try:
-        with dask.config.set({
-            "distributed.scheduler.allowed-failures": _config.get("scheduler.allowed-failures"),
-            "distributed.worker.memory.spill": False,
-            "distributed.worker.memory.target": False,
-            # tasks are sized to fit before they run; pausing a worker
-            # whose freed memory is slow to leave RSS could stall a
-            # run, while the nanny's kill at 95% stays the safety net
-            "distributed.worker.memory.pause": False,
-            # in-process workers have no nanny: measuring this whole
-            # process against the limit would make them close themselves
-            **({} if processes else {"distributed.worker.memory.terminate": False}),
-        }):
+        with dask.config.set(settings):
             cluster = LocalCluster(
                 n_workers=n if adaptive is None else lo,
                 threads_per_worker=threads,
                 memory_limit=mem,
                 processes=processes,
+                worker_class=_with_settings(Nanny if processes else Worker, settings),
                 dashboard_address=":0",
                 silence_logs=logging.ERROR,
             )
@@ -106,6 +98,42 @@ def start_local(n_workers, threads, memory_per_worker, processes, adaptive, span
         client.register_plugin(IgnoreInterrupt(), name=IgnoreInterrupt.name)
     restore_environ(environ)
     return cluster, client, (mem, threads, n), blas, environ
+
+
+def _worker_settings(processes: bool) -> dict:
+    """dask's settings for the embedded cluster's workers."""
+    return {
+        "distributed.scheduler.allowed-failures": _config.get("scheduler.allowed-failures"),
+        "distributed.worker.memory.spill": False,
+        "distributed.worker.memory.target": False,
+        # tasks are sized to fit before they run; pausing a worker whose
+        # freed memory is slow to leave RSS could stall a run, while the
+        # nanny's kill at 95% stays the safety net
+        "distributed.worker.memory.pause": False,
+        # in-process workers have no nanny: measuring this whole process
+        # against the limit would make them close themselves
+        **({} if processes else {"distributed.worker.memory.terminate": False}),
+    }
+
+
+def _with_settings(cls, settings: dict):
+    """A worker factory that builds ``cls`` under ``settings``.
+
+    Workers and nannies read dask's memory settings when they are built; a
+    worker that adaptive scaling adds mid-job is built long after
+    ``start_local`` returned, and would otherwise get dask's defaults (an
+    in-process worker then paused at 80 % of this whole process's RSS and
+    the job never finished). A nanny's worker process gets the config the
+    nanny keeps, a shallow copy of dask's that leaving ``dask.config.set``
+    would revert: it gets a deep copy."""
+    from distributed import Nanny
+
+    def make(*args, **kwargs):
+        with dask.config.set(settings):
+            if issubclass(cls, Nanny):
+                kwargs["config"] = copy.deepcopy(dask.config.config)
+            return cls(*args, **kwargs)
+    return make
 
 
 def check_alive(cluster, description: str) -> None:
