@@ -221,6 +221,11 @@ def test_workers_added_later_get_the_engines_memory_settings(processes):
         if processes:  # the nanny's kill stays the safety net
             default = dask.config.get("distributed.worker.memory.terminate")
             assert set(eng.client.run(_terminate, nanny=True).values()) == {default}
+            # a nanny restarting its worker (after a kill) hands it the same
+            # settings: its config was a shallow copy that reverted
+            eng.client.restart_workers(list(eng.client.scheduler_info()["workers"]))
+            eng.client.wait_for_workers(2, timeout=60)
+            assert set(eng.client.run(_memory_settings).values()) == {(False, False, False)}
         assert dask.config.get("distributed.worker.memory.pause") is not False
 
 

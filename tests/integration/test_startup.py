@@ -5,6 +5,7 @@ script when they start, so where that cannot work the implicit choice falls
 back to thread workers with a warning, and an explicit ``processes=True``
 is a one-line ClusterError naming the guard."""
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -53,6 +54,15 @@ def _check_result(cwd):
     assert_close(np.load(cwd / "mean.npy"), a.mean(axis=0))
 
 
+def _errors(stderr: str) -> str:
+    """``stderr`` without distributed's log records of a worker's heartbeat
+    racing the cluster's close ("Failed to communicate with scheduler during
+    heartbeat.", with its traceback): a race inside distributed at exit,
+    seen once in a loaded ``make test``, not a failure of the run."""
+    records = re.split(r"(?m)^(?=\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)", stderr)
+    return "".join(r for r in records if "during heartbeat." not in r)
+
+
 def _last_line(p) -> str:
     return p.stderr.strip().splitlines()[-1]
 
@@ -62,7 +72,7 @@ def test_guarded_script_gets_worker_processes(tmp_path):
     p = _run(["job.py"], tmp_path)
     assert p.returncode == 0, p.stderr
     assert "WORKERS processes" in p.stdout
-    assert "RuntimeWarning" not in p.stderr and "Traceback" not in p.stderr
+    assert "RuntimeWarning" not in p.stderr and "Traceback" not in _errors(p.stderr)
     _check_result(tmp_path)
 
 
@@ -121,5 +131,5 @@ def test_python_dash_c_gets_worker_processes(tmp_path):
     p = _run(["-c", BODY.format(extra="")], tmp_path)
     assert p.returncode == 0, p.stderr
     assert "WORKERS processes" in p.stdout
-    assert "RuntimeWarning" not in p.stderr and "Traceback" not in p.stderr
+    assert "RuntimeWarning" not in p.stderr and "Traceback" not in _errors(p.stderr)
     _check_result(tmp_path)
