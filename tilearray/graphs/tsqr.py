@@ -32,12 +32,16 @@ from .progress import report
 from .spec import evaluate, prefetch_next
 
 
-def _block(specs, rows, widths, deps, stats) -> np.ndarray:
-    """Row block ``rows`` of ``[X | Y]``, F-ordered in the computing dtype."""
+def _block(specs, rows, widths, deps, stats, order="F") -> np.ndarray:
+    """Row block ``rows`` of ``[X | Y]`` in the computing dtype, F-ordered
+    (LAPACK's layout), or with ``order="C"`` as read when it can be (a
+    single stored part already in that dtype: no copy)."""
     parts = [np.asarray(evaluate(s, rows, (0, w), list(deps), stats))
              for s, w in zip(specs, widths, strict=True)]
     dtype = np.result_type(*(kern.result_dtype(p.dtype) for p in parts))
-    out = np.empty((rows[1] - rows[0], sum(widths)), dtype, order="F")
+    if order == "C" and len(parts) == 1 and parts[0].dtype == dtype:
+        return parts[0]
+    out = np.empty((rows[1] - rows[0], sum(widths)), dtype, order=order)
     lo = 0
     for p, w in zip(parts, widths, strict=True):
         kern.copy_rows(out[:, lo : lo + w], p)
@@ -134,7 +138,8 @@ def leaf_store(specs, rows, widths, deps, out_ref, ncols: int, slice_, index: in
     stats = IOStats()
     s = _pick(slice_, index)
     w = None if leaf is None else kern.leaf_solve_weights(leaf[0], s, rows[1] - rows[0])
-    block = _block(specs, rows, widths, deps, stats)
+    # gemm takes the block as read; the reflectors want it F-ordered
+    block = _block(specs, rows, widths, deps, stats, order="F" if w is None else "C")
     _hint(specs, widths, ahead)
     report(1, 3)  # read, then Q times the slice, then the write
     if w is not None:
