@@ -1,5 +1,6 @@
 """Shared test helpers (data generators)."""
 
+import dask
 import numpy as np
 
 import tilearray as ta
@@ -31,3 +32,16 @@ def scrape(engine) -> dict:
             name, value = line.rsplit(" ", 1)
             out[name] = float(value)
     return out
+
+
+def in_process_workers():
+    """dask's settings for the clusters tests build with in-process workers
+    (``processes=False``, ``SpecCluster`` of ``Worker``): such a worker
+    measures the whole pytest process's RSS, several hundred MiB after many
+    tests, against its own limit; at 80 % it pauses and a job waits forever.
+    Build the cluster inside ``with in_process_workers():`` and use it after:
+    the workers read the settings when they are built."""
+    return dask.config.set({"distributed.worker.memory.pause": False,
+                            "distributed.worker.memory.spill": False,
+                            "distributed.worker.memory.target": False,
+                            "distributed.worker.memory.terminate": False})

@@ -13,7 +13,10 @@ def remote():
     (``test_cli.py``: ``test_matmul_matches_numpy``,
     ``test_matmul_transposes_and_output_layout``, the failure and MPI tests)."""
     from distributed import LocalCluster
+    from helpers import in_process_workers
 
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp",
-                      dashboard_address=":0", memory_limit="1GiB") as cluster:
+    with in_process_workers():
+        cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                               protocol="tcp", dashboard_address=":0", memory_limit="1GiB")
+    with cluster:
         yield ["--scheduler-address", cluster.scheduler_address, "--quiet"]

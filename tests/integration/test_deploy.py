@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from dask.utils import parse_bytes
+from helpers import in_process_workers
 
 from tilearray.cli import main
 
@@ -42,8 +43,10 @@ def one_error_line(p, code):
 def cluster():
     from distributed import LocalCluster
 
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, protocol="tcp",
-                      dashboard_address=":0", memory_limit="1GiB") as c:
+    with in_process_workers():
+        c = LocalCluster(n_workers=2, threads_per_worker=1, processes=False, protocol="tcp",
+                         dashboard_address=":0", memory_limit="1GiB")
+    with c:
         yield c
 
 

@@ -8,7 +8,7 @@ import time
 import dask
 import pytest
 from distributed import Client, Event, Scheduler, SpecCluster, Worker
-from helpers import make
+from helpers import in_process_workers, make
 
 import tilearray as ta
 from tilearray.testing import assert_close
@@ -23,8 +23,10 @@ def uneven_cluster():
         "big": {"cls": Worker, "options": {"nthreads": 1, "memory_limit": "2GiB"}},
         "small": {"cls": Worker, "options": {"nthreads": 2, "memory_limit": "400MiB"}},
     }
-    with SpecCluster(workers=spec, scheduler={"cls": Scheduler, "options": {"dashboard_address": ":0"}},
-                     silence_logs=False) as cluster, Client(cluster) as client:
+    with in_process_workers():
+        cluster = SpecCluster(workers=spec, silence_logs=False,
+                              scheduler={"cls": Scheduler, "options": {"dashboard_address": ":0"}})
+    with cluster, Client(cluster) as client:
         client.wait_for_workers(2)
         yield cluster, client
 
