@@ -4,6 +4,7 @@ back, and results stay right."""
 
 import threading
 import time
+import warnings
 
 import dask
 import pytest
@@ -236,3 +237,46 @@ def test_adaptive_rejects_bad_bounds_and_existing_clients():
         ta.Engine(adaptive=(3, 1), processes=False, quiet=True)
     with pytest.raises(ta.ClusterError, match="adaptive"):
         ta.Engine(client=object(), adaptive=(1, 2), quiet=True)
+
+
+def test_a_paused_worker_is_named_when_a_job_waits_on_it(tmp_path, rng, monkeypatch):
+    """A borrowed cluster's worker paused by dask's memory monitor (here at
+    1 % of its limit) holds its tasks: the run says which worker and why,
+    once, and finishes when the worker resumes."""
+    from distributed.core import Status
+
+    from tilearray.engine.runtime import gather as gather_mod
+
+    monkeypatch.setattr(gather_mod._Stall, "SECONDS", 1.0)
+    expr, expected = _job(tmp_path, rng)
+    with dask.config.set({"distributed.worker.memory.pause": 0.01,
+                          "distributed.worker.memory.spill": False,
+                          "distributed.worker.memory.target": False,
+                          "distributed.worker.memory.monitor-interval": "50ms"}):
+        cluster = SpecCluster(
+            workers={"w": {"cls": Worker, "options": {"nthreads": 1, "memory_limit": "1GiB"}}},
+            scheduler={"cls": Scheduler, "options": {"dashboard_address": ":0"}})
+    with cluster, Client(cluster) as client:
+        _wait(lambda: {w["status"] for w in client.scheduler_info()["workers"].values()}
+              == {"paused"}, what="the worker to pause")
+
+        def resume(dask_worker):
+            dask_worker.memory_manager.memory_pause_fraction = False
+            dask_worker.status = Status.running
+
+        def resume_after_warning(caught):
+            _wait(lambda: any("paused" in str(w.message) for w in caught), what="the warning")
+            client.run(resume)
+
+        with ta.Engine(client=client, quiet=True), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            watcher = threading.Thread(target=resume_after_warning, args=(caught,), daemon=True)
+            watcher.start()
+            out = expr.to_zarr(tmp_path / "out.zarr")
+            watcher.join(30)
+        said = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)
+                and "paused" in str(w.message)]
+        assert len(said) == 1, said
+        assert cluster.workers["w"].address in said[0]
+        assert "distributed.worker.memory.pause" in said[0]
+        assert_close(out.compute(), expected)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
+import warnings
 
 from .stats import RunStats
 
@@ -51,12 +52,14 @@ def gather(client, graph: dict, keys: list, *, description: str, quiet: bool, pl
         # worker right after it finished is computed again, and wait()
         # sees it pending again where as_completed() would wait forever.
         pending = {f.key: f for f in futures}
+        stall = _Stall(client)
         while pending:
             with contextlib.suppress(TimeoutError), client.as_current():
                 wait(list(itertools.islice(pending.values(), 1000)), timeout=1,
                      return_when="FIRST_COMPLETED")
             if alive is not None:
                 alive()
+            stall.check(len(pending))
             for fut in [f for f in pending.values() if f.done()]:
                 value = fut.result()  # raises the task's exception
                 for i in index[fut.key]:
@@ -96,6 +99,45 @@ def gather(client, graph: dict, keys: list, *, description: str, quiet: bool, pl
     for f in futures:  # release, not cancel: a later run may reuse these keys
         f.release()
     return [v for v, _ in values[:n_keys]], stats
+
+
+class _Stall:
+    """Warns once per run when no result has come for :attr:`SECONDS` while
+    some worker is paused by dask's memory monitor: a worker of a cluster
+    tilearray did not start (``Engine(client=...)``) pauses at
+    ``distributed.worker.memory.pause`` of its memory limit (80 %), measured
+    on its whole process -- for in-process workers, the client's too -- and
+    its tasks then wait for as long as it stays paused."""
+
+    SECONDS = 10.0
+
+    def __init__(self, client):
+        self.client, self.left, self.since, self.warned = client, None, time.monotonic(), False
+
+    def check(self, left: int) -> None:
+        now = time.monotonic()
+        if left != self.left:
+            self.left, self.since = left, now
+            return
+        if self.warned or now - self.since < self.SECONDS:
+            return
+        self.since = now
+        try:
+            workers = self.client.scheduler_info().get("workers", {})
+        except Exception:
+            return
+        paused = sorted(a for a, w in workers.items() if w.get("status") == "paused")
+        if paused:
+            self.warned = True
+            warnings.warn(
+                f"no result has come for {self.SECONDS:.0f} s and {len(paused)} of "
+                f"{len(workers)} worker(s) are paused by dask's memory monitor "
+                f"({', '.join(paused)}): their tasks wait until they resume. Workers "
+                "pause at distributed.worker.memory.pause of their memory limit, measured "
+                "on the whole worker process (for processes=False workers, this process "
+                "too); tilearray sizes its tasks to the budget itself: start the cluster "
+                "with that setting False, or give its workers more memory",
+                RuntimeWarning, stacklevel=2)
 
 
 def _retries(client) -> int:
