@@ -436,9 +436,9 @@ class TilearrayRunner(_Runner):
         self.eng = ta.Engine(n_workers=args.workers, threads_per_worker=1,
                              memory_per_worker=args.memory_per_worker, quiet=True)
         self.client = self.eng.client
-        warm_workers(self.client, ["tilearray.graphs.linalg", "tilearray.graphs.tsqr",
-                                   "tilearray.graphs.cholesky", "tilearray.storage.io",
-                                   "scipy.linalg", "zarr", "numcodecs"])
+        warm_workers(self.client, ["tilearray.graphs.linalg", "tilearray.graphs.blas",
+                                   "tilearray.graphs.tsqr", "tilearray.graphs.cholesky",
+                                   "tilearray.storage.io", "scipy.linalg", "zarr", "numcodecs"])
         log(f"tilearray BLAS per worker: {self.eng.blas_report()}")
         self.pids = worker_pids(self.client)
         self.x, self.y, self.sq, self.spd, self.b = (

@@ -13,7 +13,7 @@ from .engine.array import TiledArray
 from .engine.expr.nodes import TSQR, Constant, Elemwise, Factor
 from .engine.expr.ops import HANDLED, build_reduction, elemwise
 from .errors import PlanningArgumentTypeError, PlanningError
-from .graphs.linalg import result_dtype
+from .graphs.blas import result_dtype
 
 # -- TSQR: QR, SVD, least squares of tall-skinny matrices -------------------------------------
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from threadpoolctl import threadpool_info
 
 from tilearray.errors import NotPositiveDefiniteError, SingularMatrixError, TilearrayError
+from tilearray.graphs import blas
 from tilearray.graphs import linalg as la
 from tilearray.testing import assert_close
 
@@ -29,7 +30,7 @@ def _one_blas_thread(request):
     if request.node.name.startswith("test_one_blas_thread"):
         yield
         return
-    with la.one_blas_thread():
+    with blas.one_blas_thread():
         yield
 
 
@@ -339,28 +340,28 @@ def test_tile_kernels_update_fortran_tiles_in_place():
     c = np.asfortranarray(rng.standard_normal((6, 5)))
     a, b = rng.standard_normal((6, 3)), np.ascontiguousarray(rng.standard_normal((5, 3)))
     want = c - a @ b.T
-    out = la.gemm_update(c, a, b, trans_b=True)
+    out = blas.gemm_update(c, a, b, trans_b=True)
     assert out is c or np.shares_memory(out, c)
     assert_close(out, want)
     s = np.asfortranarray(_spd(6, np.float64, 1))
     want = np.tril(s - a @ a.T)
-    assert_close(np.tril(la.syrk_update(s, a)), want)
+    assert_close(np.tril(blas.syrk_update(s, a)), want)
     lo = np.linalg.cholesky(_spd(6, np.float64, 2))
     rhs = rng.standard_normal((6, 4))
-    assert_close(la.trsm_left_lower(lo, rhs.copy()), sla.solve_triangular(lo, rhs, lower=True))
-    assert_close(la.trsm_left_lower(lo, rhs.copy(), trans=True),
+    assert_close(blas.trsm_left_lower(lo, rhs.copy()), sla.solve_triangular(lo, rhs, lower=True))
+    assert_close(blas.trsm_left_lower(lo, rhs.copy(), trans=True),
                  sla.solve_triangular(lo, rhs, lower=True, trans="T"))
-    assert_close(la.trsm_left_upper(lo.T, rhs.copy()), np.linalg.solve(lo.T, rhs))
-    assert_close(la.trsm(lo, rhs.T.copy()), rhs.T @ np.linalg.inv(lo).T)
+    assert_close(blas.trsm_left_upper(lo.T, rhs.copy()), np.linalg.solve(lo.T, rhs))
+    assert_close(blas.trsm(lo, rhs.T.copy()), rhs.T @ np.linalg.inv(lo).T)
 
 
 def test_one_blas_thread_nests_and_restores():
     before = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
-    with la.one_blas_thread():
-        with la.one_blas_thread():
+    with blas.one_blas_thread():
+        with blas.one_blas_thread():
             pass
         inside = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
-        la.potrf(np.eye(3))  # a kernel inside does not restore the limit early
+        blas.potrf(np.eye(3))  # a kernel inside does not restore the limit early
         assert [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"] == inside
     assert inside and set(inside) == {1}
     assert [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"] == before
@@ -434,15 +435,15 @@ def test_slogdet_from_lu_and_cholesky():
     rng = np.random.default_rng(14)
     a = rng.standard_normal((25, 25))
     perm, _, upper = la.lu_tiled(a, 6)
-    sign, logdet = la.slogdet_from_lu(perm, np.diagonal(upper))
+    sign, logdet = blas.slogdet_from_lu(perm, np.diagonal(upper))
     want = np.linalg.slogdet(a)
     assert sign == want[0]
     assert_close(logdet, want[1])
     spd = _spd(25, np.float64, 14)
-    got = la.slogdet_from_lu(np.arange(25), np.diagonal(la.cholesky_tiled(spd, 6)) ** 2)
+    got = blas.slogdet_from_lu(np.arange(25), np.diagonal(la.cholesky_tiled(spd, 6)) ** 2)
     assert got[0] == 1.0
     assert_close(got[1], np.linalg.slogdet(spd)[1])
-    assert la.slogdet_from_lu(np.arange(3), np.array([1.0, 0.0, 2.0])) == (0.0, -np.inf)
+    assert blas.slogdet_from_lu(np.arange(3), np.array([1.0, 0.0, 2.0])) == (0.0, -np.inf)
 
 
 # ---------------------------------------------------------------- randomized SVD
@@ -492,20 +493,20 @@ def test_kernels_allocate_what_their_docstrings_say():
     s = sum(r.shape[0] for r in rs)  # 32 + 7 + 32 + 3: fan-in 4, two short children
     assert _new_bytes(la.qr_combine, rs) <= s * n * b + 2 * n * n * b + work
     spd = np.asfortranarray(_spd(t, np.float64, 16))
-    assert _new_bytes(la.potrf, spd) <= 1.1 * t * t * b
+    assert _new_bytes(blas.potrf, spd) <= 1.1 * t * t * b
     c = np.asfortranarray(rng.standard_normal((t, t)))
-    lo = la.potrf(spd)
-    for call in (lambda: la.gemm_update(c, spd, spd, trans_b=True),
-                 lambda: la.syrk_update(c, spd), lambda: la.trsm(lo, c),
-                 lambda: la.trsm_left_lower(lo, c)):
+    lo = blas.potrf(spd)
+    for call in (lambda: blas.gemm_update(c, spd, spd, trans_b=True),
+                 lambda: blas.syrk_update(c, spd), lambda: blas.trsm(lo, c),
+                 lambda: blas.trsm_left_lower(lo, c)):
         assert _new_bytes(call) <= 0.05 * t * t * b + 2**16  # in place on an F-ordered tile
     panel = np.asfortranarray(rng.standard_normal((4 * t, t // 4)))
-    assert _new_bytes(la.getrf_panel, panel) <= 1.1 * panel.nbytes + 4 * t * 8  # LU + perm
+    assert _new_bytes(blas.getrf_panel, panel) <= 1.1 * panel.nbytes + 4 * t * 8  # LU + perm
 
 
 def test_kernels_pickle_by_reference():
-    for func in (la.qr_leaf, la.qr_combine, la.q_apply_down, la.potrf, la.gemm_update,
-                 la.getrf_panel, la.lstsq_from_r, la.omega_rows):
+    for func in (la.qr_leaf, la.qr_combine, la.q_apply_down, blas.potrf, blas.gemm_update,
+                 blas.getrf_panel, la.lstsq_from_r, la.omega_rows):
         assert pickle.loads(pickle.dumps(func)) is func
 
 

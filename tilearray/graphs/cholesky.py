@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import NotPositiveDefiniteError
 from ..storage import IOStats, buffers, prefetch_region, read_region, write_block
-from . import linalg as kern
+from . import blas as kern
 from .matmul import counted, merge_stats
 from .spec import evaluate, prefetch
 

@@ -1,137 +1,38 @@
 """Worker-side linear-algebra kernels: TSQR, least squares, SVD from R, the
-randomized-SVD test matrix, tiled Cholesky and tiled LU with partial pivoting.
+randomized-SVD test matrix, and the in-memory references of the tiled
+Cholesky and LU.
 
 Every kernel is a pure function of in-memory blocks (NumPy arrays in, NumPy
 arrays out); the planner decides which blocks go in and where results are
 written. The in-memory references (:func:`tsqr`, :func:`cholesky_tiled`,
 :func:`lu_tiled`, ...) compose the kernels exactly as the out-of-core graphs
-will, and are what the tests compare against NumPy/SciPy.
-
-Dtypes follow ``numpy.linalg``: float32 and float64 are kept, integer and
-boolean inputs are computed in float64, float16 and complex are refused (the
-kernels are real-only for now). Memory figures count the bytes a call holds
-at its peak, inputs included, with ``b`` the itemsize.
-
-Every BLAS/LAPACK call runs with ONE thread (:func:`one_blas_thread`):
-multi-threaded OpenBLAS ``potrf`` segfaults on the reference machine, and a
-worker thread must not oversubscribe the cores its siblings use. Setting the
-limit costs about 0.1 ms per outermost call (nested calls about 1 us), small
-against a tile kernel; the references hold it once for all their kernels.
+do, and are what the tests compare against NumPy/SciPy. Dtypes, memory
+figures and the one-BLAS-thread rule are :mod:`.blas`'s, whose tile kernels
+the references use.
 """
 
 from __future__ import annotations
 
-import functools
-import threading
 from collections.abc import Sequence
-from contextlib import contextmanager
 
 import numpy as np
 from scipy import linalg as sla
-from scipy.linalg import blas, lapack
-from threadpoolctl import ThreadpoolController
+from scipy.linalg import lapack
 
-from ..errors import NotPositiveDefiniteError, SingularMatrixError
-
-# --------------------------------------------------------------------------
-# one BLAS thread, dtypes
-# --------------------------------------------------------------------------
-
-_LOCK = threading.Lock()
-_STATE: dict = {"depth": 0, "limiter": None, "controller": None}
-
-
-@contextmanager
-def one_blas_thread():
-    """Run the body with every loaded BLAS limited to one thread.
-
-    BLAS thread counts are process-wide, so nested and concurrent users share
-    one limit: the first to enter sets it, the last to leave restores the
-    original counts (a plain ``threadpool_limits(1)`` per call could restore
-    2 threads while another worker thread is still inside ``potrf``).
-    """
-    with _LOCK:
-        if _STATE["depth"] == 0:
-            if _STATE["controller"] is None:
-                _STATE["controller"] = ThreadpoolController()
-            _STATE["limiter"] = _STATE["controller"].limit(limits=1, user_api="blas")
-        _STATE["depth"] += 1
-    try:
-        yield
-    finally:
-        with _LOCK:
-            _STATE["depth"] -= 1
-            if _STATE["depth"] == 0:
-                _STATE["limiter"].restore_original_limits()
-                _STATE["limiter"] = None
-
-
-def _single_threaded(func):
-    @functools.wraps(func)
-    def wrapper(*args, **kwargs):
-        with one_blas_thread():
-            return func(*args, **kwargs)
-    return wrapper
-
-
-def result_dtype(dtype) -> np.dtype:
-    """The dtype ``numpy.linalg`` computes ``dtype`` data in (f32 stays f32)."""
-    dtype = np.dtype(dtype)
-    if dtype in (np.float32, np.float64):
-        return dtype
-    if dtype.kind in "biu":
-        return np.dtype(np.float64)
-    raise TypeError(f"array type {dtype} is unsupported by the linalg kernels "
-                    "(float32 and float64; integers are computed in float64)")
-
-
-COPY_BAND_BYTES = 128 * 1024
-"""Bytes of source rows :func:`copy_rows` moves at a time (about an L2 cache)."""
-
-
-def copy_rows(dst: np.ndarray, src) -> np.ndarray:
-    """``dst[...] = src`` in bands of rows; returns ``dst``.
-
-    Copying a C-ordered block into an F-ordered one (what LAPACK wants) in
-    one assignment strides over the whole destination for every source row;
-    bands of ~128 KiB keep both sides in cache: a 65536 x 256 float64 block
-    took 0.075 s in 64-row bands against 0.29 s at once (measured here,
-    one thread)."""
-    src = np.asarray(src)
-    h = max(COPY_BAND_BYTES // max(src.shape[1] * src.itemsize, 1), 16) if src.ndim == 2 \
-        else len(src)
-    for r0 in range(0, len(src), max(h, 1)):
-        dst[r0:r0 + h] = src[r0:r0 + h]
-    return dst
-
-
-def as_fortran(x, dtype=None, *, copy: bool = False) -> np.ndarray:
-    """``x`` F-ordered (LAPACK's layout) in ``dtype`` (default: the dtype
-    :func:`result_dtype` computes it in): ``x`` itself when it already is
-    and ``copy`` is False, as :func:`numpy.asfortranarray`, else copied in
-    row bands (:func:`copy_rows`)."""
-    x = np.asarray(x)
-    dtype = result_dtype(x.dtype) if dtype is None else np.dtype(dtype)
-    if not copy and x.flags.f_contiguous and x.dtype == dtype:
-        return x
-    if x.ndim != 2:
-        return np.array(x, dtype=dtype, order="F")
-    return copy_rows(np.empty(x.shape, dtype, order="F"), x)
-
-
-def _float(a, order="F", copy=False) -> np.ndarray:
-    if order == "F":
-        return as_fortran(a, copy=copy)
-    a = np.asarray(a)
-    return np.array(a, dtype=result_dtype(a.dtype), order=order, copy=copy or None)
-
-
-def tile_edges(n: int, tile: int) -> list[tuple[int, int]]:
-    """``[(0, tile), (tile, 2 tile), ..., (.., n)]``: the last tile may be short."""
-    if tile < 1:
-        raise ValueError(f"tile must be >= 1, got {tile}")
-    return [(i, min(i + tile, n)) for i in range(0, n, tile)]
-
+from .blas import (
+    as_float,
+    gemm_update,
+    getrf_panel,
+    permute_rows,
+    potrf,
+    result_dtype,
+    single_threaded,
+    syrk_update,
+    tile_edges,
+    trsm,
+    trsm_left_lower,
+    trsm_left_upper,
+)
 
 # --------------------------------------------------------------------------
 # TSQR
@@ -146,7 +47,7 @@ def tile_edges(n: int, tile: int) -> list[tuple[int, int]]:
 QR_BLOCK = 32
 
 
-@_single_threaded
+@single_threaded
 def qr_leaf(block, *, overwrite_block: bool = False, mode: str = "reduced"):
     """Economic Householder QR of one row block (LAPACK ``geqrf``/``orgqr``).
 
@@ -170,7 +71,7 @@ def qr_leaf(block, *, overwrite_block: bool = False, mode: str = "reduced"):
     """
     if mode not in ("reduced", "r"):
         raise ValueError(f"mode must be 'reduced' or 'r', got {mode!r}")
-    a = _float(block)
+    a = as_float(block)
     m, n = a.shape
     if m == 0 or n == 0:
         r = np.zeros((min(m, n), n), a.dtype)
@@ -196,7 +97,7 @@ def _geqrf_r(a: np.ndarray) -> np.ndarray:
 def _geqrt(block, overwrite_block: bool):
     """Compact-WY QR of ``block``: ``(V, T)`` (``V`` holds R in its upper
     triangle and the reflectors below), or None for an empty block."""
-    a = _float(block)
+    a = as_float(block)
     m, n = a.shape
     if m == 0 or n == 0:
         return None
@@ -209,7 +110,7 @@ def _geqrt(block, overwrite_block: bool):
     return v, t
 
 
-@_single_threaded
+@single_threaded
 def qr_leaf_r(block, *, overwrite_block: bool = False) -> np.ndarray:
     """``R_i`` (``min(m_i, n) x n``) of a TSQR leaf's row block by blocked
     ``geqrt``: the same Householder reflectors as :func:`qr_leaf`, so the
@@ -223,7 +124,7 @@ def qr_leaf_r(block, *, overwrite_block: bool = False) -> np.ndarray:
     return np.triu(v[:min(v.shape)])
 
 
-@_single_threaded
+@single_threaded
 def qr_leaf_apply(block, parent_slice, *, overwrite_block: bool = False) -> np.ndarray:
     """``Q_i @ parent_slice`` for a TSQR leaf's row block, ``Q_i`` never
     formed: the block's ``geqrt`` again (the reflectors behind
@@ -263,7 +164,7 @@ apply their reflectors (:func:`qr_leaf_apply`), whose loss does not grow
 with kappa."""
 
 
-@_single_threaded
+@single_threaded
 def leaf_solve_weights(r, parent_slice, rows: int) -> np.ndarray | None:
     """``R_i^-1 @ parent_slice`` for a leaf of ``rows`` rows whose R (from
     :func:`qr_leaf_r`) is square and conditioned well enough that ``X_i @``
@@ -283,7 +184,7 @@ def leaf_solve_weights(r, parent_slice, rows: int) -> np.ndarray | None:
     return sla.solve_triangular(r, np.asarray(parent_slice, dtype), check_finite=False)
 
 
-@_single_threaded
+@single_threaded
 def leaf_times(block, weights: np.ndarray) -> np.ndarray:
     """``block @ weights`` (C-ordered) in ``weights``' dtype, one BLAS thread."""
     return np.asarray(block).astype(weights.dtype, copy=False) @ weights
@@ -312,7 +213,7 @@ def qr_combine(r_list: Sequence[np.ndarray], *, mode: str = "reduced"):
     return np.split(q, np.cumsum(rows)[:-1]), r
 
 
-@_single_threaded
+@single_threaded
 def q_apply_down(q_node: np.ndarray, parent_slice: np.ndarray | None) -> np.ndarray:
     """One step of applying the tree's Q factors back down: ``q_node @ slice``.
 
@@ -384,7 +285,7 @@ def _root_normalized(leaf_qs, levels, r):
     return r
 
 
-@_single_threaded
+@single_threaded
 def tsqr_r(blocks: Sequence, fan_in: int = 2, *, normalize: bool = True) -> np.ndarray:
     """In-memory reference R-only TSQR: leaves and combines in ``mode="r"``."""
     if fan_in < 2:
@@ -397,7 +298,7 @@ def tsqr_r(blocks: Sequence, fan_in: int = 2, *, normalize: bool = True) -> np.n
     return normalize_signs([], rs[0])[1] if normalize else rs[0]
 
 
-@_single_threaded
+@single_threaded
 def tsqr(blocks: Sequence, fan_in: int = 2, *, compute_q: bool = True,
          normalize: bool = True):
     """In-memory reference TSQR over row ``blocks`` with a tree of ``fan_in``.
@@ -420,7 +321,7 @@ def tsqr(blocks: Sequence, fan_in: int = 2, *, compute_q: bool = True,
 # least squares and SVD from R
 # --------------------------------------------------------------------------
 
-@_single_threaded
+@single_threaded
 def svd_from_r(r: np.ndarray, compute_uv: bool = True):
     """Thin SVD of the small R of a TSQR (LAPACK ``gesdd``, as NumPy).
 
@@ -429,7 +330,7 @@ def svd_from_r(r: np.ndarray, compute_uv: bool = True):
     ``U = Q @ U_R`` is applied down the tree like Q, with ``U_R`` as the
     root's right factor (see :func:`q_apply_down`). Memory: about ``4 r n b``.
     """
-    r = _float(r)
+    r = as_float(r)
     if r.size == 0:
         k = min(r.shape)
         s = np.zeros(k, r.dtype)
@@ -439,7 +340,7 @@ def svd_from_r(r: np.ndarray, compute_uv: bool = True):
                    check_finite=False, lapack_driver="gesdd")
 
 
-@_single_threaded
+@single_threaded
 def svd_tsqr(blocks: Sequence, fan_in: int = 2, compute_uv: bool = True):
     """In-memory reference thin SVD through TSQR: ``(U_blocks, s, Vt)`` or ``s``."""
     if not compute_uv:
@@ -454,7 +355,7 @@ def default_rcond(m: int, n: int, dtype) -> float:
     return float(np.finfo(result_dtype(dtype)).eps) * max(m, n)
 
 
-@_single_threaded
+@single_threaded
 def lstsq_from_r(r_aug: np.ndarray, n: int, m: int, rcond: float | None = None,
                  vector: bool = False):
     """Least squares from the R of a TSQR of ``[X | Y]`` (``X`` is ``m x n``).
@@ -474,7 +375,7 @@ def lstsq_from_r(r_aug: np.ndarray, n: int, m: int, rcond: float | None = None,
     values below the cutoff treated as zero, which is what NumPy's ``gelsd``
     returns. Memory: ``R_aug``, its copies and SVDs, about ``9 (n + p)^2 b``.
     """
-    r_aug = _float(r_aug)
+    r_aug = as_float(r_aug)
     if rcond is None:
         rcond = default_rcond(m, n, r_aug.dtype)
     elif rcond < 0:  # LAPACK gelsd: machine precision
@@ -505,7 +406,7 @@ def _min_norm(r11: np.ndarray, r12: np.ndarray, rank: int) -> np.ndarray:
     return vt[:rank].T @ coef
 
 
-@_single_threaded
+@single_threaded
 def lstsq_tsqr(x_blocks: Sequence, y_blocks: Sequence, fan_in: int = 2,
                rcond: float | None = None):
     """In-memory reference ``numpy.linalg.lstsq`` through TSQR of ``[X | Y]``."""
@@ -552,7 +453,7 @@ def omega_rows(seed: int, n: int, k: int, start: int, stop: int,
     return out
 
 
-@_single_threaded
+@single_threaded
 def svd_compressed_ref(a, k: int, *, n_power_iter: int = 0, seed: int = 0,
                        oversample: int = 10, tile: int = 256, fan_in: int = 2):
     """In-memory reference of ``tilearray.linalg.svd_compressed``'s randomized
@@ -565,7 +466,7 @@ def svd_compressed_ref(a, k: int, *, n_power_iter: int = 0, seed: int = 0,
     ``a`` (as :func:`result_dtype`).
     """
     dtype = result_dtype(np.asarray(a).dtype)
-    a = _float(a, order="C").astype(np.float64, copy=False)
+    a = as_float(a, order="C").astype(np.float64, copy=False)
     m, n = a.shape
     lk = min(k + oversample, m, n)
     rows = tile_edges(m, tile)
@@ -579,197 +480,12 @@ def svd_compressed_ref(a, k: int, *, n_power_iter: int = 0, seed: int = 0,
     return ((q @ u_b[:, :k]).astype(dtype), s[:k].astype(dtype), vt[:k].astype(dtype))
 
 
-def slogdet_from_lu(perm: np.ndarray, diag_u: np.ndarray) -> tuple[float, float]:
-    """``numpy.linalg.slogdet`` from an LU with ``A[perm] = L U``: ``(sign, log|det|)``.
-
-    The sign is the parity of ``perm`` times the signs of U's diagonal
-    (a zero pivot gives ``(0, -inf)``). For an SPD matrix's Cholesky factor
-    pass ``perm = arange(n)`` and ``diag(L) ** 2``. Memory: ``O(n)``.
-    """
-    diag_u = np.asarray(diag_u)
-    seen = np.zeros(len(perm), bool)
-    swaps = 0
-    for i in range(len(perm)):  # parity: n minus the number of cycles
-        if not seen[i]:
-            j = i
-            while not seen[j]:
-                seen[j] = True
-                j = perm[j]
-            swaps += 1
-    parity = -1.0 if (len(perm) - swaps) % 2 else 1.0
-    if np.any(diag_u == 0):
-        return 0.0, -np.inf
-    sign = parity * float(np.prod(np.sign(diag_u)))
-    return sign, float(np.sum(np.log(np.abs(diag_u))))
-
-
-# --------------------------------------------------------------------------
-# tile kernels: Cholesky, triangular solves, LU panels
-# --------------------------------------------------------------------------
-
-def _blas(name: str, *arrays):
-    return blas.get_blas_funcs(name, arrays)
-
-
-def _operand(x: np.ndarray, trans: bool) -> tuple[np.ndarray, bool]:
-    """A BLAS operand without a copy: a C-ordered array is its transpose, F-ordered."""
-    if x.flags.f_contiguous:
-        return x, trans
-    if x.flags.c_contiguous:
-        return x.T, not trans
-    return np.asfortranarray(x), trans
-
-
-def _inout(c: np.ndarray, dtype) -> np.ndarray:
-    """``c`` itself when BLAS can overwrite it (F-ordered, right dtype), else a copy."""
-    return np.asarray(c, dtype=dtype, order="F")
-
-
-@_single_threaded
-def potrf(a_kk: np.ndarray, *, tile: tuple[int, int] = (0, 0), col0: int = 0,
-          overwrite: bool = False) -> np.ndarray:
-    """Cholesky factor ``L_kk`` of a diagonal tile (LAPACK ``potrf``, lower).
-
-    ``a_kk`` is ``t x t``; only its lower triangle is read. Returns a new
-    ``t x t`` lower-triangular ``L_kk`` (upper triangle zeroed); with
-    ``overwrite``, written over ``a_kk`` when it is F-ordered of the computing
-    dtype (use the return value; memory ``t^2 b``). Raises
-    :class:`~tilearray.errors.NotPositiveDefiniteError` naming ``tile`` and
-    the global column ``col0 + j`` (``col0``: the tile's first column) whose
-    pivot is not positive. NaN propagates without an error, as in
-    ``numpy.linalg.cholesky``. Memory: ``2 t^2 b``.
-    """
-    a = _float(a_kk)
-    potrf_ = lapack.get_lapack_funcs("potrf", (a,))
-    c, info = potrf_(a, lower=1, clean=1, overwrite_a=int(overwrite))
-    if info > 0:
-        raise NotPositiveDefiniteError(tile, col0 + info - 1)
-    if info < 0:  # pragma: no cover - a bug in the arguments
-        raise ValueError(f"potrf: illegal argument {-info}")
-    return c
-
-
-@_single_threaded
-def trsm(l_kk: np.ndarray, a_ik: np.ndarray) -> np.ndarray:
-    """``L_ik = A_ik L_kk^-T``: an off-diagonal tile of a Cholesky panel.
-
-    ``l_kk`` is ``t x t`` lower, ``a_ik`` is ``t_i x t``; returns ``t_i x t``,
-    written over ``a_ik`` when it is F-ordered of the computing dtype (use the
-    return value). Memory: ``(t^2 + t_i t) b``.
-    """
-    return _trsm(l_kk, a_ik, side=1, lower=True, trans=True, unit=False)
-
-
-@_single_threaded
-def trsm_left_lower(lower: np.ndarray, b: np.ndarray, *, trans: bool = False,
-                    unit_diagonal: bool = False) -> np.ndarray:
-    """``X`` with ``L X = B`` (``L^T X = B`` if ``trans``); ``L`` lower ``t x t``.
-
-    ``b`` is ``t x p`` (many right-hand sides), overwritten when F-ordered of
-    the computing dtype (use the return value). ``unit_diagonal``: L's
-    diagonal is taken as ones (the L of an LU). Memory: ``(t^2 + t p) b``.
-    """
-    return _trsm(lower, b, side=0, lower=True, trans=trans, unit=unit_diagonal)
-
-
-@_single_threaded
-def trsm_left_upper(upper: np.ndarray, b: np.ndarray, *, trans: bool = False,
-                    unit_diagonal: bool = False) -> np.ndarray:
-    """``X`` with ``U X = B`` (``U^T X = B`` if ``trans``); as :func:`trsm_left_lower`."""
-    return _trsm(upper, b, side=0, lower=False, trans=trans, unit=unit_diagonal)
-
-
-def _trsm(a, b, *, side, lower, trans, unit):
-    dtype = np.result_type(result_dtype(a.dtype), result_dtype(b.dtype))
-    a = np.asarray(a, dtype=dtype)
-    b = _inout(b, dtype)
-    if b.size == 0:
-        return b
-    a, flipped = _operand(a, False)
-    lower = lower != flipped  # the transpose of a lower matrix is upper
-    trsm_ = _blas("trsm", a, b)
-    return trsm_(1.0, a, b, side=side, lower=int(lower), trans_a=int(trans != flipped),
-                 diag=int(unit), overwrite_b=1)
-
-
-@_single_threaded
-def syrk_update(c: np.ndarray, a: np.ndarray) -> np.ndarray:
-    """``C - A A^T`` on the LOWER triangle of a diagonal tile (BLAS ``syrk``).
-
-    ``c`` is ``t x t``, ``a`` is ``t x w``. The strict upper triangle of the
-    result is left as it was (stale): :func:`potrf` reads only the lower one.
-    Written over ``c`` when F-ordered of the computing dtype (use the return
-    value). Memory: ``(t^2 + t w) b``.
-    """
-    dtype = np.result_type(result_dtype(c.dtype), result_dtype(a.dtype))
-    c = _inout(c, dtype)
-    a, trans = _operand(np.asarray(a, dtype=dtype), False)
-    if a.size == 0:
-        return c
-    syrk_ = _blas("syrk", a, c)
-    return syrk_(-1.0, a, beta=1.0, c=c, trans=int(trans), lower=1, overwrite_c=1)
-
-
-@_single_threaded
-def gemm_update(c: np.ndarray, a: np.ndarray, b: np.ndarray, *, trans_a: bool = False,
-                trans_b: bool = False) -> np.ndarray:
-    """``C - op(A) op(B)`` (BLAS ``gemm``, alpha -1, beta 1); ``op`` transposes if asked.
-
-    Cholesky uses ``gemm_update(A_ij, L_ik, L_jk, trans_b=True)``, LU
-    ``gemm_update(A_ij, L_ik, U_kj)``. ``c`` is ``p x q``, ``op(a)`` ``p x w``,
-    ``op(b)`` ``w x q``; written over ``c`` when F-ordered of the computing
-    dtype (use the return value). Memory: ``(p q + p w + w q) b``.
-    """
-    dtype = np.result_type(*(result_dtype(x.dtype) for x in (c, a, b)))
-    c = _inout(c, dtype)
-    a, ta = _operand(np.asarray(a, dtype=dtype), trans_a)
-    b, tb = _operand(np.asarray(b, dtype=dtype), trans_b)
-    if a.size == 0 or b.size == 0:
-        return c
-    gemm_ = _blas("gemm", a, b, c)
-    return gemm_(-1.0, a, b, beta=1.0, c=c, trans_a=int(ta), trans_b=int(tb), overwrite_c=1)
-
-
-@_single_threaded
-def getrf_panel(panel: np.ndarray, *, col0: int = 0, index: int = 0):
-    """LU with partial pivoting of a column panel (LAPACK ``getrf``).
-
-    ``panel`` is the ``h x w`` block of every row from the panel's diagonal
-    down (``h >= w``) by the panel's ``w`` columns, already updated by the
-    panels to its left. Returns ``(lu, perm)``: ``panel[perm] = L U`` with
-    ``L`` unit lower (``h x w``, below lu's diagonal) and ``U`` (``w x w``, on
-    and above it); ``perm`` (``h``) permutes the panel's rows, to be applied to
-    the same rows of every other column (:func:`permute_rows`). An exactly zero
-    pivot raises :class:`~tilearray.errors.SingularMatrixError` naming the
-    global column ``col0 + j`` and panel ``index``. Memory: ``2 h w b``.
-    """
-    a = _float(panel)
-    h, w = a.shape
-    if h < w:
-        raise ValueError(f"an LU panel needs at least as many rows as columns, got {a.shape}")
-    getrf_ = lapack.get_lapack_funcs("getrf", (a,))
-    lu, piv, info = getrf_(a, overwrite_a=0)
-    if info > 0:
-        raise SingularMatrixError(col0 + info - 1, index)
-    if info < 0:  # pragma: no cover - a bug in the arguments
-        raise ValueError(f"getrf: illegal argument {-info}")
-    perm = np.arange(h)
-    for i, p in enumerate(piv[:w]):  # LAPACK's row swaps, 0-based, in order
-        perm[[i, p]] = perm[[p, i]]
-    return lu, perm
-
-
-def permute_rows(block: np.ndarray, perm: np.ndarray) -> np.ndarray:
-    """``block[perm]``: a panel's row interchanges applied to other columns."""
-    return np.asarray(block)[perm]
-
-
 # --------------------------------------------------------------------------
 # in-memory references composing the tile kernels as the out-of-core graphs will
 # --------------------------------------------------------------------------
 
 def _square(a, what: str) -> np.ndarray:
-    a = _float(a, copy=True)
+    a = as_float(a, copy=True)
     if a.ndim != 2 or a.shape[0] != a.shape[1]:
         raise np.linalg.LinAlgError(f"{what} needs a square matrix, got shape {a.shape}")
     return a
@@ -787,7 +503,7 @@ def _assemble_lower(tiles: dict, edges, n: int, dtype) -> np.ndarray:
     return out
 
 
-@_single_threaded
+@single_threaded
 def cholesky_tiled(a, tile: int, *, order: str = "left") -> np.ndarray:
     """In-memory reference tiled Cholesky ``A = L L^T``; only A's lower triangle is read.
 
@@ -824,7 +540,7 @@ def cholesky_tiled(a, tile: int, *, order: str = "left") -> np.ndarray:
     return _assemble_lower(lo, edges, a.shape[0], a.dtype)
 
 
-@_single_threaded
+@single_threaded
 def solve_triangular_tiled(t, b, tile: int, *, lower: bool,
                            unit_diagonal: bool = False) -> np.ndarray:
     """In-memory reference blocked substitution ``T X = B`` for many right-hand sides.
@@ -842,16 +558,16 @@ def solve_triangular_tiled(t, b, tile: int, *, lower: bool,
     x, done = {}, []
     for i in order:
         i0, i1 = edges[i]
-        c = _float(b2[i0:i1], copy=True)
+        c = as_float(b2[i0:i1], copy=True)
         for k in done:
             c = gemm_update(c, t[i0:i1, edges[k][0]:edges[k][1]], x[k])
         x[i] = solve(t[i0:i1, i0:i1], c, unit_diagonal=unit_diagonal)
         done.append(i)
-    out = np.vstack([x[i] for i in range(len(edges))]) if edges else _float(b2)
+    out = np.vstack([x[i] for i in range(len(edges))]) if edges else as_float(b2)
     return out.reshape(np.shape(b))
 
 
-@_single_threaded
+@single_threaded
 def solve_spd_tiled(a, b, tile: int) -> np.ndarray:
     """In-memory reference ``solve(A, B, assume_a="pos")``: tiled Cholesky, then
     forward (``L Y = B``) and backward (``L^T X = Y``) blocked substitution."""
@@ -860,7 +576,7 @@ def solve_spd_tiled(a, b, tile: int) -> np.ndarray:
     return solve_triangular_tiled(lo.T, y, tile, lower=False)
 
 
-@_single_threaded
+@single_threaded
 def lu_tiled(a, tile: int, *, order: str = "left"):
     """In-memory reference blocked LU with partial pivoting: ``A[perm] = L @ U``.
 
@@ -934,7 +650,7 @@ def _lu_left(a: np.ndarray, edges):
     return perm, l_orig[perm], upper
 
 
-@_single_threaded
+@single_threaded
 def solve_lu_tiled(a, b, tile: int, *, order: str = "left") -> np.ndarray:
     """In-memory reference ``numpy.linalg.solve(A, B)``: :func:`lu_tiled`, then
     ``L Y = B[perm]`` (unit diagonal) and ``U X = Y`` by blocked substitution."""

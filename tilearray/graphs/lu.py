@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..storage import IOStats, read_region, write_block
-from . import linalg as kern
+from . import blas as kern
 from .cholesky import SlogdetResult
 from .matmul import counted
 from .spec import evaluate

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..storage import IOStats
-from .linalg import one_blas_thread
+from .blas import one_blas_thread
 from .matmul import counted, merge_stats
 from .spec import evaluate, prefetch_next
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..storage import IOStats, buffers, write_block
+from . import blas
 from . import linalg as kern
 from .matmul import counted, merge_stats
 from .progress import report
@@ -38,13 +39,13 @@ def _block(specs, rows, widths, deps, stats, order="F") -> np.ndarray:
     single stored part already in that dtype: no copy)."""
     parts = [np.asarray(evaluate(s, rows, (0, w), list(deps), stats))
              for s, w in zip(specs, widths, strict=True)]
-    dtype = np.result_type(*(kern.result_dtype(p.dtype) for p in parts))
+    dtype = np.result_type(*(blas.result_dtype(p.dtype) for p in parts))
     if order == "C" and len(parts) == 1 and parts[0].dtype == dtype:
         return parts[0]
     out = np.empty((rows[1] - rows[0], sum(widths)), dtype, order=order)
     lo = 0
     for p, w in zip(parts, widths, strict=True):
-        kern.copy_rows(out[:, lo : lo + w], p)
+        blas.copy_rows(out[:, lo : lo + w], p)
         lo += w
     return out
 

@@ -25,8 +25,8 @@ from dask.utils import format_bytes
 
 from ...errors import PlanningError
 from ...graphs import cholesky as gch
+from ...graphs.blas import tile_edges
 from ...graphs.emit import Tasks
-from ...graphs.linalg import tile_edges
 from ...graphs.spec import Read, leaves, unit_edges
 from . import layout
 from .map import check_fits

@@ -13,8 +13,8 @@ import numpy as np
 from dask.base import tokenize
 
 from ...graphs import lu as glu
+from ...graphs.blas import tile_edges
 from ...graphs.emit import Tasks
-from ...graphs.linalg import tile_edges
 from ...graphs.spec import Read, leaves
 from . import layout
 from .cholesky import MIN_TILE, fetched_bytes, fit_tile, input_unit_side
