@@ -56,7 +56,8 @@ def qr(x: TiledArray, mode: str = "reduced"):
     ----------
     x : TiledArray
         ``m x n``; its n columns must fit a task (a combine holds
-        ``fan_in`` R factors of ``n x n``); any row tiling.
+        ``fan_in`` R factors of ``min(m, n) x n``: a wide X with few rows
+        works too); any row tiling.
     mode : {"reduced", "r"}
         "reduced": ``(Q, R)``; "r": ``R`` alone.
 

@@ -217,9 +217,37 @@ def test_bad_inputs(tmp_path, rng):
         ta.linalg.lstsq(a, np.ones(49))
     with pytest.raises(TypeError, match="TiledArray"):
         ta.linalg.qr(np.ones((3, 2)))
-    wide = ta.from_numpy(rng.standard_normal((64, 3000)), tmp_path / "w.zarr", tile=(64, 512))
-    with pytest.raises(ta.PlanningError, match="too many columns for TSQR"):
-        ta.linalg.qr(wide, mode="r").plan(budget=ta.Budget("256MiB", 2, 1))
+    zarr.create_array(tmp_path / "big.zarr", shape=(3000, 3000), chunks=(512, 512), dtype="f8")
+    big = ta.open(tmp_path / "big.zarr")  # metadata only: planning reads no chunk
+    with pytest.raises(ta.PlanningError, match="8 R factors of 3000 x 3000.*too many columns"):
+        ta.linalg.qr(big, mode="r").plan(budget=ta.Budget("256MiB", 2, 1))
+
+
+@pytest.mark.parametrize("dtype, shape, tile", [("float64", (64, 3000), (64, 512)),
+                                                ("float32", (300, 1000), (70, 300))])
+def test_wide_matrices_with_few_rows(thread_engine, tmp_path, rng, dtype, shape, tile):
+    """A wide X's R factors are ``m x n``, not ``n x n``: QR, SVD and the
+    minimum-norm least squares of an underdetermined system run when m rows
+    fit a task, even where ``n x n`` would not."""
+    x = _x(rng, dtype, *shape)
+    m, n = shape
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=tile)
+    assert ta.linalg.qr(a, mode="r").plan(budget=ta.Budget("256MiB", 2, 1)).tasks >= 2
+    scale = np.abs(x).max() * m
+    q, r = ta.linalg.qr(a)
+    q, r = np.asarray(q), np.asarray(r)
+    assert q.shape == (m, m) and r.shape == (m, n) and r.dtype == x.dtype
+    assert_close(q @ r, x, scale=scale)
+    assert_close(q.T @ q, np.eye(m), precision=dtype)
+    u, s, vt = (np.asarray(f) for f in ta.linalg.svd(a))
+    want = np.linalg.svd(x.astype("f8"), compute_uv=False)
+    assert_close(s, want, scale=want[0], precision=dtype)
+    assert_close((u * s) @ vt, x, scale=scale)
+    y = rng.standard_normal(m).astype(dtype)
+    sol, res, rank, sv = ta.linalg.lstsq(a, y)
+    w_sol, w_res, w_rank, _ = np.linalg.lstsq(x, y, rcond=None)
+    assert rank == w_rank == m and np.asarray(res).shape == w_res.shape == (0,)
+    assert_close(np.asarray(sol), w_sol, scale=np.abs(w_sol).max(), precision=dtype)
 
 
 def test_svd_factors_come_with_u_and_q_computes(thread_engine, tmp_path, rng):

@@ -175,15 +175,18 @@ def tsqr_leaf_peak(read_bytes: int, rows: int, width: int, itemsize: int, out_co
     block = rows * width * itemsize
     out = rows * out_cols * itemsize
     reading = 2 * read_bytes + min(read_flight_bytes, read_bytes) + block
-    factoring = block + 2 * width * width * itemsize + out
+    factoring = block + 2 * min(rows, width) * width * itemsize + out  # R: min(rows, n) x n
     writing = out + max(out, min(write_flight_bytes, out))
     return as_rss(max(reading, factoring, writing))
 
 
-def tsqr_combine_peak(width: int, fan_in: int, itemsize: int) -> int:
-    """A TSQR combine or root: ``fan_in`` R factors, their stack (which
-    becomes the Q pieces) and R, or the SVDs of a root (``~9 n^2``)."""
-    return as_rss((2 * fan_in * width * width + 9 * width * width) * itemsize)
+def tsqr_combine_peak(width: int, fan_in: int, itemsize: int, rows: int | None = None) -> int:
+    """A TSQR combine or root: ``fan_in`` R factors of at most ``rows x
+    width`` (``rows``: X's row count when it is below ``width``, a wide X's
+    R is ``m x n``), their stack (which becomes the Q pieces) and R, or the
+    SVDs of a root (``~9 r n``)."""
+    r = width if rows is None else min(rows, width)
+    return as_rss((2 * fan_in * r * width + 9 * r * width) * itemsize)
 
 
 def cholesky_peak(b: int, panel: int, strip_read: int, a_flight: int, l_flight: int,

@@ -90,10 +90,10 @@ def lower_tsqr(node, specs, widths, deps: list, budget: Budget, out=None, out_gr
     big = node.part in ("Q", "U")
     out_cols = node.shape[1] if big else 0
     fan_in = int(_config.get("reduction.split-every"))
-    combine = tsqr_combine_peak(w, fan_in, max(itemsize, 8))
+    combine = tsqr_combine_peak(w, fan_in, max(itemsize, 8), m)
     if combine > budget.task_memory:
         raise PlanningError(
-            f"{short(node)}: a TSQR combine holds {fan_in} R factors of {w} x {w} "
+            f"{short(node)}: a TSQR combine holds {fan_in} R factors of {min(m, w)} x {w} "
             f"({format_bytes(combine)} with its SVDs) but the budget allows "
             f"{format_bytes(budget.task_memory)} per task: X has too many columns for TSQR "
             "here (use a larger memory_per_worker, fewer columns, or "
