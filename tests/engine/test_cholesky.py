@@ -187,7 +187,7 @@ def test_singular_and_too_large_are_refused(eng, tmp_path, rng):
     assert ta.linalg.solve_plan(big, np.ones(20000), assume_a="pos").plan(budget=budget)
 
 
-def test_not_positive_definite_names_tile_and_column(eng, tmp_path, rng):
+def test_not_positive_definite_names_tile_and_column(eng, tmp_path, rng, caplog):
     n = 150
     x = spd(rng, n)
     x[100, 100] = -5.0  # the leading minor of order 101 is not positive
@@ -195,6 +195,8 @@ def test_not_positive_definite_names_tile_and_column(eng, tmp_path, rng):
     low = ta.linalg.cholesky(a)
     with pytest.raises(NotPositiveDefiniteError) as err:
         low.to_zarr(tmp_path / "l.zarr", tile=(40, 40))
+    # the error alone, without the worker's "Compute Failed" record before it
+    assert "Compute Failed" not in caplog.text
     assert err.value.tile == (2, 2) and err.value.column == 100
     assert "column 100" in str(err.value) and "(2, 2)" in str(err.value)
     meta = zarr.open_array(tmp_path / "l.zarr").attrs["tilearray"]
@@ -339,3 +341,24 @@ def test_planning_makes_zero_store_calls(tmp_path, rng):
     tight = ta.Budget.from_config("145MiB", 2, 1)  # ~3 MiB per task: the tiled LU
     assert "partial pivoting" in str(ta.linalg.solve_plan(a, b).plan(budget=tight))
     assert counts(name)["gets"] == 0 and counts(name).get("sets", 0) == 0
+
+
+def test_only_matrix_errors_lose_the_workers_failure_log():
+    import logging
+
+    from tilearray.engine.runtime.plugins import QuietMatrixErrors
+
+    def record(exception_text):
+        return logging.LogRecord("distributed.worker", logging.ERROR, __file__, 1,
+                                 "Compute Failed\nKey: %s\nState: %s\nTask: %s\n"
+                                 "Exception: %r\nTraceback: %r\n",
+                                 ("k", "executing", "t", exception_text, "tb"), None)
+
+    keep = QuietMatrixErrors()._keep
+    assert not keep(record('NotPositiveDefiniteError("... column 100 ...")'))
+    assert not keep(record("SingularMatrixError('... column 3 ...')"))
+    assert keep(record("CorruptChunkError('a.zarr: chunk (0, 1): crc32c mismatch')"))
+    assert keep(record("ZeroDivisionError('division by zero')"))
+    other = logging.LogRecord("distributed.worker", logging.ERROR, __file__, 1,
+                              "Failed to communicate", (), None)
+    assert keep(other)

@@ -91,9 +91,10 @@ def start_local(n_workers, threads, memory_per_worker, processes, adaptive, span
         _keep_nannies(cluster)
     if adaptive is not None:
         cluster.adapt(minimum=lo, maximum=hi)
-    from .plugins import BlasLimit, IgnoreInterrupt
+    from .plugins import BlasLimit, IgnoreInterrupt, QuietMatrixErrors
 
     client.register_plugin(BlasLimit(blas), name=BlasLimit.name)
+    client.register_plugin(QuietMatrixErrors(), name=QuietMatrixErrors.name)
     if processes:
         client.register_plugin(IgnoreInterrupt(), name=IgnoreInterrupt.name)
     restore_environ(environ)

@@ -44,6 +44,31 @@ class IgnoreInterrupt(WorkerPlugin):
             signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+class QuietMatrixErrors(WorkerPlugin):
+    """A task that finds its matrix not positive definite or singular fails
+    without the worker's "Compute Failed" log record (a traceback on the
+    user's terminal before the error itself): the client raises the same
+    error, whose message names the tile and column. Other failures keep
+    distributed's log."""
+
+    name = "tilearray-quiet-matrix-errors"
+    ERRORS = ("NotPositiveDefiniteError", "SingularMatrixError")
+
+    def setup(self, worker):
+        import logging
+
+        self.logger = logging.getLogger("distributed.worker")
+        self.logger.addFilter(self._keep)
+
+    def teardown(self, worker):
+        self.logger.removeFilter(self._keep)
+
+    def _keep(self, record) -> bool:
+        if not str(record.msg).startswith("Compute Failed") or len(record.args or ()) < 4:
+            return True
+        return not str(record.args[3]).startswith(tuple(e + "(" for e in self.ERRORS))
+
+
 class PeakMemory(WorkerPlugin):
     """Samples the worker process's RSS every few milliseconds and keeps the
     peak, so short spikes (a block being encoded and written) are not missed
