@@ -1,5 +1,6 @@
 """``tilearray.linalg``: norms built from fused elementwise ops and reductions,
-the QR, thin SVD and least squares of tall-skinny matrices by TSQR, and for
+the QR, thin SVD, least squares, rank and condition number of tall-skinny
+matrices (or wide ones with few rows) by TSQR, and for
 square matrices a tiled out-of-core Cholesky with the solves, inverse and
 determinants built on it (plus one-task dense routines for matrices a task
 holds: general solve, eigh)."""
@@ -546,6 +547,64 @@ def norm(x: TiledArray, ord=None, axis=None, keepdims=False) -> TiledArray:
     raise PlanningError(f"norm: invalid norm order {ord!r} for vectors")
 
 
+def _singular_values(x: TiledArray, what: str) -> np.ndarray:
+    """All singular values of a 2-D ``x``, descending: TSQR of its tall side
+    (one read; the short side must fit a task, see :func:`svd`)."""
+    x = _tall(x, what)
+    return np.asarray(svd(x if x.shape[0] >= x.shape[1] else x.T, compute_uv=False).compute())
+
+
+def matrix_rank(a: TiledArray, tol=None, hermitian: bool = False, *, rtol=None) -> int:
+    """Rank from the singular values, like :func:`numpy.linalg.matrix_rank`.
+
+    The singular values above ``tol`` (default ``s.max() * rtol``, ``rtol``
+    default ``max(m, n) * eps`` of their dtype) are counted; they come from
+    the TSQR of the tall side, which reads the matrix once. A 1-D array's
+    rank is 1 unless it is all zeros. ``hermitian`` changes nothing here (the
+    SVD serves both). Runs now."""
+    if not isinstance(a, TiledArray):
+        raise TypeError(f"matrix_rank: expected a TiledArray, got {type(a).__name__}")
+    if a.ndim < 2:
+        return int(bool((a != 0).any().compute()))
+    if tol is not None and rtol is not None:
+        raise ValueError("matrix_rank: `tol` and `rtol` can't be both set.")
+    s = _singular_values(a, "matrix_rank")
+    if s.size == 0:
+        return 0
+    if tol is None:
+        rtol = max(a.shape) * np.finfo(s.dtype).eps if rtol is None else rtol
+        tol = s.max() * rtol
+    return int(np.count_nonzero(s > tol))
+
+
+def cond(x: TiledArray, p=None):
+    """Condition number, like :func:`numpy.linalg.cond`.
+
+    ``p`` None, 2 or -2: the ratio of the extreme singular values (any
+    shape; the TSQR of the tall side, one read; ``inf`` when the smallest is
+    zero). Otherwise (``"fro"``, ``"nuc"``, 1, -1, inf, -inf) ``norm(x, p) *
+    norm(inv(x), p)`` for a square matrix whose inverse fits in memory (see
+    :func:`inv`); ``inf`` for a singular one. Runs now."""
+    x = _tall(x, "cond")
+    if 0 in x.shape:
+        raise np.linalg.LinAlgError("cond is not defined on empty arrays")
+    if p in (None, 2, -2):
+        s = _singular_values(x, "cond")
+        with np.errstate(all="ignore"):
+            r = s[-1] / s[0] if p == -2 else s[0] / s[-1]
+        return np.inf * s.dtype.type(1) if np.isnan(r) else r
+    from .errors import SingularMatrixError
+
+    x = _square(x, "cond")
+    try:
+        inverse = inv(x)
+    except SingularMatrixError:
+        return result_dtype(x.dtype).type(np.inf)
+    with np.errstate(all="ignore"):
+        r = np.asarray(norm(x, p).compute()) * np.linalg.norm(inverse, p)
+    return result_dtype(x.dtype).type(np.inf if np.isnan(r) else r)
+
+
 def _norm_axes(axis, ndim: int) -> tuple:
     """NumPy's ``axis`` of a norm as a tuple of axes: one (a vector norm along
     it) or two (a matrix norm, row axis first); None is every axis."""
@@ -579,3 +638,5 @@ HANDLED[np.linalg.det] = det
 HANDLED[np.linalg.slogdet] = slogdet
 HANDLED[np.linalg.eigh] = eigh
 HANDLED[np.linalg.eigvalsh] = eigvalsh
+HANDLED[np.linalg.matrix_rank] = matrix_rank
+HANDLED[np.linalg.cond] = cond

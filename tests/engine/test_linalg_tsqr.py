@@ -344,3 +344,42 @@ def test_q_resumes_by_row_block(thread_engine, tmp_path, rng):
     assert 2 <= again.stats.units_written < blocks
     assert again.stats.bytes_read < 2 * x.nbytes  # X once for R, and only the lost blocks
     assert_close(np.asarray(again), np.asarray(first), scale=1.0)
+
+
+@pytest.mark.parametrize("dtype, shape, tile, rank", [("float64", (M, N), (130, 16), 30),
+                                                      ("float32", (40, 300), (16, 64), 25),
+                                                      ("int32", (200, 9), (64, 4), 9)])
+def test_matrix_rank_and_cond_match_numpy(thread_engine, tmp_path, rng, dtype, shape, tile, rank):
+    x = _x(rng, dtype, *shape)
+    if rank < min(shape):  # a product of rank `rank`
+        left, right = rng.standard_normal((shape[0], rank)), rng.standard_normal((rank, shape[1]))
+        x = (left @ right).astype(dtype)
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=tile)
+    assert np.linalg.matrix_rank(a) == np.linalg.matrix_rank(x) == rank
+    assert ta.linalg.matrix_rank(a, rtol=0.5) == np.linalg.matrix_rank(x, rtol=0.5)
+    big = float(np.linalg.svd(x.astype("f8"), compute_uv=False)[0])
+    assert ta.linalg.matrix_rank(a, tol=big / 2) == np.linalg.matrix_rank(x, tol=big / 2)
+    with pytest.raises(ValueError, match="tol"):
+        ta.linalg.matrix_rank(a, tol=1.0, rtol=1.0)
+    full = _x(rng, dtype, *shape)
+    b = ta.from_numpy(full, tmp_path / "full.zarr", tile=tile)
+    computed_in = dtype if np.dtype(dtype).kind == "f" else "float64"
+    for p in (None, 2, -2):
+        assert_close(np.linalg.cond(b, p), np.linalg.cond(full, p), scale=np.linalg.cond(full, p),
+                     precision=computed_in)
+    v = ta.from_numpy(np.zeros(50), tmp_path / "v.zarr", tile=(16,))
+    assert np.linalg.matrix_rank(v) == 0
+
+
+def test_cond_of_square_matrices_in_other_norms(thread_engine, tmp_path, rng):
+    x = rng.standard_normal((120, 120)) + 5 * np.eye(120)
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(50, 50))
+    for p in ("fro", "nuc", 1, -1, np.inf, -np.inf):
+        want = np.linalg.cond(x, p)
+        assert_close(np.linalg.cond(a, p), want, scale=want)
+    x[:, 7] = 0.0  # singular: infinite in every norm, as NumPy
+    s = ta.from_numpy(x, tmp_path / "s.zarr", tile=(50, 50))
+    assert np.linalg.cond(s, 1) == np.inf and np.linalg.cond(s) > 1e15
+    with pytest.raises(np.linalg.LinAlgError, match="square"):
+        np.linalg.cond(ta.from_numpy(rng.standard_normal((30, 20)), tmp_path / "r.zarr",
+                                     tile=(8, 8)), 1)
