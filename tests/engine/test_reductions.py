@@ -56,6 +56,38 @@ def test_nan_variants(engine, tmp_path, rng, op, axis):
     assert_close(got, want)
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32", "int32"])
+@pytest.mark.parametrize("axis", [0, 1, None])
+def test_nanvar_nanstd_like_numpy(engine, tmp_path, rng, dtype, axis):
+    """Over the non-NaN elements, Chan's merge as var: an all-NaN column and
+    a one-value column give NumPy's NaN (ddof 1), a 1e6 offset loses nothing
+    in float64 (in float32 NumPy's own mean is off by ~eps * 1e6 there)."""
+    offset = {"float64": 1e6, "float32": 10.0}.get(dtype, 0)
+    x = (offset + rng.standard_normal((41, 29))).astype(dtype) if dtype != "int32" else \
+        rng.integers(-50, 50, (41, 29)).astype(dtype)
+    if dtype != "int32":
+        x[rng.random(x.shape) < 0.2] = np.nan
+        x[:, 3] = np.nan  # all NaN
+        x[1:, 4] = np.nan  # one value
+    a = ta.from_numpy(x, tmp_path / "n.zarr", tile=(10, 7))
+    for f in (np.nanvar, np.nanstd):
+        for ddof in (0, 1):
+            got = f(a, axis=axis, ddof=ddof).compute()
+            want = _np_nan(f, x, axis, ddof)
+            assert np.asarray(got).dtype == want.dtype, (f, dtype)
+            assert_close(got, want, err_msg=f"{f.__name__} axis={axis} ddof={ddof}")
+    got = np.nanstd(a, axis=axis, keepdims=True, dtype="float64").compute()
+    # NumPy subtracts the mean in the input's dtype whatever dtype= says
+    assert_close(got, _np_nan(np.nanstd, x, axis, 0, keepdims=True, dtype="float64"),
+                 precision="float32" if dtype == "float32" else None)
+
+
+def _np_nan(f, x, axis, ddof, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return np.asarray(f(x, axis=axis, ddof=ddof, **kw))
+
+
 def test_nan_propagates_in_plain_sum(engine, tmp_path):
     x = np.ones((20, 20))
     x[5, 5] = np.nan

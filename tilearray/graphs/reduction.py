@@ -3,8 +3,9 @@
 A map task evaluates one block of a (fused) expression and emits a partial
 result keeping the reduced axis as length 1. Combine tasks merge up to
 ``split_every`` partials; a final task turns the merged partial into the
-value. var/std carry ``(count, mean, M2)`` merged with Chan et al.'s
-pairwise update, which is stable where sum-of-squares formulas are not.
+value. var/std (and nanvar/nanstd, over the non-NaN elements) carry
+``(count, mean, M2)`` merged with Chan et al.'s pairwise update, which is
+stable where sum-of-squares formulas are not.
 Floating inputs narrower than float64 accumulate in float64 and the result
 is cast back to NumPy's result dtype (float32 stays float32 to the user).
 """
@@ -31,7 +32,9 @@ SIMPLE = {
     "any": (np.any, np.logical_or),
     "all": (np.all, np.logical_and),
 }
-MOMENTS = {"mean", "nanmean", "var", "std"}
+VARIANCES = ("var", "std", "nanvar", "nanstd")
+"""Reductions that carry ``(count, mean, M2)`` and take ``ddof``."""
+MOMENTS = {"mean", "nanmean", *VARIANCES}
 ARG = {"argmin", "argmax"}
 OPS = tuple(SIMPLE) + ("count_nonzero",) + tuple(sorted(MOMENTS)) + tuple(sorted(ARG))
 NO_IDENTITY = {"min", "max", "nanmin", "nanmax", "argmin", "argmax"}
@@ -42,7 +45,7 @@ def accumulation_dtype(op: str, dtype: np.dtype) -> np.dtype | None:
     dtype = np.dtype(dtype)
     if op in ("sum", "nansum", "prod", *MOMENTS) and dtype.kind == "f" and dtype.itemsize < 8:
         return np.dtype("float64")
-    if op in ("mean", "nanmean", "var", "std") and dtype.kind in "biu":
+    if op in MOMENTS and dtype.kind in "biu":
         return np.dtype("float64")
     return None
 
@@ -72,6 +75,8 @@ def partial(x: np.ndarray, op: str, axis, offset: tuple[int, int], ncols: int,
             mask = ~np.isnan(xf)
             n = np.sum(mask, axis=axis, keepdims=True)
             return (np.nansum(xf, axis=axis, keepdims=True), n)
+        if op in ("nanvar", "nanstd"):
+            return _nan_moments(xf, axis, work)
         n = np.full(_kept_shape(x.shape, axis), x.size if axis is None else x.shape[axis])
         if op == "mean":
             return (np.sum(xf, axis=axis, keepdims=True), n)
@@ -86,6 +91,22 @@ def partial(x: np.ndarray, op: str, axis, offset: tuple[int, int], ncols: int,
     if op in ARG:
         return _arg_partial(x, op, axis, offset, ncols)
     raise ValueError(f"unknown reduction {op!r}")
+
+
+def _nan_moments(xf, axis, work):
+    """``(count, mean, M2)`` of the non-NaN elements; a partial without any
+    has mean 0 and M2 0, so that merging it changes nothing."""
+    keep = ~np.isnan(xf)
+    n = np.sum(keep, axis=axis, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(n > 0, np.nansum(xf, axis=axis, keepdims=True) / np.maximum(n, 1), 0.0)
+    if work is None or work.shape != xf.shape or work.dtype != xf.dtype:
+        work = None
+    d = np.subtract(xf, mean, out=work)
+    np.multiply(d, d, out=d)
+    d[~keep] = 0.0
+    m2 = np.sum(d, axis=axis, keepdims=True)
+    return (n.astype(np.float64), mean.astype(xf.dtype, copy=False), m2)
 
 
 def _kept_shape(shape, axis):
@@ -115,7 +136,7 @@ def merge(op: str, p, q):
         return (SIMPLE[op][1](p[0], q[0]),)
     if op == "count_nonzero" or op in ("mean", "nanmean"):
         return tuple(a + b for a, b in zip(p, q, strict=True))
-    if op in ("var", "std"):
+    if op in VARIANCES:
         (na, ma, m2a), (nb, mb, m2b) = p, q
         n = na + nb
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -149,11 +170,11 @@ def finalize(op: str, p, out_dtype, ddof: int = 0):
     elif op in ("mean", "nanmean"):
         with np.errstate(invalid="ignore", divide="ignore"):
             value = p[0] / p[1]
-    elif op in ("var", "std"):
+    elif op in VARIANCES:
         n, _, m2 = p
         with np.errstate(invalid="ignore", divide="ignore"):
             value = m2 / np.maximum(n - ddof, 0)
-        if op == "std":
+        if op in ("std", "nanstd"):
             value = np.sqrt(value)
     elif op in ARG:
         value = p[1]
@@ -179,7 +200,7 @@ def _strip_mined(spec, op) -> bool:
     (an elementwise op, var's deviations); a bare read reduces in place."""
     while isinstance(spec, Trans):
         spec = spec.x
-    return not isinstance(spec, Read) or op in ("var", "std")
+    return not isinstance(spec, Read) or op in VARIANCES
 
 
 def _read_leaves(specs, rows, cols, stats, lent: list) -> dict:
@@ -261,7 +282,7 @@ def _block_partial(spec, op, axis, rows, cols, ncols, deps, stats, full, lent):
                 # result dtype is theirs
                 result = buffers.take((h, width), x.dtype)
                 lent.append(result)
-        if op in ("var", "std") and work is None:
+        if op in VARIANCES and work is None:
             work = buffers.take((h, width), accumulation_dtype(op, x.dtype) or x.dtype)
             lent.append(work)
         p = partial(x, op, axis, (srows[0], cols[0]), ncols,

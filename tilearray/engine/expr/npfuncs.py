@@ -54,6 +54,7 @@ _REDUCTIONS = {
     np.sum: "sum", np.prod: "prod", np.mean: "mean", np.min: "min", np.amin: "min",
     np.max: "max", np.amax: "max", np.var: "var", np.std: "std", np.any: "any", np.all: "all",
     np.nansum: "nansum", np.nanmean: "nanmean", np.nanmin: "nanmin", np.nanmax: "nanmax",
+    np.nanvar: "nanvar", np.nanstd: "nanstd",
     np.count_nonzero: "count_nonzero", np.argmin: "argmin", np.argmax: "argmax",
 }
 for _f, _op in _REDUCTIONS.items():

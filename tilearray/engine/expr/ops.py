@@ -12,7 +12,7 @@ import numpy as np
 from dask.base import tokenize
 
 from ...errors import PlanningError
-from ...graphs.reduction import NO_IDENTITY, OPS
+from ...graphs.reduction import NO_IDENTITY, OPS, VARIANCES
 from ...graphs.spec import func
 from .nodes import Constant, Elemwise, MatMul, MatVec, Node, Reduce
 
@@ -120,7 +120,8 @@ HANDLED: dict = {}
 (filled by :mod:`.npfuncs` and ``tilearray.linalg``)."""
 
 
-DTYPE_OPS = frozenset({"sum", "prod", "mean", "var", "std", "nansum", "nanmean"})
+DTYPE_OPS = frozenset({"sum", "prod", "mean", "var", "std", "nansum", "nanmean", "nanvar",
+                       "nanstd"})
 """Reductions that take NumPy's ``dtype=`` (the accumulator and result type)."""
 
 
@@ -139,7 +140,7 @@ def reduce_as(op, x, axis=None, keepdims=False, ddof=0, dtype=None) -> ExprBase:
     if dt.kind not in "biuf":
         raise PlanningError(f"{op}: dtype={dt} is not supported; tilearray handles bool, "
                             "integer and floating-point dtypes")
-    if op in ("var", "std") and dt.kind != "f":
+    if op in VARIANCES and dt.kind != "f":
         raise PlanningError(f"{op}: dtype={dt} is not supported; use a floating-point dtype "
                             "(NumPy computes integer variances from truncated means)")
     if op == "nanmean" and dt.kind != "f" and as_node(x).dtype.kind == "f":
@@ -189,7 +190,7 @@ def build_reduction(op, x, axis, keepdims, ddof) -> ExprBase:
                 f"{op}: zero-size array of shape {n.shape} along axis {axis} has no identity"
             )
     sample = np.ones((2,) * n.ndim, dtype=n.dtype)
-    kw = {"ddof": ddof} if op in ("var", "std") else {}
+    kw = {"ddof": ddof} if op in VARIANCES else {}
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         res = np.asarray(getattr(np, op)(sample, axis=axis, keepdims=keepdims, **kw))

@@ -28,6 +28,7 @@ from ... import _config
 from ...errors import PlanningError
 from ...graphs import elemwise as gel
 from ...graphs.emit import Tasks, barrier, constant
+from ...graphs.reduction import VARIANCES
 from ...graphs.spec import (
     Concat,
     Const,
@@ -447,7 +448,7 @@ class Planner:
     def _small_op(self, node: Node) -> Stage:
         if isinstance(node, Reduce):
             kwargs = {"axis": node.axis, "keepdims": node.keepdims}
-            if node.op in ("var", "std"):
+            if node.op in VARIANCES:
                 kwargs["ddof"] = node.ddof
             return lower_small_op(node, node.op, tuple(kwargs.items()), [self.small(node.x)])
         if isinstance(node, Elemwise):

@@ -67,7 +67,7 @@ def fusable_groups(root: Node, spec_of, unshift) -> list[list[tuple[Reduce, obje
 def lower_empty_reduce(node: Reduce) -> Stage:
     """A reduction of an empty array: nothing to read, NumPy's answer."""
     kwargs = {"axis": node.axis, "keepdims": node.keepdims}
-    if node.op in ("var", "std"):
+    if node.op in gred.VARIANCES:
         kwargs["ddof"] = node.ddof
     key = "reduce-empty-" + tokenize(structure(node))
     empty = np.empty(node.x.shape, dtype=node.x.dtype)
@@ -84,7 +84,7 @@ def lower_reduce(nodes: list[Reduce], specs: list, deps: list, budget: Budget,
     (one per node, in order). ``note`` is appended to the description."""
     m, n = nodes[0].x.shape
     # op results, plus the float64 accumulation copy / (x - mean)**2 of var
-    temps = sum((op_temporaries(spec) + (2 if r.op in ("var", "std") else 1))
+    temps = sum((op_temporaries(spec) + (2 if r.op in gred.VARIANCES else 1))
                 * max(np.dtype(r.x.dtype).itemsize, 8) for r, spec in zip(nodes, specs,
                                                                             strict=True))
     joint = specs[0] if len(specs) == 1 else Op("fused", tuple(specs))  # for costs only
