@@ -31,10 +31,13 @@ def block_compute(spec, rows, cols, dtype, deps=()):
     return np.ascontiguousarray(x), out
 
 
-def small_op(name, kwargs, *args):
+def small_op(name, kwargs, *args, merge: bool = True):
     """Apply a NumPy function to small in-memory operands (vectors, scalars).
 
-    Operands that come from other tasks arrive as ``(value, stats)`` pairs.
+    Operands that come from other tasks arrive as ``(value, stats)`` pairs;
+    their stats are merged into this task's (``merge``), or left for the
+    planner to gather on their own: an operand that two small ops share
+    would otherwise be counted twice (``v[1:] - v[:-1]``).
     """
     from .matmul import counted, merge_stats
     from .spec import func
@@ -43,10 +46,16 @@ def small_op(name, kwargs, *args):
     for a in args:
         if isinstance(a, tuple) and len(a) == 2 and isinstance(a[1], dict):
             values.append(a[0])
-            stats = merge_stats(stats, a[1])
+            if merge:
+                stats = merge_stats(stats, a[1])
         else:
             values.append(a)
     return func(name)(*values, **dict(kwargs)), counted(stats)
+
+
+def small_op_alone(name, kwargs, *args):
+    """:func:`small_op` counting itself only (its operands' stats are gathered apart)."""
+    return small_op(name, kwargs, *args, merge=False)
 
 
 def random_block(out_ref, rows, cols, dtype, seed, tile):

@@ -222,6 +222,13 @@ class LazyArray(ExprBase):
             return elemwise("maximum", self, min)
         return elemwise("clip", self, min, max)
 
+    def round(self, decimals: int = 0) -> LazyArray:
+        """Round to ``decimals`` decimal places, as :func:`numpy.round` (lazy,
+        fused into the reads like a ufunc)."""
+        if isinstance(decimals, bool) or not isinstance(decimals, int | np.integer):
+            raise TypeError(f"round: decimals must be an integer, got {decimals!r}")
+        return elemwise("round", self, int(decimals))
+
     def __getitem__(self, key) -> LazyArray:
         """Lazy basic slicing with positive steps, e.g. ``a[:100, ::2]``,
         ``a[..., :3]`` (``...`` stands for the axes not given); integer

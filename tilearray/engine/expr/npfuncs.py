@@ -82,6 +82,46 @@ def clip(a, a_min=None, a_max=None, out=None, *, min=None, max=None):  # noqa: A
     return a.clip(a_min if a_min is not None else min, a_max if a_max is not None else max)
 
 
+@implements(np.round, np.around)
+def round_(a, decimals=0, out=None):
+    if out is not None:
+        raise TypeError("np.round: out= is not supported on TiledArrays")
+    return a.round(decimals)
+
+
+@implements(np.nan_to_num)
+def nan_to_num(x, copy=True, nan=0.0, posinf=None, neginf=None):
+    """NaN and infinities replaced, as :func:`numpy.nan_to_num` (lazy,
+    fused into the reads; ``copy`` is moot: stored data is never changed)."""
+    return elemwise("nan_to_num", x, nan=nan, posinf=posinf, neginf=neginf)
+
+
+@implements(np.ptp)
+def ptp(a, axis=None, out=None, keepdims=False):
+    """``max - min`` along ``axis``: both reductions share one pass."""
+    if out is not None:
+        raise TypeError("np.ptp: out= is not supported on TiledArrays")
+    return a.max(axis=axis, keepdims=keepdims) - a.min(axis=axis, keepdims=keepdims)
+
+
+@implements(np.diff)
+def diff(a, n=1, axis=-1, prepend=None, append=None):
+    """``a[1:] - a[:-1]`` along ``axis``, ``n`` times, as :func:`numpy.diff`
+    (lazy: two shifted slices of the same reads, subtracted)."""
+    if prepend is not None or append is not None:
+        raise TypeError("np.diff: prepend= / append= are not supported on TiledArrays")
+    if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 0:
+        raise ValueError(f"np.diff: order must be non-negative but got {n!r}")
+    if not -a.ndim <= axis < a.ndim:
+        raise np.exceptions.AxisError(axis, a.ndim)
+    axis %= a.ndim
+    for _ in range(int(n)):
+        hi = tuple(slice(1, None) if i == axis else slice(None) for i in range(a.ndim))
+        lo = tuple(slice(None, -1) if i == axis else slice(None) for i in range(a.ndim))
+        a = (a[hi] != a[lo]) if a.dtype == np.bool_ else a[hi] - a[lo]
+    return a
+
+
 @implements(np.where)
 def where(condition, x=None, y=None):
     """``np.where(cond, x, y)``: elementwise choice, fused into the reads like any

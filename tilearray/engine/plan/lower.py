@@ -79,12 +79,14 @@ from .tsqr import lower_tsqr
 from .types import Budget, Create, Output, Plan, Stage
 
 
-def lower_small_op(node: Node, fn_name: str, kwargs: tuple, inputs: list) -> Stage:
+def lower_small_op(node: Node, fn_name: str, kwargs: tuple, inputs: list,
+                   merge: bool = True) -> Stage:
     """One in-memory NumPy op on small results (``inputs``: their keys or
-    plain values): a 1-task "small" stage whose output ``"0"`` is its value."""
+    plain values): a 1-task "small" stage whose output ``"0"`` is its value
+    (and, with ``merge``, its inputs' stats)."""
     key = "small-" + tokenize(structure(node), inputs)
     work = Tasks()
-    work.add(key, gel.small_op, fn_name, kwargs, *inputs)
+    work.add(key, gel.small_op if merge else gel.small_op_alone, fn_name, kwargs, *inputs)
     return Stage("small", f"in-memory {node}", 1, 0, 0, work=work.freeze(),
                  outputs={"0": Output("value", (key,))})
 
@@ -134,7 +136,6 @@ class Planner:
         self._shifted: dict = {}  # id(var/std node) -> (node, its unshifted form)
         self._temps: dict[int, tuple] = {}
         self._read_leaves: set = set()  # stored arrays read by the stages so far
-        self._covers: dict = {}  # small key -> keys whose stats its result carries
         self._dep_keys: list = []  # small keys big tasks read as operands
         self._stats_only: list = []  # keys stages gather for their figures only
         self.run_id = uuid.uuid4().hex
@@ -394,10 +395,7 @@ class Planner:
                 "reduced axis leaves the variance unchanged)") if shifts else ""
         joint = specs[0] if len(specs) == 1 else Op("fused", tuple(specs))
         stage = self.add(lower_reduce(nodes, specs, deps, self.budget, note), joint, deps)
-        keys = [stage.outputs[str(q)].keys[0] for q in range(len(nodes))]
-        for key in keys:
-            self._covers[key] = {key}  # its map tasks' stats, not their operands'
-        return keys
+        return [stage.outputs[str(q)].keys[0] for q in range(len(nodes))]
 
     def fuse_reductions(self, root: Node) -> None:
         """Lower together the reductions of ``root`` that can share a pass
@@ -423,19 +421,19 @@ class Planner:
             key = self.factor(node).outputs["0"].keys[0]
         elif isinstance(node, MatVec):
             key = self.matvec(node, value=True).outputs["0"].keys[0]
-            self._covers[key] = {key}  # its tasks' stats, not its operand's
         elif isinstance(node, Source):  # a stored 1-D array
             key = self.add(lower_load(node)).outputs["0"].keys[0]
         elif isinstance(node, nd.Diagonal | nd.Quantile) and not node.x.small:
             key = self._lines(node)
         else:
             key = self.add(self._small_op(node)).outputs["0"].keys[0]
+            # it counts itself only: each operand's stats are gathered once on
+            # their own, however many small ops share it (v[1:] - v[:-1])
+            for c in [getattr(node, "x", None), *getattr(node, "args", ())]:
+                k = self._small.get(id(c)) if isinstance(c, Node) else None
+                if k is not None and k not in self._stats_only:
+                    self._stats_only.append(k)
         self._small[id(node)] = key
-        if key not in self._covers:  # small ops merge their operands' stats
-            self._covers[key] = {key}.union(*(
-                self._covers.get(self._small.get(id(c)), set())
-                for c in [getattr(node, "x", None), *getattr(node, "args", ())]
-                if isinstance(c, Node) and c.small))
         return key
 
     def _reduce(self, node: Reduce) -> str:
@@ -450,33 +448,35 @@ class Planner:
             kwargs = {"axis": node.axis, "keepdims": node.keepdims}
             if node.op in VARIANCES:
                 kwargs["ddof"] = node.ddof
-            return lower_small_op(node, node.op, tuple(kwargs.items()), [self.small(node.x)])
+            return lower_small_op(node, node.op, tuple(kwargs.items()), [self.small(node.x)], merge=False)
         if isinstance(node, Elemwise):
             args = [self.small(a) if isinstance(a, Node) else a for a in node.args]
-            return lower_small_op(node, node.name, node.kwargs, args)
+            return lower_small_op(node, node.name, node.kwargs, args, merge=False)
         if isinstance(node, Transpose) and node.x.small:
-            return lower_small_op(node, "transpose", (), [self.small(node.x)])
+            return lower_small_op(node, "transpose", (), [self.small(node.x)], merge=False)
         if isinstance(node, nd.Take) and node.x.small:
             kwargs = (("indices", node.index), ("axis", node.axis))
-            return lower_small_op(node, "take", kwargs, [self.small(node.x)])
+            return lower_small_op(node, "take", kwargs, [self.small(node.x)], merge=False)
         if isinstance(node, nd.Quantile) and node.x.small:
             q = np.asarray(node.q) if not node.scalar_q else node.q[0]
             kwargs = (("q", q), ("axis", node.axis), ("method", node.method))
-            return lower_small_op(node, node.op, kwargs, [self.small(node.x)])
+            return lower_small_op(node, node.op, kwargs, [self.small(node.x)], merge=False)
         if isinstance(node, SliceNode) and node.x.small:
             kwargs = (("shape", tuple(node.shape)), ("start", node.start), ("step", node.step))
-            return lower_small_op(node, "slice2d", kwargs, [self.small(node.x)])
+            return lower_small_op(node, "slice2d", kwargs, [self.small(node.x)], merge=False)
         raise PlanningError(f"cannot compute {node} in memory")
 
     def stat_keys(self, gathered: list) -> list:
-        """Keys whose stats reach no gathered result: operands of big tasks
-        not merged into a gathered small result nor into another such key."""
-        covered = set().union(*(self._covers.get(k, {k}) for k in gathered)) if gathered \
-            else set()
-        todo = [d for d in self._dep_keys if d not in covered]
-        return [d for d in todo
-                if not any(d in self._covers.get(e, ()) for e in todo if e != d)] + [
-            k for k in self._stats_only if k not in covered and k not in todo]
+        """Keys to gather for their stats alone: operands of big tasks and of
+        small ops, and stages' stats-only outputs, not already ``gathered``.
+        Every task's figures reach the run's totals through exactly one
+        gathered key (small ops do not merge their operands')."""
+        seen, out = set(gathered), []
+        for k in self._dep_keys + self._stats_only:
+            if k not in seen:
+                seen.add(k)
+                out.append(k)
+        return out
 
 
 def _square_unit(node: Factor, grid) -> int:
