@@ -442,3 +442,28 @@ def test_a_small_result_shared_by_two_ops_is_counted_once(thread_engine, mats):
                         ((m + 1) * (m - 1), (want + 1) * (want - 1))):
         plan = check(expr, value)
         assert plan.bytes_read == once and expr.stats.bytes_read == once
+
+
+# -- sort, argsort, unique, histogram of small results ---------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float64", "int32", "bool"])
+def test_sort_unique_histogram_of_columns(thread_engine, mats, dtype):
+    x, a = mats[dtype]
+    col, want = a[:, 5], x[:, 5]
+    check(np.sort(col), np.sort(want), exact=True)
+    check(np.argsort(col, kind="stable"), np.argsort(want, kind="stable"), exact=True)
+    check(np.sort(a.sum(axis=0)), np.sort(x.sum(axis=0)), exact=dtype != "float64")
+    for got, ref in zip(np.unique(col, return_counts=True, return_inverse=True),
+                        np.unique(want, return_counts=True, return_inverse=True), strict=True):
+        np.testing.assert_array_equal(got, ref)
+    if dtype != "bool":
+        finite = np.nan_to_num(col)
+        for kw in ({}, {"bins": 4, "range": (-1, 1)}, {"bins": [-2, 0, 0.5, 3], "density": True}):
+            got, edges = np.histogram(finite, **kw)
+            ref, ref_edges = np.histogram(np.nan_to_num(want), **kw)
+            assert_close(got, ref)
+            assert_close(edges, ref_edges)
+    for f in (np.sort, np.argsort, np.unique, np.histogram):
+        with pytest.raises(TypeError, match="a column"):
+            f(a)

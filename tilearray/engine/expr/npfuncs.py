@@ -122,6 +122,59 @@ def diff(a, n=1, axis=-1, prepend=None, append=None):
     return a
 
 
+def _small_only(a, name: str, hint: str):
+    if not isinstance(a, LazyArray):
+        raise TypeError(f"np.{name}: expected a TiledArray, got {type(a).__name__}")
+    if not a._node.small:
+        raise TypeError(f"np.{name} of a stored {a.shape[0]} x {a.shape[1]} matrix is not "
+                        f"supported on TiledArrays: {hint}")
+
+
+@implements(np.sort)
+def sort(a, axis=-1, kind=None, order=None, *, stable=None):
+    """Sorted copy of a small result (a column ``a[:, j]``, a reduction's
+    vector: in memory), as :func:`numpy.sort` (lazy)."""
+    _small_only(a, "sort", "sort a column (np.sort(a[:, j])) or a reduction's result, "
+                "or use np.quantile / np.median for order statistics")
+    if order is not None:
+        raise TypeError("np.sort: order= (structured arrays) is not supported on TiledArrays")
+    return elemwise("sort", a, axis=axis, kind=kind, stable=stable)
+
+
+@implements(np.argsort)
+def argsort(a, axis=-1, kind=None, order=None, *, stable=None):
+    """Indices that sort a small result, as :func:`numpy.argsort` (lazy)."""
+    _small_only(a, "argsort", "argsort a column (np.argsort(a[:, j])) or a reduction's "
+                "result")
+    if order is not None:
+        raise TypeError("np.argsort: order= is not supported on TiledArrays")
+    return elemwise("argsort", a, axis=axis, kind=kind, stable=stable)
+
+
+@implements(np.unique)
+def unique(ar, return_index=False, return_inverse=False, return_counts=False, axis=None,
+           *, equal_nan=True, sorted=True):  # noqa: A002
+    """:func:`numpy.unique` of a small result (a column, a vector), computed
+    now: its size depends on the data. NumPy's return values."""
+    _small_only(ar, "unique", "take the unique values of a column (np.unique(a[:, j]))")
+    return np.unique(np.asarray(ar.compute()), return_index=return_index,
+                     return_inverse=return_inverse, return_counts=return_counts, axis=axis,
+                     equal_nan=equal_nan, sorted=sorted)
+
+
+@implements(np.histogram)
+def histogram(a, bins=10, range=None, density=None, weights=None):  # noqa: A002
+    """:func:`numpy.histogram` of a small result (a column ``a[:, j]``, a
+    vector), computed now: ``(counts, bin_edges)`` as NumPy."""
+    _small_only(a, "histogram", "histogram a column (np.histogram(a[:, j])) or a vector")
+    if isinstance(weights, LazyArray):
+        weights = np.asarray(weights.compute())
+    if isinstance(bins, LazyArray):
+        bins = np.asarray(bins.compute())
+    return np.histogram(np.asarray(a.compute()), bins=bins, range=range, density=density,
+                        weights=weights)
+
+
 @implements(np.where)
 def where(condition, x=None, y=None):
     """``np.where(cond, x, y)``: elementwise choice, fused into the reads like any
