@@ -85,7 +85,18 @@ def gather(client, graph: dict, keys: list, *, description: str, quiet: bool, pl
         bar.close(ok)
         peaks = {addr: rss for addr, rss in _worker_peaks(client).items()
                  if isinstance(rss, int)}
-    stats = RunStats(wall_seconds=time.perf_counter() - t0)
+    stats = _run_stats(values, time.perf_counter() - t0, bar, peaks)
+    stats.task_retries = max(0, _retries(client) - retries0)
+    for f in futures:  # release, not cancel: a later run may reuse these keys
+        f.release()
+    return [v for v, _ in values[:n_keys]], stats
+
+
+def _run_stats(values, wall: float, bar, peaks: dict) -> RunStats:
+    """The run's figures: every gathered ``(value, stats)`` summed (each
+    task's figures reach exactly one of them), the progress bar's and the
+    workers' peaks."""
+    stats = RunStats(wall_seconds=wall)
     stats.progress_events, stats.progress_max_gap = bar.progress.events, bar.gaps.largest
     for _, st in values:
         for k in ("bytes_read", "bytes_written", "read_requests", "store_gets",
@@ -95,10 +106,7 @@ def gather(client, graph: dict, keys: list, *, description: str, quiet: bool, pl
         stats.blas_seconds += st.get("blas_seconds", 0.0)
     stats.per_worker_peak = peaks
     stats.peak_worker_memory = max(peaks.values(), default=0)
-    stats.task_retries = max(0, _retries(client) - retries0)
-    for f in futures:  # release, not cancel: a later run may reuse these keys
-        f.release()
-    return [v for v, _ in values[:n_keys]], stats
+    return stats
 
 
 class _Stall:
