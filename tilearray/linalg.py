@@ -225,8 +225,10 @@ def lstsq(x: TiledArray, y, rcond=None):
     x : TiledArray
         ``m x n``, n columns a task can combine.
     y : TiledArray or numpy.ndarray
-        ``m`` (a vector) or ``m x k`` right-hand sides: stored, or in memory
-        (sent to the workers once, each task taking its rows).
+        ``m`` (a vector) or ``m x k`` right-hand sides: stored, in memory
+        (sent to the workers once, each task taking its rows), or a lazy
+        vector (a column ``b[:, j]``, a product ``b @ w``: its m values are
+        computed first).
     rcond : float, optional
         Cut-off for small singular values; default ``eps * max(m, n)`` as NumPy.
 
@@ -249,11 +251,15 @@ def lstsq_plan(x: TiledArray, y, rcond=None) -> TiledArray:
     x = _tall(x, "lstsq")
     m = x.shape[0]
     vector = np.ndim(y) == 1
+    if isinstance(y, TiledArray) and y.ndim == 1 and not y._node.small:
+        y = np.asarray(y.compute())  # a blocked vector (a @ w): computed first, m values
     if isinstance(y, TiledArray):
-        if y.ndim != 2 or y.shape[0] != m:
+        if y.ndim not in (1, 2) or y.shape[0] != m:
             raise ValueError(f"lstsq: y of shape {y.shape} does not match X of shape {x.shape} "
-                             "(a stored y must be m x k)")
-        ynode = y._node
+                             "(y must be (m,) or (m, k))")
+        # a lazy vector (a column, a product): its (m, 1) column, in memory
+        ynode = y._node if y.ndim == 2 else Elemwise((m, 1), y.dtype, "reshape",
+                                                      (y._node, (m, 1)))
     else:
         arr = np.asarray(y)
         if arr.ndim not in (1, 2) or arr.shape[0] != m:
@@ -322,10 +328,14 @@ def cholesky(a: TiledArray, upper: bool = False) -> TiledArray:
 
 def _rhs(b, n: int, what: str):
     """The right-hand sides as a node (``n x k``) and whether they were a vector."""
+    if isinstance(b, TiledArray) and b.ndim == 1 and not b._node.small:
+        b = np.asarray(b.compute())  # a blocked vector (a @ w): computed first, n values
     if isinstance(b, TiledArray):
-        if b.ndim != 2 or b.shape[0] != n:
+        if b.ndim not in (1, 2) or b.shape[0] != n:
             raise ValueError(f"{what}: b of shape {b.shape} does not match a {n} x {n} matrix "
-                             "(a stored b must be n x k)")
+                             "(b must be (n,) or (n, k))")
+        if b.ndim == 1:  # a lazy vector (X.T @ y, a column): its (n, 1) column, in memory
+            return Elemwise((n, 1), b.dtype, "reshape", (b._node, (n, 1))), True
         return b._node, False
     arr = np.asarray(b)
     if arr.ndim not in (1, 2) or arr.shape[0] != n:
@@ -386,7 +396,8 @@ def solve(a: TiledArray, b, assume_a: str = "gen"):
     a : TiledArray
         ``n x n``.
     b : numpy.ndarray or TiledArray
-        ``(n,)`` or ``(n, k)``; the result is returned in memory (as NumPy).
+        ``(n,)`` or ``(n, k)``: in memory, stored, or a lazy vector (``X.T @
+        y``, ``A.sum(0)``); the result is returned in memory (as NumPy).
     assume_a : {"gen", "pos"}
 
     Raises

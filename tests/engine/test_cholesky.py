@@ -362,3 +362,21 @@ def test_only_matrix_errors_lose_the_workers_failure_log():
     other = logging.LogRecord("distributed.worker", logging.ERROR, __file__, 1,
                               "Failed to communicate", (), None)
     assert keep(other)
+
+
+def test_solve_with_a_lazy_vector_b(eng, tmp_path, rng):
+    """``solve(X.T @ X, X.T @ y)``, ``solve(A, A.sum(0))``: b a lazy vector."""
+    x = rng.standard_normal((500, 30))
+    xs = stored(tmp_path, "x.zarr", x, (64, 16))
+    y = rng.standard_normal(500)
+    got = np.linalg.solve(xs.T @ xs, xs.T @ y)
+    want = np.linalg.solve(x.T @ x, x.T @ y)
+    assert np.shape(got) == (30,)
+    close(got, want)
+    s = spd(rng, 120)
+    a = stored(tmp_path, "a.zarr", s, (50, 50))
+    for assume_a in ("gen", "pos"):
+        got = ta.linalg.solve(a, a.sum(axis=0), assume_a=assume_a)
+        close(got, np.linalg.solve(s, s.sum(axis=0)))
+    with pytest.raises(ValueError, match=r"b of shape \(119,\)"):
+        ta.linalg.solve(a, a.sum(axis=0)[:119])

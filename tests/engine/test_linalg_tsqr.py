@@ -383,3 +383,16 @@ def test_cond_of_square_matrices_in_other_norms(thread_engine, tmp_path, rng):
     with pytest.raises(np.linalg.LinAlgError, match="square"):
         np.linalg.cond(ta.from_numpy(rng.standard_normal((30, 20)), tmp_path / "r.zarr",
                                      tile=(8, 8)), 1)
+
+
+def test_lstsq_with_a_lazy_vector_y(thread_engine, tmp_path, rng):
+    """y a column of a stored array or a product: a lazy vector, used in memory."""
+    x, other = _x(rng), rng.standard_normal((M, 4))
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(130, 16))
+    b = ta.from_numpy(other, tmp_path / "b.zarr", tile=(200, 3))
+    for y, want_y in ((b[:, 2], other[:, 2]), (b @ np.ones(4), other @ np.ones(4))):
+        sol, res, rank, s = np.linalg.lstsq(a, y, rcond=None)
+        w_sol, w_res, w_rank, w_s = np.linalg.lstsq(x, want_y, rcond=None)
+        assert np.shape(sol) == (N,) and rank == w_rank
+        assert_close(sol, w_sol, scale=np.abs(w_sol).max() * 10)
+        assert_close(res, w_res)
