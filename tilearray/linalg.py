@@ -129,7 +129,8 @@ def svd_compressed(x: TiledArray, k: int, *, n_power_iter: int = 0, seed: int = 
                    oversample: int = 10):
     """Randomized truncated SVD (Halko, Martinsson, Tropp 2011) of any shape.
 
-    A Gaussian ``n x l`` test matrix Omega (``l = k + oversample``, drawn
+    A Gaussian ``n x l`` test matrix Omega (``l = max(k + oversample, 20)``
+    up to ``min(m, n)``, as dask's; drawn
     from ``seed`` in the driver and sent to the workers once) is refined by
     ``n_power_iter`` subspace iterations on ``X.T @ X``: ``V = qr(X.T @ (X @
     V)).Q``, each ``X.T @ (X @ V)`` one pass over X (a task reads a whole row
@@ -171,7 +172,7 @@ def svd_compressed(x: TiledArray, k: int, *, n_power_iter: int = 0, seed: int = 
     Vt : numpy.ndarray
         ``k x n``.
     """
-    from .graphs.linalg import omega_rows
+    from .graphs.linalg import omega_rows, subspace_width
 
     if not isinstance(x, TiledArray) or x.ndim != 2:
         raise TypeError(f"svd_compressed: expected a 2-D TiledArray, got {type(x).__name__}")
@@ -182,7 +183,7 @@ def svd_compressed(x: TiledArray, k: int, *, n_power_iter: int = 0, seed: int = 
     if isinstance(n_power_iter, bool) or not isinstance(n_power_iter, int) or n_power_iter < 0:
         raise ValueError(f"svd_compressed: n_power_iter={n_power_iter!r} must be an integer >= 0")
     dtype = result_dtype(x.dtype)
-    width = min(int(k) + max(int(oversample), 0), m, n)
+    width = subspace_width(k, oversample, m, n)
     v = omega_rows(int(seed), n, width, 0, n, np.float64)
     if n_power_iter and _plans(x.T @ (x @ v)):
         for _ in range(n_power_iter):

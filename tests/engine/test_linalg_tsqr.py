@@ -396,3 +396,19 @@ def test_lstsq_with_a_lazy_vector_y(thread_engine, tmp_path, rng):
         assert np.shape(sol) == (N,) and rank == w_rank
         assert_close(sol, w_sol, scale=np.abs(w_sol).max() * 10)
         assert_close(res, w_res)
+
+
+def test_randomized_svd_subspace_is_at_least_20_columns(thread_engine, tmp_path, rng):
+    """k = 3 on a flat spectrum: 3 + 10 columns left the top values 1.4 % off;
+    like dask, Omega has max(k + oversample, 20) columns, here all 20: exact."""
+    from tilearray.graphs.linalg import subspace_width
+
+    assert subspace_width(3, 10, 5000, 20) == 20 and subspace_width(20, 10, 5000, 500) == 30
+    assert subspace_width(3, 10, 15, 500) == 15 and subspace_width(3, 0, 5000, 500) == 20
+    x = rng.standard_normal((2000, 20))
+    x -= x.mean(axis=0)
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(300, 9))
+    u, s, vt = ta.linalg.svd(a, k=3)
+    want = np.linalg.svd(x, compute_uv=False)[:3]
+    assert_close(s, want, scale=want[0])
+    assert_close(np.asarray(u).T @ x @ vt.T, np.diag(want), scale=want[0])  # U^T X V = S
