@@ -589,6 +589,35 @@ def matrix_rank(a: TiledArray, tol=None, hermitian: bool = False, *, rtol=None) 
     return int(np.count_nonzero(s > tol))
 
 
+_NO_RTOL = object()
+
+
+def pinv(a: TiledArray, rcond=None, hermitian: bool = False, *, rtol=_NO_RTOL) -> TiledArray:
+    """Moore-Penrose pseudo-inverse, like :func:`numpy.linalg.pinv` (lazy).
+
+    From the thin SVD of the tall side (TSQR): ``pinv(X) = V diag(1/s) U^T``
+    with singular values at or below ``rcond * s.max()`` dropped (NumPy's
+    default ``rcond`` 1e-15; ``rtol=None`` for ``max(m, n) * eps``). ``s``
+    and ``Vt`` come from one read of X, now; the result is lazy, ``n x m``
+    for an ``m x n`` X: ``(U @ (diag(1/s) Vt)).T``, whose storing or use
+    reads X again (U applied down the TSQR tree)."""
+    x = _tall(a, "pinv")
+    if rcond is None:
+        rcond = 1e-15 if rtol is _NO_RTOL else (
+            max(x.shape) * np.finfo(result_dtype(x.dtype)).eps if rtol is None else rtol)
+    elif rtol is not _NO_RTOL:
+        raise ValueError("pinv: `rtol` and `rcond` can't be both set.")
+    wide = x.shape[0] < x.shape[1]
+    tall = x.T if wide else x
+    u, s, vt = svd(tall, full_matrices=False)
+    s, vt = np.asarray(s.compute()), np.asarray(vt.compute())
+    large = s > rcond * (s.max() if s.size else 0)
+    inv_s = np.zeros_like(s)
+    inv_s[large] = 1.0 / s[large]
+    p = u @ np.ascontiguousarray(inv_s[:, None] * vt)  # pinv(tall).T, m x n
+    return p if wide else p.T
+
+
 def cond(x: TiledArray, p=None):
     """Condition number, like :func:`numpy.linalg.cond`.
 
@@ -652,3 +681,4 @@ HANDLED[np.linalg.eigh] = eigh
 HANDLED[np.linalg.eigvalsh] = eigvalsh
 HANDLED[np.linalg.matrix_rank] = matrix_rank
 HANDLED[np.linalg.cond] = cond
+HANDLED[np.linalg.pinv] = pinv

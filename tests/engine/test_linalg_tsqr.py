@@ -412,3 +412,22 @@ def test_randomized_svd_subspace_is_at_least_20_columns(thread_engine, tmp_path,
     want = np.linalg.svd(x, compute_uv=False)[:3]
     assert_close(s, want, scale=want[0])
     assert_close(np.asarray(u).T @ x @ vt.T, np.diag(want), scale=want[0])  # U^T X V = S
+
+
+@pytest.mark.parametrize("dtype, shape, tile", [("float64", (M, N), (130, 16)),
+                                                ("float32", (40, 300), (16, 64))])
+def test_pinv_matches_numpy(thread_engine, tmp_path, rng, dtype, shape, tile):
+    x = _x(rng, dtype, *shape)
+    x[:, 4] = x[:, 5]  # rank-deficient: the cut-off drops a singular value
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=tile)
+    p = np.linalg.pinv(a)
+    assert p.shape == shape[::-1] and p.dtype == np.linalg.pinv(x).dtype
+    got = np.asarray(p.to_zarr(tmp_path / "p.zarr"))
+    want = np.linalg.pinv(x)
+    assert_close(got, want, scale=np.abs(want).max() * 10)
+    assert_close(x @ got @ x, x, scale=np.abs(x).max() * 10)  # Moore-Penrose identities
+    assert_close(got @ x @ got, got, scale=np.abs(got).max() * 10)
+    assert_close(np.asarray(ta.linalg.pinv(a, rtol=None)), np.linalg.pinv(x, rtol=None),
+                 scale=np.abs(want).max() * 10)
+    with pytest.raises(ValueError, match="rtol"):
+        ta.linalg.pinv(a, rcond=1e-10, rtol=1e-10)
