@@ -483,6 +483,23 @@ def eigvalsh(a: TiledArray, UPLO: str = "L"):
     return _incore(a, "eigvalsh", (a.shape[0],), UPLO=UPLO).compute()
 
 
+def eig(a: TiledArray):
+    """Eigenvalues and right eigenvectors of a general square matrix one task
+    can hold, like :func:`numpy.linalg.eig` (complex when the spectrum is):
+    the matrix is read whole into one task; a larger one is refused with a
+    PlanningError naming the sizes. For a symmetric matrix :func:`eigh` is
+    faster and real. Runs now."""
+    a = _square(a, "eig")
+    return _incore(a, "eig", ()).compute()
+
+
+def eigvals(a: TiledArray):
+    """Eigenvalues of a general square matrix one task can hold, like
+    :func:`numpy.linalg.eigvals` (see :func:`eig`). Runs now."""
+    a = _square(a, "eigvals")
+    return _incore(a, "eigvals", (a.shape[0],)).compute()
+
+
 def norm(x: TiledArray, ord=None, axis=None, keepdims=False) -> TiledArray:
     """Matrix or vector norm, like :func:`numpy.linalg.norm` (lazy).
 
@@ -682,3 +699,5 @@ HANDLED[np.linalg.eigvalsh] = eigvalsh
 HANDLED[np.linalg.matrix_rank] = matrix_rank
 HANDLED[np.linalg.cond] = cond
 HANDLED[np.linalg.pinv] = pinv
+HANDLED[np.linalg.eig] = eig
+HANDLED[np.linalg.eigvals] = eigvals

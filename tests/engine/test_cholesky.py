@@ -163,6 +163,14 @@ def test_determinants_inverse_eigh(eng, tmp_path, rng):
     b = rng.standard_normal(n)
     assert_close(np.linalg.solve(ga, b), np.linalg.solve(g, b))
     assert np.linalg.det(ga) == pytest.approx(np.linalg.det(g), rel=1e-9)
+    w, v = np.linalg.eig(ga)  # complex, as NumPy's for this spectrum
+    want = np.linalg.eigvals(g)
+    assert w.dtype == want.dtype == np.complex128
+    close(np.sort_complex(w), np.sort_complex(want))
+    close(g @ v, v * w)
+    close(np.sort_complex(np.linalg.eigvals(ga)), np.sort_complex(want))
+    f32 = stored(tmp_path, "f.zarr", np.diag(np.arange(1.0, 6.0)).astype("float32"), (2, 2))
+    assert np.linalg.eigvals(f32).dtype == np.float32  # a real spectrum stays real
 
 
 def test_singular_and_too_large_are_refused(eng, tmp_path, rng):

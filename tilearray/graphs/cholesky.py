@@ -163,6 +163,10 @@ def incore(op: str, options: tuple, x_spec, x_deps, n: int, y_spec=None, y_deps=
             value = np.linalg.eigh(a, UPLO=opts.get("UPLO", "L"))
         elif op == "eigvalsh":
             value = np.linalg.eigvalsh(a, UPLO=opts.get("UPLO", "L"))
+        elif op == "eig":  # complex when the spectrum is, as NumPy
+            value = np.linalg.eig(a)
+        elif op == "eigvals":
+            value = np.linalg.eigvals(a)
         elif op == "slogdet":
             value = np.linalg.slogdet(a)
         else:  # "solve"

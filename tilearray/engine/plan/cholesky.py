@@ -275,7 +275,9 @@ def incore_need(node, x_spec, y_spec) -> tuple:
     if y_spec is not None:
         tot.add(layout.BlockCosts(y_spec, cuts, [0, ycols]).at(0, 0))
     item = np.dtype(node.dtype).itemsize
-    return incore_peak(tot.nbytes, n, item, 4) + as_cols(n, ycols, item), tot
+    # geev: the copy, real eigenvectors, their complex form (2 n^2) and workspace
+    work = 6 if dict(node.options).get("op") == "eig" else 4
+    return incore_peak(tot.nbytes, n, item, work) + as_cols(n, ycols, item), tot
 
 
 def lower_incore(node, x_spec, y_spec, deps: list, budget: Budget) -> Stage:
