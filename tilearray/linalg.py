@@ -228,8 +228,8 @@ def lstsq(x: TiledArray, y, rcond=None):
     y : TiledArray or numpy.ndarray
         ``m`` (a vector) or ``m x k`` right-hand sides: stored, in memory
         (sent to the workers once, each task taking its rows), or a lazy
-        vector (a column ``b[:, j]``, a product ``b @ w``: its m values are
-        computed first).
+        vector (a column ``b[:, j]``; a product ``b @ w`` is computed first,
+        outside :func:`lstsq_plan`'s plan).
     rcond : float, optional
         Cut-off for small singular values; default ``eps * max(m, n)`` as NumPy.
 
@@ -253,7 +253,9 @@ def lstsq_plan(x: TiledArray, y, rcond=None) -> TiledArray:
     m = x.shape[0]
     vector = np.ndim(y) == 1
     if isinstance(y, TiledArray) and y.ndim == 1 and not y._node.small:
-        y = np.asarray(y.compute())  # a blocked vector (a @ w): computed first, m values
+        # a blocked vector (a @ w): computed now, its m values sent as a NumPy
+        # y (so its reads are not in this plan)
+        y = np.asarray(y.compute())
     if isinstance(y, TiledArray):
         if y.ndim not in (1, 2) or y.shape[0] != m:
             raise ValueError(f"lstsq: y of shape {y.shape} does not match X of shape {x.shape} "
@@ -642,7 +644,8 @@ def cond(x: TiledArray, p=None):
     shape; the TSQR of the tall side, one read; ``inf`` when the smallest is
     zero). Otherwise (``"fro"``, ``"nuc"``, 1, -1, inf, -inf) ``norm(x, p) *
     norm(inv(x), p)`` for a square matrix whose inverse fits in memory (see
-    :func:`inv`); ``inf`` for a singular one. Runs now."""
+    :func:`inv`); ``inf`` for a singular one. As NumPy, a NaN result is
+    ``inf`` unless ``x`` holds a NaN. Runs now."""
     x = _tall(x, "cond")
     if 0 in x.shape:
         raise np.linalg.LinAlgError("cond is not defined on empty arrays")
@@ -650,17 +653,33 @@ def cond(x: TiledArray, p=None):
         s = _singular_values(x, "cond")
         with np.errstate(all="ignore"):
             r = s[-1] / s[0] if p == -2 else s[0] / s[-1]
-        return np.inf * s.dtype.type(1) if np.isnan(r) else r
+        return _nan_as_inf(x, s.dtype.type(r))
+    if p not in ("fro", "nuc", 1, -1, np.inf, -np.inf):
+        raise ValueError(f"cond: invalid norm order {p!r} for matrices")
     from .errors import SingularMatrixError
 
     x = _square(x, "cond")
+    t = result_dtype(x.dtype).type
     try:
         inverse = inv(x)
-    except SingularMatrixError:
-        return result_dtype(x.dtype).type(np.inf)
+    except (SingularMatrixError, ValueError) as e:
+        # a NaN entry stops LU (a NaN pivot, or LAPACK's refusal): NumPy's cond is NaN
+        if x.dtype.kind == "f" and bool(np.isnan(x).any().compute()):
+            return t(np.nan)
+        if isinstance(e, SingularMatrixError):
+            return t(np.inf)
+        raise
     with np.errstate(all="ignore"):
         r = np.asarray(norm(x, p).compute()) * np.linalg.norm(inverse, p)
-    return result_dtype(x.dtype).type(np.inf if np.isnan(r) else r)
+    return _nan_as_inf(x, t(r))
+
+
+def _nan_as_inf(x: TiledArray, r):
+    """NumPy's rule for a condition number: NaN becomes inf unless ``x`` holds
+    a NaN (checked only then: one more pass)."""
+    if not np.isnan(r) or (x.dtype.kind == "f" and bool(np.isnan(x).any().compute())):
+        return r
+    return type(r)(np.inf)
 
 
 def _norm_axes(axis, ndim: int) -> tuple:

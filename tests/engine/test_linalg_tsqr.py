@@ -380,6 +380,15 @@ def test_cond_of_square_matrices_in_other_norms(thread_engine, tmp_path, rng):
     x[:, 7] = 0.0  # singular: infinite in every norm, as NumPy
     s = ta.from_numpy(x, tmp_path / "s.zarr", tile=(50, 50))
     assert np.linalg.cond(s, 1) == np.inf and np.linalg.cond(s) > 1e15
+    with pytest.raises(ValueError, match="invalid norm order 3"):
+        np.linalg.cond(a, 3)
+    nan = x.copy()
+    nan[3, 3] = np.nan  # NaN stays NaN when the input holds one, as NumPy
+    n_a = ta.from_numpy(nan, tmp_path / "nan.zarr", tile=(50, 50))
+    assert np.isnan(np.linalg.cond(n_a, "fro")) and np.isnan(np.linalg.cond(nan, "fro"))
+    for arr in (n_a, nan):  # the 2-norm needs an SVD, which NumPy refuses
+        with pytest.raises(np.linalg.LinAlgError, match="SVD did not converge"):
+            np.linalg.cond(arr)
     with pytest.raises(np.linalg.LinAlgError, match="square"):
         np.linalg.cond(ta.from_numpy(rng.standard_normal((30, 20)), tmp_path / "r.zarr",
                                      tile=(8, 8)), 1)

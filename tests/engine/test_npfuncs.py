@@ -399,6 +399,9 @@ def test_round_nan_to_num_ptp(thread_engine, mats, tmp_path, dtype):
                 warnings.simplefilter("ignore")
                 check(np.ptp(a, axis=axis), np.ptp(x, axis=axis), exact=True)
         check(np.ptp(a, axis=0, keepdims=True), np.ptp(x, axis=0, keepdims=True), exact=True)
+    else:
+        with pytest.raises(TypeError, match="boolean subtract"):
+            np.ptp(a)
     check(np.nan_to_num(a), np.nan_to_num(x), tmp_path, exact=True)
     with pytest.raises(TypeError, match="decimals"):
         a.round(1.5)
@@ -416,12 +419,19 @@ def test_nan_to_num_replacements(thread_engine, tmp_path):
 @pytest.mark.parametrize("axis", [0, 1, -1])
 def test_diff_matches_numpy(thread_engine, mats, tmp_path, dtype, axis):
     x, a = mats[dtype]
-    for n in (0, 1, 2):
-        check(np.diff(a, n=n, axis=axis), np.diff(x, n=n, axis=axis), tmp_path, exact=True)
+    for n in (0, 1, 2, 3, 9, 31, 60):  # n >= the length along the axis: empty, as NumPy
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # int32 wraps, as NumPy's repeated differences
+            want = np.diff(x, n=n, axis=axis)
+        plan = check(np.diff(a, n=n, axis=axis), want, tmp_path, exact=n <= 1 or dtype != "float64")
+        if 0 < n < 9:  # n + 1 shifted slices: a read n + 1 times at most (was 2^n)
+            assert plan.bytes_read <= (n + 1) * (a * 1).plan().bytes_read, (n, plan)
     v, want = a[:, 3], x[:, 3]  # a 1-D result
     check(np.diff(v), np.diff(want), exact=True)
     with pytest.raises(ValueError, match="order"):
         np.diff(a, n=-1)
+    with pytest.raises(TypeError, match="integer"):
+        np.diff(a, n=1.0)
     with pytest.raises(TypeError, match="prepend"):
         np.diff(a, prepend=0)
     with pytest.raises(np.exceptions.AxisError):
@@ -467,3 +477,8 @@ def test_sort_unique_histogram_of_columns(thread_engine, mats, dtype):
     for f in (np.sort, np.argsort, np.unique, np.histogram):
         with pytest.raises(TypeError, match="a column"):
             f(a)
+    w = np.arange(x.shape[1]) % 3  # a blocked vector a @ w: computed first
+    product = np.nan_to_num(x).astype("f8") @ w
+    np.testing.assert_array_equal(np.sort(np.nan_to_num(a) @ w), np.sort(product))
+    np.testing.assert_array_equal(np.histogram(np.nan_to_num(a) @ w)[0],
+                                  np.histogram(product)[0])

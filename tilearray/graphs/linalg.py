@@ -336,8 +336,12 @@ def svd_from_r(r: np.ndarray, compute_uv: bool = True):
         s = np.zeros(k, r.dtype)
         return s if not compute_uv else (np.zeros((r.shape[0], k), r.dtype), s,
                                           np.zeros((k, r.shape[1]), r.dtype))
-    return sla.svd(r, full_matrices=False, compute_uv=compute_uv,
-                   check_finite=False, lapack_driver="gesdd")
+    try:
+        return sla.svd(r, full_matrices=False, compute_uv=compute_uv,
+                       check_finite=False, lapack_driver="gesdd")
+    except ValueError as e:  # scipy's word for NaN / inf: NumPy's is this
+        raise np.linalg.LinAlgError(f"SVD did not converge (the matrix holds NaN or inf: "
+                                    f"{e})") from None
 
 
 @single_threaded

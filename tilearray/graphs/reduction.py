@@ -174,6 +174,8 @@ def finalize(op: str, p, out_dtype, ddof: int = 0):
         n, _, m2 = p
         with np.errstate(invalid="ignore", divide="ignore"):
             value = m2 / np.maximum(n - ddof, 0)
+        if op in ("nanvar", "nanstd"):  # NumPy's nanvar: NaN wherever dof <= 0
+            value = np.where(n - ddof > 0, value, np.nan)
         if op in ("std", "nanstd"):
             value = np.sqrt(value)
     elif op in ARG:

@@ -101,78 +101,129 @@ def ptp(a, axis=None, out=None, keepdims=False):
     """``max - min`` along ``axis``: both reductions share one pass."""
     if out is not None:
         raise TypeError("np.ptp: out= is not supported on TiledArrays")
+    if a.dtype == np.bool_:
+        raise TypeError("np.ptp: numpy boolean subtract is not supported (as NumPy)")
     return a.max(axis=axis, keepdims=keepdims) - a.min(axis=axis, keepdims=keepdims)
 
 
 @implements(np.diff)
 def diff(a, n=1, axis=-1, prepend=None, append=None):
-    """``a[1:] - a[:-1]`` along ``axis``, ``n`` times, as :func:`numpy.diff`
-    (lazy: two shifted slices of the same reads, subtracted)."""
+    """The ``n``-th difference along ``axis``, as :func:`numpy.diff` (lazy).
+
+    ``sum_k (-1)^(n-k) C(n, k) a[k : L-n+k]``: ``n + 1`` shifted slices,
+    each read (``a`` is read ``n + 1`` times), combined elementwise in one
+    pass (booleans: the exclusive or of the
+    slices with an odd ``C(n, k)``, NumPy's ``!=`` chain; integers wrap as
+    NumPy's repeated differences do). For ``n >= 2`` floating results may
+    differ from NumPy's repeated differences by rounding."""
     if prepend is not None or append is not None:
         raise TypeError("np.diff: prepend= / append= are not supported on TiledArrays")
-    if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 0:
+    if isinstance(n, bool) or not isinstance(n, int | np.integer):
+        raise TypeError(f"np.diff: n must be an integer, got {n!r}")
+    if n < 0:
         raise ValueError(f"np.diff: order must be non-negative but got {n!r}")
+    if a.ndim == 0:
+        raise ValueError("np.diff requires input that is at least one dimensional")
     if not -a.ndim <= axis < a.ndim:
         raise np.exceptions.AxisError(axis, a.ndim)
-    axis %= a.ndim
-    for _ in range(int(n)):
-        hi = tuple(slice(1, None) if i == axis else slice(None) for i in range(a.ndim))
-        lo = tuple(slice(None, -1) if i == axis else slice(None) for i in range(a.ndim))
-        a = (a[hi] != a[lo]) if a.dtype == np.bool_ else a[hi] - a[lo]
-    return a
+    axis, n, length = axis % a.ndim, int(n), a.shape[axis % a.ndim]
+
+    def shifted(k):
+        lo, hi = min(k, length), max(min(length - n + k, length), min(k, length))
+        return a[tuple(slice(lo, hi) if i == axis else slice(None) for i in range(a.ndim))]
+
+    if n == 0:
+        return a
+    if n >= length:
+        return shifted(0)  # empty along axis, a's dtype
+    from math import comb
+
+    if a.dtype == np.bool_:
+        out = None
+        for k in range(n + 1):
+            if comb(n, k) % 2:
+                out = shifted(k) if out is None else out != shifted(k)
+        return out
+    plus, minus = None, None
+    for k in range(n + 1):
+        c = comb(n, k)
+        term = shifted(k) if c == 1 else shifted(k) * np.asarray(c).astype(a.dtype)[()]
+        if (n - k) % 2 == 0:
+            plus = term if plus is None else plus + term
+        else:
+            minus = term if minus is None else minus + term
+    return plus - minus
 
 
 def _small_only(a, name: str, hint: str):
+    """``a`` itself when small (in memory), a blocked vector (``x @ w``)
+    computed first; a stored matrix is refused."""
     if not isinstance(a, LazyArray):
         raise TypeError(f"np.{name}: expected a TiledArray, got {type(a).__name__}")
-    if not a._node.small:
-        raise TypeError(f"np.{name} of a stored {a.shape[0]} x {a.shape[1]} matrix is not "
-                        f"supported on TiledArrays: {hint}")
+    if a._node.small:
+        return a
+    if a.ndim == 1:
+        return np.asarray(a.compute())
+    raise TypeError(f"np.{name} of a stored {' x '.join(map(str, a.shape))} matrix is not "
+                    f"supported on TiledArrays: {hint}")
+
+
+def _given(**kwargs) -> dict:
+    """The keywords a caller set (NumPy's newer ones, ``stable=`` 2.0,
+    ``sorted=`` 2.3, passed only when set: older NumPy lacks them)."""
+    return {k: v for k, v in kwargs.items() if v is not None}
 
 
 @implements(np.sort)
 def sort(a, axis=-1, kind=None, order=None, *, stable=None):
     """Sorted copy of a small result (a column ``a[:, j]``, a reduction's
-    vector: in memory), as :func:`numpy.sort` (lazy)."""
-    _small_only(a, "sort", "sort a column (np.sort(a[:, j])) or a reduction's result, "
-                "or use np.quantile / np.median for order statistics")
+    vector: in memory), as :func:`numpy.sort` (lazy; a blocked vector such
+    as ``x @ w`` is computed first)."""
+    a = _small_only(a, "sort", "sort a column (np.sort(a[:, j])) or a reduction's result, "
+                    "or use np.quantile / np.median for order statistics")
     if order is not None:
         raise TypeError("np.sort: order= (structured arrays) is not supported on TiledArrays")
-    return elemwise("sort", a, axis=axis, kind=kind, stable=stable)
+    if isinstance(a, np.ndarray):
+        return np.sort(a, axis=axis, **_given(kind=kind, stable=stable))
+    return elemwise("sort", a, axis=axis, **_given(kind=kind, stable=stable))
 
 
 @implements(np.argsort)
 def argsort(a, axis=-1, kind=None, order=None, *, stable=None):
-    """Indices that sort a small result, as :func:`numpy.argsort` (lazy)."""
-    _small_only(a, "argsort", "argsort a column (np.argsort(a[:, j])) or a reduction's "
-                "result")
+    """Indices that sort a small result, as :func:`numpy.argsort` (lazy; see
+    :func:`sort`)."""
+    a = _small_only(a, "argsort", "argsort a column (np.argsort(a[:, j])) or a reduction's "
+                    "result")
     if order is not None:
         raise TypeError("np.argsort: order= is not supported on TiledArrays")
-    return elemwise("argsort", a, axis=axis, kind=kind, stable=stable)
+    if isinstance(a, np.ndarray):
+        return np.argsort(a, axis=axis, **_given(kind=kind, stable=stable))
+    return elemwise("argsort", a, axis=axis, **_given(kind=kind, stable=stable))
 
 
 @implements(np.unique)
 def unique(ar, return_index=False, return_inverse=False, return_counts=False, axis=None,
-           *, equal_nan=True, sorted=True):  # noqa: A002
+           *, equal_nan=True, sorted=None):  # noqa: A002
     """:func:`numpy.unique` of a small result (a column, a vector), computed
     now: its size depends on the data. NumPy's return values."""
-    _small_only(ar, "unique", "take the unique values of a column (np.unique(a[:, j]))")
-    return np.unique(np.asarray(ar.compute()), return_index=return_index,
-                     return_inverse=return_inverse, return_counts=return_counts, axis=axis,
-                     equal_nan=equal_nan, sorted=sorted)
+    ar = _small_only(ar, "unique", "take the unique values of a column (np.unique(a[:, j]))")
+    return np.unique(np.asarray(ar if isinstance(ar, np.ndarray) else ar.compute()),
+                     return_index=return_index, return_inverse=return_inverse,
+                     return_counts=return_counts, axis=axis, equal_nan=equal_nan,
+                     **_given(sorted=sorted))
 
 
 @implements(np.histogram)
 def histogram(a, bins=10, range=None, density=None, weights=None):  # noqa: A002
     """:func:`numpy.histogram` of a small result (a column ``a[:, j]``, a
     vector), computed now: ``(counts, bin_edges)`` as NumPy."""
-    _small_only(a, "histogram", "histogram a column (np.histogram(a[:, j])) or a vector")
+    a = _small_only(a, "histogram", "histogram a column (np.histogram(a[:, j])) or a vector")
     if isinstance(weights, LazyArray):
         weights = np.asarray(weights.compute())
     if isinstance(bins, LazyArray):
         bins = np.asarray(bins.compute())
-    return np.histogram(np.asarray(a.compute()), bins=bins, range=range, density=density,
-                        weights=weights)
+    return np.histogram(np.asarray(a if isinstance(a, np.ndarray) else a.compute()), bins=bins,
+                        range=range, density=density, weights=weights)
 
 
 @implements(np.where)

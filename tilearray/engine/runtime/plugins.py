@@ -53,20 +53,36 @@ class QuietMatrixErrors(WorkerPlugin):
 
     name = "tilearray-quiet-matrix-errors"
     ERRORS = ("NotPositiveDefiniteError", "SingularMatrixError")
+    _users = 0  # workers of this process using the filter (in-process workers share it)
+    _lock = threading.Lock()
 
     def setup(self, worker):
         import logging
 
-        self.logger = logging.getLogger("distributed.worker")
-        self.logger.addFilter(self._keep)
+        with QuietMatrixErrors._lock:
+            if QuietMatrixErrors._users == 0:
+                logging.getLogger("distributed.worker").addFilter(_keep_record)
+            QuietMatrixErrors._users += 1
 
     def teardown(self, worker):
-        self.logger.removeFilter(self._keep)
+        import logging
 
-    def _keep(self, record) -> bool:
-        if not str(record.msg).startswith("Compute Failed") or len(record.args or ()) < 4:
-            return True
-        return not str(record.args[3]).startswith(tuple(e + "(" for e in self.ERRORS))
+        with QuietMatrixErrors._lock:
+            QuietMatrixErrors._users -= 1
+            if QuietMatrixErrors._users == 0:
+                logging.getLogger("distributed.worker").removeFilter(_keep_record)
+
+    @staticmethod
+    def _keep(record) -> bool:
+        return _keep_record(record)
+
+
+def _keep_record(record) -> bool:
+    """False for distributed's "Compute Failed" record of a matrix error."""
+    if not str(record.msg).startswith("Compute Failed") or len(record.args or ()) < 4:
+        return True
+    return not str(record.args[3]).startswith(
+        tuple(e + "(" for e in QuietMatrixErrors.ERRORS))
 
 
 class PeakMemory(WorkerPlugin):
