@@ -482,3 +482,38 @@ def test_sort_unique_histogram_of_columns(thread_engine, mats, dtype):
     np.testing.assert_array_equal(np.sort(np.nan_to_num(a) @ w), np.sort(product))
     np.testing.assert_array_equal(np.histogram(np.nan_to_num(a) @ w)[0],
                                   np.histogram(product)[0])
+
+
+# -- einsum ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sub, names", [
+    ("ij->ji", "x"), ("ij->", "x"), ("ij->i", "x"), ("ij->j", "x"), ("ji", "x"), ("ii->", "s"),
+    ("ii->i", "s"), ("ii", "s"), ("ij,ij->ij", "xy"), ("ij,ij->i", "xy"), ("ij,ij->j", "xy"),
+    ("ij,ij->", "xy"), ("ij,ij->ji", "xy"), ("ij,jk->ik", "xs"), ("ij,kj->ik", "xy"),
+    ("ij,ik->jk", "xy"), ("ij,ik->kj", "xy"), ("ji,jk->ik", "xy"), ("ij,j->i", "xv"),
+    ("ij,j", "xv"), ("i,ij->j", "ux"), ("ij,i->j", "xu"), ("i,i->", "vv"), ("i,j->ij", "uv"),
+    ("i,j->ji", "uv"), ("ij,jk", "xs"), ("ij,j->i", "xw")])
+def test_einsum_matches_numpy(thread_engine, tmp_path_factory, sub, names):
+    rng = np.random.default_rng(20)
+    d = tmp_path_factory.mktemp("einsum")
+    data = {"x": rng.standard_normal((45, 31)), "y": rng.standard_normal((45, 31)),
+            "s": rng.standard_normal((31, 31)), "v": rng.standard_normal(31),
+            "u": rng.standard_normal(45)}
+    tiles = {"x": (8, 7), "y": (11, 5), "s": (7, 9), "v": (7,), "u": (16,)}
+    stored = {k: ta.from_numpy(a, d / f"{k}.zarr", tile=tiles[k]) for k, a in data.items()}
+    stored["w"] = data["w"] = data["v"]  # a NumPy operand
+    got = np.einsum(sub, *(stored[n] for n in names))
+    want = np.einsum(sub, *(data[n] for n in names))
+    assert_close(np.asarray(got.compute() if hasattr(got, "compute") else got), want)
+
+
+def test_einsum_refusals(thread_engine, mats):
+    _, a = mats["float64"]
+    for sub, ops, err in [("ij,jk,kl->il", (a, a.T, a), TypeError), ("...j->j", (a,), TypeError),
+                          ("ij,jk->ijk", (a, a.T), TypeError), ("ijk->i", (a,), ValueError),
+                          ("ij->ik", (a,), ValueError), ("ij->ii", (a,), ValueError)]:
+        with pytest.raises(err):
+            np.einsum(sub, *ops)
+    with pytest.raises(TypeError, match="out"):
+        np.einsum("ij->j", a, out=np.zeros(31))

@@ -375,3 +375,73 @@ def median(a, axis=None, out=None, overwrite_input=False, keepdims=False):
 @implements(np.nanmedian)
 def nanmedian(a, axis=None, out=None, overwrite_input=False, keepdims=False):
     return HANDLED[np.nanquantile](a, 0.5, axis, out, keepdims=keepdims)
+
+
+# -- einsum: the subscripts that are a transpose, a reduction, a product --------------------
+
+
+def _reduce_labels(x, labels: str, out: str):
+    """One operand: sum the labels ``out`` lacks, then order the rest as ``out``."""
+    if len(set(labels)) < len(labels):  # "ii": the diagonal
+        if labels != labels[0] * 2 or out not in ("", labels[0]):
+            raise TypeError(f"np.einsum: {labels}->{out} is not supported on TiledArrays")
+        return routines.diagonal(x) if out else np.trace(x)
+    gone = tuple(i for i, c in enumerate(labels) if c not in out)
+    if len(gone) == len(labels):
+        return x.sum()
+    if gone:
+        x = x.sum(axis=gone[0])
+    kept = "".join(c for c in labels if c in out)
+    return x if kept == out else x.T
+
+
+@implements(np.einsum)
+def einsum(subscripts, *operands, out=None, optimize=False, **kwargs):
+    """:func:`numpy.einsum` for subscripts that are a transpose, a sum, a
+    trace or diagonal, an elementwise product (then summed), a matrix or
+    matrix-vector product with one label contracted, or an outer product
+    (lazy, as those operations: ``"ij,ij->i"`` is ``(a * b).sum(1)``,
+    ``"ij,ik->jk"`` is ``a.T @ b``). Others are refused naming them."""
+    if out is not None or kwargs:
+        raise TypeError(f"np.einsum: {sorted(kwargs) or ['out']} not supported on TiledArrays")
+    if not isinstance(subscripts, str) or "." in subscripts or len(operands) not in (1, 2):
+        raise TypeError("np.einsum on TiledArrays takes a subscripts string (no '...') and "
+                        "one or two operands")
+    spec = subscripts.replace(" ", "")
+    ins, arrow, out_labels = spec.partition("->")
+    labels = ins.split(",")
+    if len(labels) != len(operands) or any(len(s) != np.ndim(o) for s, o in
+                                           zip(labels, operands, strict=True)):
+        raise ValueError(f"np.einsum: {subscripts!r} does not match the operands' dimensions")
+    seen = "".join(labels)
+    if not arrow:  # implicit: the labels seen once, sorted
+        out_labels = "".join(sorted(c for c in set(seen) if seen.count(c) == 1))
+    if not set(out_labels) <= set(seen) or len(set(out_labels)) != len(out_labels):
+        raise ValueError(f"np.einsum: output subscripts of {subscripts!r} must be distinct "
+                         "labels of the operands")
+    refused = TypeError(f"np.einsum: {subscripts!r} is not supported on TiledArrays (a "
+                        "transpose, sum, trace, elementwise or matrix product, outer product)")
+    if len(operands) == 1:
+        return _reduce_labels(operands[0], labels[0], out_labels)
+    (lx, ly), (x, y) = labels, operands
+    if len(set(lx)) < len(lx) or len(set(ly)) < len(ly):
+        raise refused
+    if set(lx) == set(ly):  # elementwise, then summed
+        if ly != lx:
+            y = y.T
+        return _reduce_labels(x * y, lx, out_labels)
+    shared = set(lx) & set(ly)
+    if not shared and len(lx) == len(ly) == 1 and out_labels in (lx + ly, ly + lx):
+        return np.outer(x, y) if out_labels == lx + ly else np.outer(y, x)
+    if len(shared) != 1 or shared & set(out_labels):
+        raise refused
+    (c,) = shared
+    rest_x, rest_y = lx.replace(c, ""), ly.replace(c, "")
+    if set(rest_x + rest_y) != set(out_labels):
+        raise refused
+    if len(lx) == 2 and lx[1] != c:
+        x = x.T
+    if len(ly) == 2 and ly[0] != c:
+        y = y.T
+    result = x @ y
+    return result if rest_x + rest_y == out_labels else result.T
