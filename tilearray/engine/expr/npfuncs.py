@@ -118,7 +118,7 @@ def diff(a, n=1, axis=-1, prepend=None, append=None):
     differ from NumPy's repeated differences by rounding."""
     if prepend is not None or append is not None:
         raise TypeError("np.diff: prepend= / append= are not supported on TiledArrays")
-    if isinstance(n, bool) or not isinstance(n, int | np.integer):
+    if not isinstance(n, int | np.integer):  # True is 1, as NumPy
         raise TypeError(f"np.diff: n must be an integer, got {n!r}")
     if n < 0:
         raise ValueError(f"np.diff: order must be non-negative but got {n!r}")
@@ -147,7 +147,11 @@ def diff(a, n=1, axis=-1, prepend=None, append=None):
     plus, minus = None, None
     for k in range(n + 1):
         c = comb(n, k)
-        term = shifted(k) if c == 1 else shifted(k) * np.asarray(c).astype(a.dtype)[()]
+        if a.dtype.kind in "iu":  # wraps as NumPy's repeated differences do
+            coef = np.asarray(c % 2 ** (8 * a.dtype.itemsize)).astype(a.dtype)[()]
+        else:
+            coef = a.dtype.type(float(c))
+        term = shifted(k) if c == 1 else shifted(k) * coef
         if (n - k) % 2 == 0:
             plus = term if plus is None else plus + term
         else:
@@ -385,12 +389,16 @@ def _reduce_labels(x, labels: str, out: str):
     if len(set(labels)) < len(labels):  # "ii": the diagonal
         if labels != labels[0] * 2 or out not in ("", labels[0]):
             raise TypeError(f"np.einsum: {labels}->{out} is not supported on TiledArrays")
-        return routines.diagonal(x) if out else np.trace(x)
+        if x.shape[0] != x.shape[1]:
+            raise ValueError(f"np.einsum: dimensions in operand 0 for collapsing index "
+                             f"{labels[0]!r} don't match ({x.shape[0]} != {x.shape[1]})")
+        return routines.diagonal(x) if out else np.trace(x, dtype=x.dtype)
+    # einsum keeps the operands' dtype (int8 wraps, bool ors), unlike sum
     gone = tuple(i for i, c in enumerate(labels) if c not in out)
     if len(gone) == len(labels):
-        return x.sum()
+        return x.sum(dtype=x.dtype)
     if gone:
-        x = x.sum(axis=gone[0])
+        x = x.sum(axis=gone[0], dtype=x.dtype)
     kept = "".join(c for c in labels if c in out)
     return x if kept == out else x.T
 
@@ -408,6 +416,10 @@ def einsum(subscripts, *operands, out=None, optimize=False, **kwargs):
         raise TypeError("np.einsum on TiledArrays takes a subscripts string (no '...') and "
                         "one or two operands")
     spec = subscripts.replace(" ", "")
+    bad = sorted({c for c in spec if c not in ",->" and not (c.isascii() and c.isalpha())})
+    if bad:
+        raise ValueError(f"np.einsum: invalid subscript {bad[0]!r} in {subscripts!r}: "
+                         "subscripts must be letters")
     ins, arrow, out_labels = spec.partition("->")
     labels = ins.split(",")
     if len(labels) != len(operands) or any(len(s) != np.ndim(o) for s, o in
