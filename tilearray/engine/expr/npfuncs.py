@@ -178,31 +178,31 @@ def _given(**kwargs) -> dict:
     return {k: v for k, v in kwargs.items() if v is not None}
 
 
+def _ordering(name: str, a, axis, kind, order, stable):
+    """np.sort / np.argsort of a small result: lazy (elemwise over the
+    in-memory value), or NumPy's on a blocked vector computed first."""
+    a = _small_only(a, name, f"{name} a column (np.{name}(a[:, j])) or a reduction's result, "
+                    "or use np.quantile / np.median for order statistics")
+    if order is not None:
+        raise TypeError(f"np.{name}: order= (structured arrays) is not supported on TiledArrays")
+    kw = _given(kind=kind, stable=stable)
+    if isinstance(a, np.ndarray):
+        return getattr(np, name)(a, axis=axis, **kw)
+    return elemwise(name, a, axis=axis, **kw)
+
+
 @implements(np.sort)
 def sort(a, axis=-1, kind=None, order=None, *, stable=None):
     """Sorted copy of a small result (a column ``a[:, j]``, a reduction's
     vector: in memory), as :func:`numpy.sort` (lazy; a blocked vector such
     as ``x @ w`` is computed first)."""
-    a = _small_only(a, "sort", "sort a column (np.sort(a[:, j])) or a reduction's result, "
-                    "or use np.quantile / np.median for order statistics")
-    if order is not None:
-        raise TypeError("np.sort: order= (structured arrays) is not supported on TiledArrays")
-    if isinstance(a, np.ndarray):
-        return np.sort(a, axis=axis, **_given(kind=kind, stable=stable))
-    return elemwise("sort", a, axis=axis, **_given(kind=kind, stable=stable))
+    return _ordering("sort", a, axis, kind, order, stable)
 
 
 @implements(np.argsort)
 def argsort(a, axis=-1, kind=None, order=None, *, stable=None):
-    """Indices that sort a small result, as :func:`numpy.argsort` (lazy; see
-    :func:`sort`)."""
-    a = _small_only(a, "argsort", "argsort a column (np.argsort(a[:, j])) or a reduction's "
-                    "result")
-    if order is not None:
-        raise TypeError("np.argsort: order= is not supported on TiledArrays")
-    if isinstance(a, np.ndarray):
-        return np.argsort(a, axis=axis, **_given(kind=kind, stable=stable))
-    return elemwise("argsort", a, axis=axis, **_given(kind=kind, stable=stable))
+    """Indices that sort a small result, as :func:`numpy.argsort` (see :func:`sort`)."""
+    return _ordering("argsort", a, axis, kind, order, stable)
 
 
 @implements(np.unique)
