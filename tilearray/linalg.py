@@ -252,17 +252,12 @@ def lstsq_plan(x: TiledArray, y, rcond=None) -> TiledArray:
     x = _tall(x, "lstsq")
     m = x.shape[0]
     vector = np.ndim(y) == 1
-    if isinstance(y, TiledArray) and y.ndim == 1 and not y._node.small:
-        # a blocked vector (a @ w): computed now, its m values sent as a NumPy
-        # y (so its reads are not in this plan)
-        y = np.asarray(y.compute())
+    y = _computed_if_blocked(y)
     if isinstance(y, TiledArray):
         if y.ndim not in (1, 2) or y.shape[0] != m:
             raise ValueError(f"lstsq: y of shape {y.shape} does not match X of shape {x.shape} "
                              "(y must be (m,) or (m, k))")
-        # a lazy vector (a column, a product): its (m, 1) column, in memory
-        ynode = y._node if y.ndim == 2 else Elemwise((m, 1), y.dtype, "reshape",
-                                                      (y._node, (m, 1)))
+        ynode = _column(y)
     else:
         arr = np.asarray(y)
         if arr.ndim not in (1, 2) or arr.shape[0] != m:
@@ -329,17 +324,30 @@ def cholesky(a: TiledArray, upper: bool = False) -> TiledArray:
     return low.T if upper else low
 
 
+def _computed_if_blocked(v):
+    """A lazy vector computed by blocks (``a @ w``) as its NumPy values, now
+    (so its reads are not in the caller's plan); anything else as it is."""
+    if isinstance(v, TiledArray) and v.ndim == 1 and not v._node.small:
+        return np.asarray(v.compute())
+    return v
+
+
+def _column(v: TiledArray):
+    """The node of right-hand sides ``v``: a matrix as it is, a small lazy
+    vector (a column ``b[:, j]``, ``X.T @ y``) as its ``(n, 1)`` column."""
+    if v.ndim == 2:
+        return v._node
+    return Elemwise((v.shape[0], 1), v.dtype, "reshape", (v._node, (v.shape[0], 1)))
+
+
 def _rhs(b, n: int, what: str):
     """The right-hand sides as a node (``n x k``) and whether they were a vector."""
-    if isinstance(b, TiledArray) and b.ndim == 1 and not b._node.small:
-        b = np.asarray(b.compute())  # a blocked vector (a @ w): computed first, n values
+    b = _computed_if_blocked(b)
     if isinstance(b, TiledArray):
         if b.ndim not in (1, 2) or b.shape[0] != n:
             raise ValueError(f"{what}: b of shape {b.shape} does not match a {n} x {n} matrix "
                              "(b must be (n,) or (n, k))")
-        if b.ndim == 1:  # a lazy vector (X.T @ y, a column): its (n, 1) column, in memory
-            return Elemwise((n, 1), b.dtype, "reshape", (b._node, (n, 1))), True
-        return b._node, False
+        return _column(b), b.ndim == 1
     arr = np.asarray(b)
     if arr.ndim not in (1, 2) or arr.shape[0] != n:
         raise ValueError(f"{what}: b of shape {arr.shape} does not match a {n} x {n} matrix "
@@ -556,7 +564,7 @@ def norm(x: TiledArray, ord=None, axis=None, keepdims=False) -> TiledArray:
             sums = build_reduction("sum", a, row if ord in (1, -1) else col, True, 0)
             return build_reduction("max" if ord > 0 else "min", sums, None, keepdims, 0)
         if ord in (2, -2, "nuc"):  # from the singular values (TSQR of the tall side)
-            s = svd(x if x.shape[0] >= x.shape[1] else x.T, compute_uv=False)
+            s = svd(_tall_side(x), compute_uv=False)
             s = build_reduction({2: "max", -2: "min", "nuc": "sum"}[ord], s, None, False, 0)
             if keepdims:
                 s = TiledArray(Elemwise((1, 1), s.dtype, "reshape", (s._node, (1, 1))))
@@ -578,11 +586,16 @@ def norm(x: TiledArray, ord=None, axis=None, keepdims=False) -> TiledArray:
     raise PlanningError(f"norm: invalid norm order {ord!r} for vectors")
 
 
+def _tall_side(x: TiledArray) -> TiledArray:
+    """``x`` or ``x.T``, whichever has at least as many rows as columns (the
+    same singular values; TSQR factors it)."""
+    return x if x.shape[0] >= x.shape[1] else x.T
+
+
 def _singular_values(x: TiledArray, what: str) -> np.ndarray:
     """All singular values of a 2-D ``x``, descending: TSQR of its tall side
     (one read; the short side must fit a task, see :func:`svd`)."""
-    x = _tall(x, what)
-    return np.asarray(svd(x if x.shape[0] >= x.shape[1] else x.T, compute_uv=False).compute())
+    return np.asarray(svd(_tall_side(_tall(x, what)), compute_uv=False).compute())
 
 
 def matrix_rank(a: TiledArray, tol=None, hermitian: bool = False, *, rtol=None) -> int:
@@ -627,8 +640,7 @@ def pinv(a: TiledArray, rcond=None, hermitian: bool = False, *, rtol=_NO_RTOL) -
     elif rtol is not _NO_RTOL:
         raise ValueError("pinv: `rtol` and `rcond` can't be both set.")
     wide = x.shape[0] < x.shape[1]
-    tall = x.T if wide else x
-    u, s, vt = svd(tall, full_matrices=False)
+    u, s, vt = svd(_tall_side(x), full_matrices=False)
     s, vt = np.asarray(s.compute()), np.asarray(vt.compute())
     large = s > rcond * (s.max() if s.size else 0)
     inv_s = np.zeros_like(s)
@@ -664,7 +676,7 @@ def cond(x: TiledArray, p=None):
         inverse = inv(x)
     except (SingularMatrixError, ValueError) as e:
         # a NaN entry stops LU (a NaN pivot, or LAPACK's refusal): NumPy's cond is NaN
-        if x.dtype.kind == "f" and bool(np.isnan(x).any().compute()):
+        if _has_nan(x):
             return t(np.nan)
         if isinstance(e, SingularMatrixError):
             return t(np.inf)
@@ -674,12 +686,15 @@ def cond(x: TiledArray, p=None):
     return _nan_as_inf(x, t(r))
 
 
+def _has_nan(x: TiledArray) -> bool:
+    """Whether ``x`` holds a NaN (one pass; integers never do)."""
+    return x.dtype.kind == "f" and bool(np.isnan(x).any().compute())
+
+
 def _nan_as_inf(x: TiledArray, r):
     """NumPy's rule for a condition number: NaN becomes inf unless ``x`` holds
     a NaN (checked only then: one more pass)."""
-    if not np.isnan(r) or (x.dtype.kind == "f" and bool(np.isnan(x).any().compute())):
-        return r
-    return type(r)(np.inf)
+    return r if not np.isnan(r) or _has_nan(x) else type(r)(np.inf)
 
 
 def _norm_axes(axis, ndim: int) -> tuple:

@@ -172,6 +172,12 @@ def _small_only(a, name: str, hint: str):
                     f"supported on TiledArrays: {hint}")
 
 
+def _small_values(a, name: str, hint: str) -> np.ndarray:
+    """The values of a small result (see :func:`_small_only`), computed now."""
+    a = _small_only(a, name, hint)
+    return a if isinstance(a, np.ndarray) else np.asarray(a.compute())
+
+
 def _given(**kwargs) -> dict:
     """The keywords a caller set (NumPy's newer ones, ``stable=`` 2.0,
     ``sorted=`` 2.3, passed only when set: older NumPy lacks them)."""
@@ -210,9 +216,8 @@ def unique(ar, return_index=False, return_inverse=False, return_counts=False, ax
            *, equal_nan=True, sorted=None):  # noqa: A002
     """:func:`numpy.unique` of a small result (a column, a vector), computed
     now: its size depends on the data. NumPy's return values."""
-    ar = _small_only(ar, "unique", "take the unique values of a column (np.unique(a[:, j]))")
-    return np.unique(np.asarray(ar if isinstance(ar, np.ndarray) else ar.compute()),
-                     return_index=return_index, return_inverse=return_inverse,
+    ar = _small_values(ar, "unique", "take the unique values of a column (np.unique(a[:, j]))")
+    return np.unique(ar, return_index=return_index, return_inverse=return_inverse,
                      return_counts=return_counts, axis=axis, equal_nan=equal_nan,
                      **_given(sorted=sorted))
 
@@ -221,13 +226,12 @@ def unique(ar, return_index=False, return_inverse=False, return_counts=False, ax
 def histogram(a, bins=10, range=None, density=None, weights=None):  # noqa: A002
     """:func:`numpy.histogram` of a small result (a column ``a[:, j]``, a
     vector), computed now: ``(counts, bin_edges)`` as NumPy."""
-    a = _small_only(a, "histogram", "histogram a column (np.histogram(a[:, j])) or a vector")
+    a = _small_values(a, "histogram", "histogram a column (np.histogram(a[:, j])) or a vector")
     if isinstance(weights, LazyArray):
         weights = np.asarray(weights.compute())
     if isinstance(bins, LazyArray):
         bins = np.asarray(bins.compute())
-    return np.histogram(np.asarray(a if isinstance(a, np.ndarray) else a.compute()), bins=bins,
-                        range=range, density=density, weights=weights)
+    return np.histogram(a, bins=bins, range=range, density=density, weights=weights)
 
 
 @implements(np.where)

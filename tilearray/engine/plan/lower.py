@@ -79,14 +79,13 @@ from .tsqr import lower_tsqr
 from .types import Budget, Create, Output, Plan, Stage
 
 
-def lower_small_op(node: Node, fn_name: str, kwargs: tuple, inputs: list,
-                   merge: bool = True) -> Stage:
+def lower_small_op(node: Node, fn_name: str, kwargs: tuple, inputs: list) -> Stage:
     """One in-memory NumPy op on small results (``inputs``: their keys or
     plain values): a 1-task "small" stage whose output ``"0"`` is its value
-    (and, with ``merge``, its inputs' stats)."""
+    and its own stats only (the planner gathers its inputs' apart)."""
     key = "small-" + tokenize(structure(node), inputs)
     work = Tasks()
-    work.add(key, gel.small_op if merge else gel.small_op_alone, fn_name, kwargs, *inputs)
+    work.add(key, gel.small_op_alone, fn_name, kwargs, *inputs)
     return Stage("small", f"in-memory {node}", 1, 0, 0, work=work.freeze(),
                  outputs={"0": Output("value", (key,))})
 
@@ -448,22 +447,22 @@ class Planner:
             kwargs = {"axis": node.axis, "keepdims": node.keepdims}
             if node.op in VARIANCES:
                 kwargs["ddof"] = node.ddof
-            return lower_small_op(node, node.op, tuple(kwargs.items()), [self.small(node.x)], merge=False)
+            return lower_small_op(node, node.op, tuple(kwargs.items()), [self.small(node.x)])
         if isinstance(node, Elemwise):
             args = [self.small(a) if isinstance(a, Node) else a for a in node.args]
-            return lower_small_op(node, node.name, node.kwargs, args, merge=False)
+            return lower_small_op(node, node.name, node.kwargs, args)
         if isinstance(node, Transpose) and node.x.small:
-            return lower_small_op(node, "transpose", (), [self.small(node.x)], merge=False)
+            return lower_small_op(node, "transpose", (), [self.small(node.x)])
         if isinstance(node, nd.Take) and node.x.small:
             kwargs = (("indices", node.index), ("axis", node.axis))
-            return lower_small_op(node, "take", kwargs, [self.small(node.x)], merge=False)
+            return lower_small_op(node, "take", kwargs, [self.small(node.x)])
         if isinstance(node, nd.Quantile) and node.x.small:
             q = np.asarray(node.q) if not node.scalar_q else node.q[0]
             kwargs = (("q", q), ("axis", node.axis), ("method", node.method))
-            return lower_small_op(node, node.op, kwargs, [self.small(node.x)], merge=False)
+            return lower_small_op(node, node.op, kwargs, [self.small(node.x)])
         if isinstance(node, SliceNode) and node.x.small:
             kwargs = (("shape", tuple(node.shape)), ("start", node.start), ("step", node.step))
-            return lower_small_op(node, "slice2d", kwargs, [self.small(node.x)], merge=False)
+            return lower_small_op(node, "slice2d", kwargs, [self.small(node.x)])
         raise PlanningError(f"cannot compute {node} in memory")
 
     def stat_keys(self, gathered: list) -> list:

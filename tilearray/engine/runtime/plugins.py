@@ -72,10 +72,6 @@ class QuietMatrixErrors(WorkerPlugin):
             if QuietMatrixErrors._users == 0:
                 logging.getLogger("distributed.worker").removeFilter(_keep_record)
 
-    @staticmethod
-    def _keep(record) -> bool:
-        return _keep_record(record)
-
 
 def _keep_record(record) -> bool:
     """False for distributed's "Compute Failed" record of a matrix error."""
