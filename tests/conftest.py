@@ -38,8 +38,24 @@ def _no_leaked_dask_scheduler():
     """A test must not leave dask's global scheduler pointing at a closed
     distributed Client (later dask/xarray computes would fail)."""
     import dask
+    from distributed import Worker
+    from distributed.client import _global_clients
 
     before = dask.config.get("scheduler", None)
+    clients = set(map(id, _global_clients.values()))
     yield
     after = dask.config.get("scheduler", None)
     assert after == before, f"dask's global scheduler changed from {before!r} to {after!r}"
+    # A task that calls get_client() (distributed.Event, Lock, ...) on an
+    # in-process worker makes that worker a Client, registered as dask's
+    # default; distributed closes it only when the process's last worker
+    # closes, so with a session engine alive it outlives its cluster and a
+    # later dask/xarray compute picks it up (and fails). Close those; any
+    # other Client a test leaves open is a test bug.
+    left = [c for c in list(_global_clients.values())
+            if id(c) not in clients and c.status not in ("closing", "closed")]
+    for c in left:
+        if c in Worker._initialized_clients:
+            c.close(timeout=10)
+    leaked = [c for c in left if c not in Worker._initialized_clients]
+    assert not leaked, f"the test left distributed Clients open: {leaked}"

@@ -378,6 +378,15 @@ def test_open_a_zarr_array_and_group(thread_engine, tmp_path, rng):
     g = zarr.open_group(str(tmp_path / "g.zarr"), mode="r")
     assert_close(np.asarray(ta.open(g, "m")), x * 2)
     assert_close(np.asarray(ta.open(g["m"])), x * 2)
+    # zarr's spelling of the place in the group, and the path alone as a keyword
+    store = zarr.storage.LocalStore(str(tmp_path / "g.zarr"))
+    assert_close(np.asarray(ta.open(store, path="m")), x * 2)
+    assert_close(np.asarray(ta.open(str(tmp_path / "g.zarr"), path="m")), x * 2)
+    assert_close(np.asarray(ta.open(path=str(tmp_path / "a.zarr"))), x)
+    with pytest.raises(TypeError, match="name='m' and path='n'"):
+        ta.open(store, "m", path="n")
+    with pytest.raises(TypeError, match="store or path"):
+        ta.open()
 
 
 def test_open_and_write_file_urls(thread_engine, tmp_path, rng):

@@ -377,8 +377,20 @@ def race(s: Setup, engine, rnd: random.Random, tally: Tally, i: int) -> None:
     second[0].start()
     for p, _ in procs:
         p.join(120)
+    hung = [j for j, (p, _) in enumerate(procs) if p.is_alive()]
+    for p, _ in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
     codes = [p.exitcode for p, _ in procs]
     outcome, note = judge(s, out, "", s.want, engine, resume=False, other=s.want2)
+    if outcome == "lost":  # say what each writer did
+        note += f"; exit codes {codes}" + (f", writers {hung} still running after 120 s"
+                                           if hung else "")
+        for j, (_, started) in enumerate(procs):
+            if os.path.exists(started + ".error"):
+                with open(started + ".error") as fh:
+                    note += f"; writer {j}: {fh.read()}"
     if outcome == "survived" and sorted(codes) != [0, 3]:
         outcome, note = ("lost", f"exit codes {codes}: both won or one failed unclearly") \
             if codes != [0, 0] else ("lost", "both writers reported success")

@@ -21,8 +21,8 @@ from .array import TiledArray
 from .output import source
 
 
-def open(path, name: str = "", *, allow_incomplete: bool = False,  # noqa: A001
-         storage_options: dict | None = None) -> TiledArray:
+def open(store=None, name: str = "", *, path: str | None = None,  # noqa: A001
+         allow_incomplete: bool = False, storage_options: dict | None = None) -> TiledArray:
     """Open a stored 2-D or 1-D Zarr array (format 2 or 3, sharded or not).
 
     A 1-D array is read whole by one task when used (like a reduction's
@@ -31,13 +31,16 @@ def open(path, name: str = "", *, allow_incomplete: bool = False,  # noqa: A001
 
     Parameters
     ----------
-    path : str, os.PathLike or zarr Store
+    store : str, os.PathLike or zarr Store
         The array, or the group holding it: a local path, a ``file://`` URL,
         an object-store URL (``s3://bucket/a.zarr``; any fsspec protocol
         whose package is installed) or a zarr Store.
     name : str, optional
-        The array's path inside the group at ``path``: ``"x"`` or ``"sub/x"``
+        The array's path inside the group at ``store``: ``"x"`` or ``"sub/x"``
         (no leading ``/``, empty, ``.`` or ``..`` segments).
+    path : str, optional
+        The same as ``name``, spelled as ``zarr.open(store, path=...)``
+        (alone, ``ta.open(path="a.zarr")`` opens ``a.zarr``).
     allow_incomplete : bool
         Open a tilearray output whose job did not finish (to inspect it).
     storage_options : dict, optional
@@ -66,9 +69,18 @@ def open(path, name: str = "", *, allow_incomplete: bool = False,  # noqa: A001
     >>> c = ta.open("results.zarr", "C")   # a member of a group  # doctest: +SKIP
     >>> x = ta.open("s3://bucket/x.zarr")                         # doctest: +SKIP
     """
-    if isinstance(path, TiledArray):
-        return path
-    ref = ArrayRef.from_location(path, name, storage_options)
+    if store is None:  # ta.open(path="a.zarr")
+        if path is None:
+            raise TypeError("open() needs the array's store or path: ta.open('a.zarr')")
+        store, path = path, None
+    if path is not None:
+        if name and path != name:
+            raise TypeError(f"open() got the array's place in the group twice, as "
+                            f"name={name!r} and path={path!r}: pass one")
+        name = path
+    if isinstance(store, TiledArray):
+        return store
+    ref = ArrayRef.from_location(store, name, storage_options)
     return TiledArray(source(ref, allow_incomplete))
 
 
