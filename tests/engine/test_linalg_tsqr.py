@@ -223,6 +223,21 @@ def test_bad_inputs(tmp_path, rng):
         ta.linalg.qr(big, mode="r").plan(budget=ta.Budget("256MiB", 2, 1))
 
 
+def test_q_pieces_held_between_the_passes_are_planned(tmp_path):
+    """Writing Q or U, the tree's Q pieces stay in worker memory from the up
+    tree to the down tree: shown in the plan, and refused (before reading
+    anything) when they would crowd the workers' memory; R alone holds none."""
+    zarr.create_array(tmp_path / "x.zarr", shape=(2_000_000, 1024), chunks=(16384, 1024),
+                      dtype="f8")
+    x = ta.open(tmp_path / "x.zarr")  # metadata only
+    small, roomy = ta.Budget("1GiB", 2, 1), ta.Budget("4GiB", 2, 1)
+    assert ta.linalg.qr(x, mode="r").plan(budget=small).tasks > 100
+    for q in (ta.linalg.qr(x)[0], ta.linalg.svd(x)[0]):
+        with pytest.raises(ta.PlanningError, match=r"Q pieces \(123 row blocks, 1.10 GiB\)"):
+            q.plan(budget=small)
+        assert "Q pieces, 1.10 GiB, held for the pass down" in str(q.plan(budget=roomy))
+
+
 @pytest.mark.parametrize("dtype, shape, tile", [("float64", (64, 3000), (64, 512)),
                                                 ("float32", (300, 1000), (70, 300))])
 def test_wide_matrices_with_few_rows(thread_engine, tmp_path, rng, dtype, shape, tile):

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import hashlib
 import multiprocessing as mp
 import os
@@ -134,6 +135,10 @@ def _child(a: str, b: str, out: str, name: str, started: str, hook: str, linger:
     from tilearray.storage import array as sarray
 
     dask.config.set(small_tasks(2**30, 2))
+    # a writer still running after 30 s (a run takes well under 1 s) leaves
+    # its threads' stacks for the report
+    stack = open(started + ".stack", "w")  # noqa: SIM115 - open until the process ends
+    faulthandler.dump_traceback_later(30, file=stack)
 
     if fsize is not None:  # a small disk: writes past it fail with EFBIG
         import resource
@@ -388,9 +393,10 @@ def race(s: Setup, engine, rnd: random.Random, tally: Tally, i: int) -> None:
         note += f"; exit codes {codes}" + (f", writers {hung} still running after 120 s"
                                            if hung else "")
         for j, (_, started) in enumerate(procs):
-            if os.path.exists(started + ".error"):
-                with open(started + ".error") as fh:
-                    note += f"; writer {j}: {fh.read()}"
+            for what in ("error", "stack"):
+                if os.path.exists(f"{started}.{what}") and os.path.getsize(f"{started}.{what}"):
+                    with open(f"{started}.{what}") as fh:
+                        note += f"; writer {j}'s {what}: {fh.read()[-6000:]}"
     if outcome == "survived" and sorted(codes) != [0, 3]:
         outcome, note = ("lost", f"exit codes {codes}: both won or one failed unclearly") \
             if codes != [0, 0] else ("lost", "both writers reported success")

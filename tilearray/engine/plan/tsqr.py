@@ -111,6 +111,7 @@ def lower_tsqr(node, specs, widths, deps: list, budget: Budget, out=None, out_gr
                              tuple(widths), deps, ahead(spans, i, budget)))
         tot.add(*(c.at(i, 0) for c in costs))
     top, levels = _tree(up, name, leaves, fan_in, keep_q=big)
+    held = _check_pieces_fit(node, spans, levels, w, itemsize, budget) if big else 0
     part, options = node.part, node.options
     if big:  # the root hands down D (Q) or D @ U_R (U)
         part, options = "down", tuple(sorted({**dict(options), "right": node.part}.items()))
@@ -121,7 +122,8 @@ def lower_tsqr(node, specs, widths, deps: list, budget: Budget, out=None, out_gr
     up_peak = _leaf_peak(specs, widths, row_edges, itemsize, 0, None) if big else peak
     first = Stage(
         "tsqr", f"{short(node)}: QR of {len(leaves)} row blocks of up to "
-        f"{max_interval(row_edges)} x {w}, R factors combined with fan-in {fan_in}",
+        f"{max_interval(row_edges)} x {w}, R factors combined with fan-in {fan_in}"
+        + (f" (their Q pieces, {format_bytes(held)}, held for the pass down)" if big else ""),
         len(up), max(up_peak, combine), tot.nbytes, flops=flops,
         reads=tot.reads, store_gets=tot.gets, work=up.freeze(),
         outputs={"R": Output("value", (root,))} if not big else
@@ -133,6 +135,33 @@ def lower_tsqr(node, specs, widths, deps: list, budget: Budget, out=None, out_gr
     keep_r = len(leaves) * w * w * max(itemsize, 8) <= budget.task_memory // 4
     return [first, _down_stage(node, name, specs, widths, deps, row_edges, levels, root,
                                costs, peak, out, out_grid, skip, budget, keep_r)]
+
+
+def _check_pieces_fit(node, spans, levels, w: int, itemsize: int, budget: Budget) -> int:
+    """Writing Q or U, every combine node's Q pieces (its children's R
+    factors' rows by ``w``) stay in worker memory from the up tree to the
+    down tree; refuse when they would take more than a quarter of the
+    workers' task memory (they are not spread evenly)."""
+    rows = [min(b - a, w) for a, b in spans]  # R_i of a leaf is min(m_i, w) x w
+    held = 0
+    for level in levels:  # a node's pieces: its children's R factors stacked
+        stacked, q = [], 0
+        for _, children in level:
+            stacked.append(sum(rows[q:q + len(children)]))
+            q += len(children)
+        held += sum(stacked)
+        rows = [min(r, w) for r in stacked]
+    held *= w * max(itemsize, 8)
+    room = budget.n_workers * budget.task_memory // 4
+    if held > room:
+        raise PlanningError(
+            f"{short(node)}: writing {node.part}, the TSQR tree's Q pieces "
+            f"({len(spans)} row blocks, {format_bytes(held)}) stay in worker memory between "
+            f"its two passes, more than a quarter of the workers' task memory "
+            f"({format_bytes(room)}): X has too many columns for its rows here (use a "
+            "larger memory_per_worker or more workers; the singular values and R need no "
+            "pieces, and svd(x, k=...) is randomized)")
+    return held
 
 
 def _down_stage(node, name, specs, widths, deps, row_edges, levels, root, costs, peak, out,
