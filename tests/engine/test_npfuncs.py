@@ -220,6 +220,41 @@ def test_diagonal_reads_only_diagonal_units(thread_engine, tmp_path):
     plan = check(np.diag(a + a.T, 15), np.diag(x + x.T, 15))
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32", "int32", "bool"])
+def test_triu_tril(thread_engine, mats, tmp_path, dtype):
+    """Lazy masks by element position, fused into the reads: any offset,
+    through transposes, slices and joins (each part numbered in its own
+    frame), of small results in memory; NumPy's dtype kept."""
+    x, a = mats[dtype]
+    z, c = mats["z"]
+    for k in (0, 1, -1, 7, -20, 31, -45, 100):
+        check(np.triu(a, k), np.triu(x, k), exact=True)
+        check(np.tril(a, k), np.tril(x, k), exact=True)
+    check(np.triu(a.T, 2), np.triu(x.T, 2), tmp_path, exact=True)
+    check(np.tril(a[3:40:3, 5:], -1), np.tril(x[3:40:3, 5:], -1), tmp_path, exact=True)
+    joined = np.concatenate([a.astype("float32"), c])
+    want = np.concatenate([x.astype("float32"), z])
+    check(np.tril(joined, 4), np.tril(want, 4), exact=True)
+    check(np.triu(np.tril(joined, 4), -2), np.triu(np.tril(want, 4), -2), exact=True)
+    check(np.triu(a, 3) + np.tril(a, 2), np.triu(x, 3) + np.tril(x, 2))
+    check(np.triu(a.sum(axis=0)), np.triu(x.sum(axis=0)))  # 1-D small: n x n in memory
+    check(np.tril(a.T @ a if dtype != "bool" else a.astype("f8").T @ a.astype("f8")),
+          np.tril(x.T @ x if dtype != "bool" else x.astype("f8").T @ x.astype("f8")))
+    assert str(np.triu(a, 3)).startswith("<TiledArray lazy triu(open(")
+    # a mask reads only what its input reads
+    assert np.triu(a, 3).plan().bytes_read == a.plan().bytes_read
+
+
+def test_triu_tril_of_a_factor_and_bad_inputs(thread_engine, tmp_path, rng):
+    x = rng.standard_normal((300, 6))
+    r = ta.linalg.qr(ta.from_numpy(x, tmp_path / "x.zarr", tile=(70, 4)), mode="r")
+    assert_close(np.asarray(np.triu(r)), np.asarray(r))  # R is upper triangular already
+    with pytest.raises(TypeError, match="NumPy array"):
+        ta.engine.expr.routines.tri(np.ones((2, 2)))
+    with pytest.raises(TypeError):
+        np.triu(ta.from_numpy(x, tmp_path / "y.zarr"), 1.5)
+
+
 # -- cumsum / cumprod -------------------------------------------------------------------------
 
 

@@ -166,6 +166,14 @@ class Const:
 
 
 @dataclass(frozen=True)
+class Position:
+    """Each element's row (``axis`` 0) or column (``axis`` 1) number in the
+    spec's own coordinates, as a column or row to broadcast."""
+
+    axis: int
+
+
+@dataclass(frozen=True)
 class Dep:
     """A small array (vector or scalar) computed by dependency task ``index``.
 
@@ -191,6 +199,9 @@ _FUNCS = {
     "astype": lambda x, dtype: x.astype(dtype, copy=False),
     "getitem": lambda x, key: x[key],
     "where": np.where,
+    # np.triu / np.tril of a block, given its elements' row and column numbers
+    "tri": lambda x, r, c, k, upper: np.where(c - r >= k if upper else c - r <= k, x,
+                                              np.zeros((), x.dtype)),
     "clip": np.clip,
     "slice2d": lambda x, start, step, shape: x[
         start[0] : start[0] + shape[0] * step[0] : step[0],
@@ -334,6 +345,8 @@ def evaluate(spec, rows: Range, cols: Range, deps: list, stats: IOStats, _seen=N
         return block[::rs, ::cs] if (rs, cs) != (1, 1) else block
     if isinstance(spec, Const):
         return spec.value
+    if isinstance(spec, Position):
+        return np.arange(*rows)[:, None] if spec.axis == 0 else np.arange(*cols)[None, :]
     if isinstance(spec, Dep):
         v = deps[spec.index]
         if isinstance(v, tuple):  # (value, stats) from a dependency task

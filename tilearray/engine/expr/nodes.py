@@ -97,6 +97,9 @@ class Elemwise(Node):
         return all(not isinstance(a, Node) or a.small for a in self.args)
 
     def __str__(self) -> str:
+        if self.name == "tri":  # triu / tril: the row and column numbers are implied
+            kw = dict(self.kwargs)
+            return f"{'triu' if kw['upper'] else 'tril'}({_fmt(self.args[0])}, k={kw['k']})"
         sym = _SYMBOLS.get(self.name)
         if sym and len(self.args) == 2:
             return f"({_fmt(self.args[0])} {sym} {_fmt(self.args[1])})"
@@ -407,3 +410,14 @@ class Full(Node):
 
     def __str__(self) -> str:
         return f"full({tuple(self.shape)}, {self.fill!r})"
+
+
+@dataclass(frozen=True, eq=False)
+class Positions(Node):
+    """Every element's row (``axis`` 0) or column (``axis`` 1) number: the
+    masks of ``np.triu`` / ``np.tril``; nothing is read."""
+
+    axis: int = 0
+
+    def __str__(self) -> str:
+        return f"{'row' if self.axis == 0 else 'col'}_numbers{tuple(self.shape)}"

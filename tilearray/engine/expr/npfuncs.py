@@ -315,6 +315,16 @@ implements(np.diagonal)(routines.diagonal)
 implements(np.diag)(routines.diag)
 
 
+@implements(np.triu)
+def triu(m, k=0):
+    return routines.tri(m, k, upper=True)
+
+
+@implements(np.tril)
+def tril(m, k=0):
+    return routines.tri(m, k, upper=False)
+
+
 @implements(np.trace)
 def trace(a, offset=0, axis1=0, axis2=1, dtype=None, out=None):
     if out is not None:

@@ -12,7 +12,7 @@ import numpy as np
 from dask.base import tokenize
 
 from ...errors import PlanningError
-from .nodes import Concat, Diagonal, Elemwise, Node, Scan, Take
+from .nodes import Concat, Diagonal, Elemwise, Node, Positions, Scan, Take
 from .ops import ExprBase, as_node, build_reduction, wrap_like
 
 NOT_3D = ("tilearray matrices are 2-D; use np.concatenate, np.hstack or np.vstack for a "
@@ -171,6 +171,23 @@ def diag(v, k=0) -> ExprBase:
         size = n.shape[0] + abs(operator.index(k))
         return wrap_like(v, Elemwise((size, size), n.dtype, "diag", (n,), (("k", k),)))
     raise PlanningError(f"diag: a 1-D or 2-D input is needed, got shape {n.shape}")
+
+
+def tri(m, k: int = 0, upper: bool = True) -> ExprBase:
+    """``np.triu`` (``upper``) / ``np.tril``: the elements on and above (below)
+    the ``k``-th diagonal, zeros elsewhere; lazy, fused into the reads. A 1-D
+    ``m`` is NumPy's: the rows of the result repeat it."""
+    name = "triu" if upper else "tril"
+    n = _operand(m, name)
+    k = operator.index(k)
+    if n.ndim not in (1, 2):
+        raise PlanningError(f"{name}: a 1-D or 2-D input is needed, got shape {n.shape}")
+    if n.small:  # in memory, as NumPy (1-D: an n x n matrix)
+        return wrap_like(m, Elemwise(n.shape[-1:] * (3 - n.ndim) if n.ndim == 1 else n.shape,
+                                     n.dtype, name, (n,), (("k", k),)))
+    rows, cols = (Positions(n.shape, np.dtype(np.int64), axis) for axis in (0, 1))
+    return wrap_like(m, Elemwise(n.shape, n.dtype, "tri", (n, rows, cols),
+                                 (("k", k), ("upper", upper))))
 
 
 def trace(a, offset=0, axis1=0, axis2=1, dtype=None) -> ExprBase:

@@ -36,6 +36,7 @@ from ...graphs.spec import (
     Gather,
     Index,
     Op,
+    Position,
     Read,
     Slice,
     Trans,
@@ -201,6 +202,8 @@ class Planner:
             return Gather(inner, node.axis, Index(node.index), edges, np.dtype(node.dtype))
         if isinstance(node, nd.Full):
             return Const(np.dtype(node.dtype).type(node.fill))
+        if isinstance(node, nd.Positions):
+            return Position(node.axis)
         if isinstance(node, nd.Outer):  # a column times a row, both small
             return Op("multiply", (Dep(self._depend(self.small(node.a), deps), "col"),
                                    Dep(self._depend(self.small(node.b), deps), "row")))
