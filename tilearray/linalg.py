@@ -457,6 +457,33 @@ def inv(a: TiledArray, assume_a: str = "gen") -> np.ndarray:
     return solve(a, np.eye(n, dtype=result_dtype(a.dtype)), assume_a)
 
 
+def matrix_power(a: TiledArray, n: int):
+    """``a`` raised to the integer power ``n``, like
+    :func:`numpy.linalg.matrix_power`: for ``n >= 1`` a lazy product of
+    ``a`` by repeated squaring (about ``log2(n)`` stored products); for
+    ``n < 0`` the power of :func:`inv` (in memory, when it fits)."""
+    import operator
+
+    a = _square(a, "matrix_power")
+    try:
+        k = operator.index(n)
+    except TypeError:
+        raise TypeError(f"matrix_power: exponent must be an integer, got {n!r}") from None
+    if k == 0:
+        raise PlanningError(f"matrix_power: a**0 is the {a.shape[0]} x {a.shape[0]} identity; "
+                            "tilearray has no stored identity: use np.eye")
+    if k < 0:
+        return np.linalg.matrix_power(inv(a), -k)
+    result, base = None, a
+    while k:
+        if k & 1:
+            result = base if result is None else result @ base
+        k >>= 1
+        if k:
+            base = base @ base
+    return result
+
+
 def slogdet(a: TiledArray, assume_a: str = "gen"):
     """Sign and log of the absolute determinant, like :func:`numpy.linalg.slogdet`.
 
@@ -735,3 +762,4 @@ HANDLED[np.linalg.cond] = cond
 HANDLED[np.linalg.pinv] = pinv
 HANDLED[np.linalg.eig] = eig
 HANDLED[np.linalg.eigvals] = eigvals
+HANDLED[np.linalg.matrix_power] = matrix_power

@@ -401,11 +401,14 @@ def test_gather_positions_travel_compactly():
 
     rng = np.random.default_rng(0)
     for v in [np.flatnonzero(rng.random(100_000) > 0.5), np.array([5, 3, 9, 3]),
-              np.arange(1000) * 100, np.array([], dtype=np.int64)]:
+              np.arange(1000) * 100, np.array([], dtype=np.int64), np.arange(99_999, -1, -1),
+              np.arange(7, 100_000, 3), np.r_[np.arange(100), 5]]:
         i = Index(v)
         j = pickle.loads(pickle.dumps(i))
         assert j == i and np.array_equal(j.values, v)
     assert len(pickle.dumps(Index(np.flatnonzero(rng.random(100_000) > 0.5)))) < 13_000
+    # a reversed or strided slice's positions (a[::-1]) travel as their range
+    assert len(pickle.dumps(Index(np.arange(99_999, -1, -1)))) < 200
 
 
 def test_joins_of_small_results_in_memory(thread_engine, mats):
@@ -572,3 +575,118 @@ def test_einsum_refusals(thread_engine, mats):
             np.einsum(sub, *ops)
     with pytest.raises(TypeError, match="out"):
         np.einsum("ij->j", a, out=np.zeros(31))
+
+
+# -- flips, negative steps, axes, products as NumPy spells them ----------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float64", "int32", "bool"])
+def test_negative_steps_and_flips(thread_engine, mats, tmp_path, dtype):
+    """``a[::-1]`` and friends gather the positions in that order: exact
+    values, stored and computed, with the plan's figures."""
+    x, a = mats[dtype]
+    for key in [np.s_[::-1], np.s_[::-2, ::3], np.s_[40:3:-7, 30:2:-5], np.s_[::-1, ::-1],
+                np.s_[-2::-3, 5], np.s_[5, ::-1], np.s_[[3, 1], ::-1], np.s_[..., ::-1],
+                np.s_[x.shape[0] // 2::-1, 1::2]]:
+        check(a[key], x[key], tmp_path, exact=True)
+    check(np.flip(a), np.flip(x), exact=True)
+    check(np.flip(a, 1), np.flip(x, 1), exact=True)
+    check(np.flip(a, (0, -1)), np.flip(x, (0, -1)), exact=True)
+    check(np.flipud(a), np.flipud(x), exact=True)
+    check(np.fliplr(a), np.fliplr(x), tmp_path, exact=True)
+    assert np.asarray(a[0:5:-1]).shape == x[0:5:-1].shape == (0, x.shape[1])
+    if dtype == "float64":
+        y, b = mats["y"]
+        check(a[::-1].T @ b[::-1], x.T @ y)  # the same rows, both reversed
+        check(np.flip(b.sum(axis=1)), np.flip(y.sum(axis=1)))  # a small 1-D result
+        check(b.mean(axis=0)[::-2], y.mean(axis=0)[::-2])
+    with pytest.raises(ValueError, match="step cannot be zero"):
+        a[::0]
+    with pytest.raises(np.exceptions.AxisError):
+        np.flip(a, 2)
+    with pytest.raises(ValueError, match=">= 2-d"):
+        np.fliplr(a.sum(axis=0))
+
+
+def test_reversed_positions_read_each_unit_once(thread_engine, mats):
+    """A reversed read reads what the forward one does (each unit once)."""
+    _, a = mats["float64"]
+    assert a[::-1].plan().bytes_read == a[:, :].plan().bytes_read
+    assert a[::-1, ::-1].sum(axis=0).plan().bytes_read == a.sum(axis=0).plan().bytes_read
+
+
+def test_ufunc_reduce_and_accumulate(thread_engine, mats):
+    """``np.add.reduce`` and the like are the reductions they name, with
+    NumPy's default ``axis=0``; ``accumulate`` the scans."""
+    x, a = mats["float64"]
+    xi, ai = mats["int32"]
+    for uf in [np.add, np.multiply, np.maximum, np.minimum, np.fmax, np.fmin]:
+        for axis in [0, 1, None]:
+            check(uf.reduce(ai, axis=axis), uf.reduce(xi, axis=axis))
+        check(uf.reduce(a), uf.reduce(x))
+    check(np.add.reduce(ai, axis=1, keepdims=True, dtype="int64"),
+          np.add.reduce(xi, axis=1, keepdims=True, dtype="int64"))
+    xb, ab = mats["bool"]
+    check(np.logical_and.reduce(ab, axis=1), np.logical_and.reduce(xb, axis=1))
+    check(np.logical_or.reduce(ab), np.logical_or.reduce(xb))
+    check(np.add.accumulate(ai), np.add.accumulate(xi))
+    check(np.multiply.accumulate(a[:6], axis=1), np.multiply.accumulate(x[:6], axis=1))
+    with pytest.raises(TypeError, match="np.subtract.reduce is not supported"):
+        np.subtract.reduce(a)
+    with pytest.raises(TypeError, match="initial"):
+        np.add.reduce(a, initial=1.0)
+
+
+def test_products_axes_and_small_helpers(thread_engine, mats):
+    x, a = mats["float64"]
+    x = np.nan_to_num(x)
+    a = np.nan_to_num(a)
+    y, b = mats["y"]
+    check(np.tensordot(a, b, axes=([0], [0])), np.tensordot(x, y, axes=([0], [0])))
+    check(np.tensordot(a.T, b, axes=1), np.tensordot(x.T, y, axes=1))
+    check(np.tensordot(a, a, axes=2), np.tensordot(x, x, axes=2))
+    check(np.tensordot(a, a, axes=([1, 0], [1, 0])), np.tensordot(x, x, axes=([1, 0], [1, 0])))
+    check(np.inner(a, a[:5]), np.inner(x, x[:5]))
+    check(np.inner(b.sum(0), b.max(0)), np.inner(y.sum(0), y.max(0)))
+    check(np.vdot(a, a), np.vdot(x, x))
+    check(a.T.dot(b), x.T.dot(y))
+    for f in [lambda u: np.swapaxes(u, 0, 1), lambda u: np.swapaxes(u, 1, 1),
+              lambda u: np.moveaxis(u, 0, -1), lambda u: np.moveaxis(u, [0, 1], [0, 1]),
+              lambda u: u.swapaxes(1, 0), lambda u: np.squeeze(u[:, 2:3]),
+              lambda u: np.squeeze(u[4:5], axis=0), lambda u: u[:, :1].squeeze(),
+              lambda u: np.expand_dims(u.sum(0), 0), lambda u: np.expand_dims(u.sum(0), -1),
+              lambda u: np.column_stack([u.sum(1), u[:, 3]]),
+              lambda u: np.column_stack([u, u.max(1)]), lambda u: np.real(u), lambda u: u.copy()]:
+        check(f(a), f(x))
+    assert a.tolist() == x.tolist()
+    assert np.array_equal(a, a) and not np.array_equal(a, a[:, ::-1])
+    assert not np.array_equal(a, a[1:])
+    xn, an = mats["float64"]
+    assert not np.array_equal(an, an) and np.array_equal(an, an, equal_nan=True)
+    with pytest.raises(ValueError, match="shape-mismatch"):
+        np.tensordot(a, b, axes=([1], [1]))
+    with pytest.raises(ValueError, match="differ"):
+        np.vdot(a, a.T)
+    with pytest.raises(ValueError, match="size not equal to one"):
+        np.squeeze(a, axis=0)
+    with pytest.raises(TypeError, match="3-D"):
+        np.expand_dims(a, 0)
+    with pytest.raises(ta.PlanningError, match="3-D"):
+        a[None]
+    with pytest.raises(ta.PlanningError, match="3-D"):
+        a[:, None]
+
+
+def test_matrix_power(thread_engine, mats, tmp_path):
+    rng = np.random.default_rng(3)
+    s = rng.standard_normal((31, 31)) / 6
+    a = ta.from_numpy(s, tmp_path / "s.zarr", tile=(7, 9))
+    for k in [1, 2, 3, 6, 7]:
+        assert_close(np.asarray(np.linalg.matrix_power(a, k)), np.linalg.matrix_power(s, k))
+    assert_close(np.linalg.matrix_power(a + 0, -2), np.linalg.matrix_power(s, -2))
+    with pytest.raises(ta.PlanningError, match="identity"):
+        np.linalg.matrix_power(a, 0)
+    with pytest.raises(np.linalg.LinAlgError, match="square"):
+        np.linalg.matrix_power(mats["y"][1], 2)
+    with pytest.raises(TypeError, match="integer"):
+        np.linalg.matrix_power(a, 1.5)

@@ -79,8 +79,9 @@ def expressions(draw, x, a, scalars):
                 draw(st.sampled_from(["int8", "float32", "float64"])))
             f = lambda u, v=v: u * v  # noqa: E731
         elif s == "slice":
-            r0, c0 = draw(st.integers(0, 3)), draw(st.integers(0, 3))
-            rs, cs = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+            rs, cs = (draw(st.sampled_from([1, 2, 3, -1, -2, -3])) for _ in "rc")
+            r0, c0 = ((k if step > 0 else -1 - k) for k, step in
+                      ((draw(st.integers(0, 3)), rs), (draw(st.integers(0, 3)), cs)))
             f = lambda u, k=(slice(r0, None, rs), slice(c0, None, cs)): u[k]  # noqa: E731
         elif s == "T":
             f = lambda u: u.T  # noqa: E731

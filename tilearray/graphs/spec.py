@@ -78,9 +78,13 @@ class Index:
         return len(self.values)
 
     def __reduce__(self):
-        # every task of a gather carries its spec: an increasing index (a
-        # boolean mask's positions) travels as the mask's bits when smaller
+        # every task of a gather carries its spec: an arithmetic progression
+        # (a slice, a[::-1]) travels as its range, an increasing index (a
+        # boolean mask's positions) as the mask's bits when smaller
         v = self.values
+        if len(v) > 64 and np.all(np.diff(v) == v[1] - v[0]) and v[1] != v[0]:
+            return (_range_index, (int(v[0]), int(v[-1]) + int(np.sign(v[1] - v[0])),
+                                   int(v[1] - v[0])))
         if len(v) > 64 and int(v[-1]) + 1 < 64 * len(v) and bool(np.all(np.diff(v) > 0)):
             mask = np.zeros(int(v[-1]) + 1, dtype=bool)
             mask[v] = True
@@ -89,6 +93,10 @@ class Index:
 
     def __dask_tokenize__(self):
         return ("Index", self.token)
+
+
+def _range_index(start: int, stop: int, step: int) -> Index:
+    return Index(np.arange(start, stop, step))
 
 
 def _unpack_index(bits, n: int) -> Index:

@@ -167,6 +167,8 @@ class LazyArray(ExprBase):
         return elemwise("invert", self)
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        if method in ("reduce", "accumulate") and len(inputs) == 1:
+            return routines.ufunc_method(ufunc, method, *inputs, **kwargs)
         if method != "__call__" or kwargs.get("out") is not None or ufunc.nout != 1:
             return NotImplemented
         if ufunc is np.matmul:
@@ -230,8 +232,9 @@ class LazyArray(ExprBase):
         return elemwise("round", self, int(decimals))
 
     def __getitem__(self, key) -> LazyArray:
-        """Lazy basic slicing with positive steps, e.g. ``a[:100, ::2]``,
-        ``a[..., :3]`` (``...`` stands for the axes not given); integer
+        """Lazy basic slicing, e.g. ``a[:100, ::2]``, ``a[..., :3]`` (``...``
+        stands for the axes not given); negative steps (``a[::-1]``: the
+        positions gathered in that order, see :func:`~.routines.take`); integer
         lists on one axis (``a[:, [0, 5, 9]]``, :func:`~.routines.take`);
         boolean masks (``a[a[:, 0] > 0]``: a lazy mask is computed now, in
         one pass over what it reads -- the result's shape depends on it --
@@ -241,7 +244,7 @@ class LazyArray(ExprBase):
         Raises
         ------
         PlanningError
-            Negative steps, or lists on both axes (NumPy's pointwise indexing).
+            Lists on both axes (NumPy's pointwise indexing).
         IndexError
             Positions out of range, a mask of the wrong length.
         """
@@ -259,9 +262,19 @@ class LazyArray(ExprBase):
             i = next(i for i, k in enumerate(key) if k is Ellipsis)
             fill = (slice(None),) * max(n.ndim - (len(key) - 1), 0)
             key = key[:i] + fill + key[i + 1:]
+        if any(k is None for k in key):
+            raise PlanningError(f"indexing a matrix with None (np.newaxis) makes a 3-D array: "
+                                f"{key!r}; tilearray arrays are 1-D or 2-D")
         if len(key) > n.ndim:
             raise PlanningError(f"too many indices for a {n.ndim}-D array: {key!r}")
         key = key + (slice(None),) * (n.ndim - len(key))
+        flips = [ax for ax, k in enumerate(key) if isinstance(k, slice) and (k.step or 1) < 0]
+        if flips:  # each such axis gathered in its order, then the rest of the key
+            x = self
+            for ax in flips:
+                x = routines.take(x, np.arange(*key[ax].indices(n.shape[ax])), ax)
+            rest = tuple(slice(None) if ax in flips else k for ax, k in enumerate(key))
+            return x[rest] if rest != (slice(None),) * 2 else x
         if len(key) == 2 and not all(isinstance(k, slice) for k in key):
             return routines.index(self, key)
         if len(key) != 2 or not all(isinstance(k, slice) for k in key):
@@ -269,8 +282,6 @@ class LazyArray(ExprBase):
         starts, steps, shape = [], [], []
         for k, size in zip(key, n.shape, strict=True):
             start, stop, step = k.indices(size)
-            if step <= 0:
-                raise PlanningError(f"slice step must be positive, got {step}")
             starts.append(start)
             steps.append(step)
             shape.append(len(range(start, stop, step)))
@@ -289,8 +300,6 @@ class LazyArray(ExprBase):
             raise PlanningError(f"a 1-D array takes one slice and at most one None (np.newaxis)"
                                 f", e.g. v[2:10], v[:, None]; got {key!r}")
         shape = np.empty(n.shape, dtype=bool)[key].shape  # NumPy's own shape rules
-        if any(isinstance(k, slice) and (k.step or 1) < 0 for k in key):
-            raise PlanningError(f"slice step must be positive, got {key!r}")
         return type(self)(Elemwise(shape, n.dtype, "getitem", (n,), (("key", key),)))
 
     # -- reductions -------------------------------------------------------------------
@@ -331,6 +340,27 @@ class LazyArray(ExprBase):
     def trace(self, offset=0, axis1=0, axis2=1, dtype=None) -> LazyArray:
         """Sum of the diagonal (reads only the units it crosses)."""
         return routines.trace(self, offset, axis1, axis2, dtype)
+
+    def dot(self, b) -> LazyArray:
+        """``self @ b`` (as :meth:`numpy.ndarray.dot`)."""
+        return matmul(self, b)
+
+    def copy(self) -> LazyArray:
+        """The array itself: TiledArrays are never modified in place, so a
+        copy is the same lazy expression (store one with ``.to_zarr``)."""
+        return self
+
+    def tolist(self) -> list:
+        """The values as nested Python lists (computed and loaded into memory)."""
+        return np.asarray(self).tolist()
+
+    def squeeze(self, axis=None) -> LazyArray:
+        """Axes of length 1 dropped (see :func:`numpy.squeeze`)."""
+        return np.squeeze(self, axis)
+
+    def swapaxes(self, axis1, axis2) -> LazyArray:
+        """The transpose when the axes differ (2-D)."""
+        return np.swapaxes(self, axis1, axis2)
 
     def take(self, indices, axis=None) -> LazyArray:
         """Rows or columns at integer positions (see :func:`~.routines.take`)."""

@@ -9,6 +9,7 @@ Other modules add their own (``tilearray.linalg`` registers ``np.linalg.norm``).
 from __future__ import annotations
 
 import inspect
+import operator
 
 import numpy as np
 
@@ -304,6 +305,107 @@ def stack(arrays, axis=0, out=None, *, dtype=None, casting="same_kind"):
     return res
 
 
+@implements(np.column_stack)
+def column_stack(tup):
+    """1-D arrays as columns, 2-D ones as they are, joined along axis 1."""
+    tup = list(tup)
+    if tup and all(np.ndim(a) == 1 for a in tup):
+        res = routines.join_small("stack", tup, axis=1)
+        if res is not None:
+            return res
+    return routines.concatenate([a[:, None] if np.ndim(a) == 1 else a for a in tup], 1)
+
+
+@implements(np.flip)
+def flip(m, axis=None):
+    """Reversed along ``axis`` (None: every axis): ``m[::-1]`` and the like."""
+    nd = np.ndim(m)
+    axes = range(nd) if axis is None else (axis,) if np.ndim(axis) == 0 else axis
+    key = [slice(None)] * nd
+    for ax in axes:
+        key[routines.axis_index(ax, "np.flip", nd)] = slice(None, None, -1)
+    return m[tuple(key)]
+
+
+@implements(np.flipud)
+def flipud(m):
+    return flip(m, 0)
+
+
+@implements(np.fliplr)
+def fliplr(m):
+    if np.ndim(m) < 2:
+        raise ValueError("Input must be >= 2-d.")
+    return flip(m, 1)
+
+
+@implements(np.swapaxes)
+def swapaxes(a, axis1, axis2):
+    nd = np.ndim(a)
+    same = routines.axis_index(axis1, "np.swapaxes", nd) == \
+        routines.axis_index(axis2, "np.swapaxes", nd)
+    return a if same else a.T
+
+
+@implements(np.moveaxis)
+def moveaxis(a, source, destination):
+    nd = np.ndim(a)
+    src, dst = (np.atleast_1d(x).tolist() for x in (source, destination))
+    if len(src) != len(dst):
+        raise ValueError("`source` and `destination` arguments must have the same number "
+                         "of elements")
+    order = [n for n in range(nd) if n not in
+             [routines.axis_index(s, "np.moveaxis", nd) for s in src]]
+    for d, s in sorted(zip((routines.axis_index(d, "np.moveaxis", nd) for d in dst),
+                           (routines.axis_index(s, "np.moveaxis", nd) for s in src),
+                           strict=True)):
+        order.insert(d, s)
+    return a if order == list(range(nd)) else a.T
+
+
+@implements(np.squeeze)
+def squeeze(a, axis=None):
+    """Drops axes of length 1 (a matrix's single column or row: a 1-D result)."""
+    nd, shape = np.ndim(a), np.shape(a)
+    axes = [n for n in range(nd) if shape[n] == 1] if axis is None else \
+        [routines.axis_index(x, "np.squeeze", nd) for x in np.atleast_1d(axis).tolist()]
+    if any(shape[x] != 1 for x in axes):
+        raise ValueError("cannot select an axis to squeeze out which has size not equal to one")
+    if not axes:
+        return a
+    if nd == 1 or len(axes) == 2:
+        raise TypeError(f"np.squeeze of shape {shape} gives a 0-d result: compute it first "
+                        "(float(a[0, 0]))")
+    return a[0] if axes == [0] else a[:, 0]
+
+
+@implements(np.expand_dims)
+def expand_dims(a, axis):
+    """A 1-D array as a column (``axis=1``) or a row (``axis=0``)."""
+    if np.ndim(a) != 1:
+        raise TypeError(f"np.expand_dims of shape {np.shape(a)} makes a 3-D array; "
+                        + routines.NOT_3D)
+    return a[None, :] if routines.axis_index(axis, "np.expand_dims", 2) == 0 else a[:, None]
+
+
+@implements(np.array_equal)
+def array_equal(a1, a2, equal_nan=False):
+    """Same shape and elements (one pass, computed now: a bool as NumPy's)."""
+    if np.shape(a1) != np.shape(a2):
+        return False
+    same = a1 == a2
+    if equal_nan:
+        same = same | (np.isnan(a1) & np.isnan(a2))
+    return bool(same.all())
+
+
+@implements(np.real)
+def real(val):
+    if np.dtype(val.dtype).kind == "c":
+        raise TypeError("np.real: complex TiledArrays are not supported")
+    return val
+
+
 @implements(np.take)
 def take(a, indices, axis=None, out=None, mode="raise"):
     if out is not None or mode != "raise":
@@ -396,6 +498,48 @@ def nanmedian(a, axis=None, out=None, overwrite_input=False, keepdims=False):
 
 
 # -- einsum: the subscripts that are a transpose, a reduction, a product --------------------
+
+
+@implements(np.tensordot)
+def tensordot(a, b, axes=2):
+    """:func:`numpy.tensordot` of 1-D / 2-D operands, as the :func:`einsum`
+    it is (``axes=1``: ``a @ b``; ``([0], [0])``: ``a.T @ b``; ``2``: the sum
+    of the elementwise product)."""
+    na, nb = np.ndim(a), np.ndim(b)
+    if np.ndim(axes) == 0:
+        k = operator.index(axes)
+        if not 0 <= k <= min(na, nb):
+            raise ValueError(f"np.tensordot: axes={k} for operands of {na} and {nb} dimensions")
+        pairs = list(zip(range(na - k, na), range(k), strict=True))
+    else:
+        xa, xb = (np.atleast_1d(x).tolist() for x in axes)
+        if len(xa) != len(xb):
+            raise ValueError("shape-mismatch for sum")
+        pairs = list(zip((routines.axis_index(x, "np.tensordot", na) for x in xa),
+                         (routines.axis_index(x, "np.tensordot", nb) for x in xb), strict=True))
+    la, lb = list("ab"[:na]), list("cd"[:nb])
+    for i, j in pairs:
+        if np.shape(a)[i] != np.shape(b)[j]:
+            raise ValueError(f"shape-mismatch for sum: axis {i} of {np.shape(a)} and axis {j} "
+                             f"of {np.shape(b)}")
+        lb[j] = la[i]
+    out = "".join(c for c in la if c not in lb) + "".join(c for c in lb if c not in la)
+    return einsum(f"{''.join(la)},{''.join(lb)}->{out}", a, b)
+
+
+@implements(np.inner)
+def inner(a, b):
+    """The sum over the last axes: ``a @ b.T`` for matrices."""
+    return tensordot(a, b, (-1, -1))
+
+
+@implements(np.vdot)
+def vdot(a, b):
+    """The sum of the elementwise product of same-shaped real arrays."""
+    if np.shape(a) != np.shape(b):
+        raise ValueError(f"np.vdot: shapes {np.shape(a)} and {np.shape(b)} differ (tilearray "
+                         "does not flatten matrices)")
+    return tensordot(a, b, np.ndim(a))
 
 
 def _reduce_labels(x, labels: str, out: str):

@@ -13,7 +13,7 @@ from dask.base import tokenize
 
 from ...errors import PlanningError
 from .nodes import Concat, Diagonal, Elemwise, Node, Positions, Scan, Take
-from .ops import ExprBase, as_node, build_reduction, wrap_like
+from .ops import ExprBase, as_node, build_reduction, reduce_as, wrap_like
 
 NOT_3D = ("tilearray matrices are 2-D; use np.concatenate, np.hstack or np.vstack for a "
           "2-D result")
@@ -59,7 +59,7 @@ def concatenate(arrays, axis=0, dtype=None) -> ExprBase:
         return join_small("concatenate", arrays, dtype, axis=axis)
     if axis is None:
         raise TypeError("concatenate: axis=None (flatten first) is not supported; " + NOT_3D)
-    axis = _axis(axis, "concatenate")
+    axis = axis_index(axis, "concatenate")
     other = 1 - axis
     # a small part is a column (m, 1) in an hstack or a row (1, n) in a vstack
     if any(n.ndim != 2 or (n.small and n.shape[axis] != 1) for n in nodes) or \
@@ -80,7 +80,8 @@ def concatenate(arrays, axis=0, dtype=None) -> ExprBase:
     return wrap_like(first, Concat(tuple(shape), dt, tuple(nodes), axis))
 
 
-def _axis(axis, fn: str, ndim: int = 2) -> int:
+def axis_index(axis, fn: str, ndim: int = 2) -> int:
+    """``axis`` checked against ``ndim`` as NumPy (AxisError), made non-negative."""
     try:
         a = operator.index(axis)
     except TypeError:
@@ -101,7 +102,7 @@ def take(a, indices, axis=None) -> ExprBase:
     if axis is None:
         raise TypeError("take: axis=None (an index into the flattened array) is not supported; "
                         "give axis=0 or axis=1")
-    axis = _axis(axis, "take", n.ndim)
+    axis = axis_index(axis, "take", n.ndim)
     if n.ndim != 2:
         raise PlanningError(f"take: a 2-D TiledArray is needed, got shape {n.shape}")
     scalar = np.ndim(indices) == 0
@@ -148,7 +149,7 @@ def diagonal(a, offset=0, axis1=0, axis2=1) -> ExprBase:
     n = _operand(a, "diagonal")
     if n.ndim != 2:
         raise PlanningError(f"diagonal: a 2-D TiledArray is needed, got shape {n.shape}")
-    ax1, ax2 = _axis(axis1, "diagonal"), _axis(axis2, "diagonal")
+    ax1, ax2 = axis_index(axis1, "diagonal"), axis_index(axis2, "diagonal")
     if ax1 == ax2:
         raise ValueError("diagonal: axis1 and axis2 cannot be the same")
     if (ax1, ax2) == (1, 0):
@@ -208,7 +209,7 @@ def scan(op: str, a, axis=None, dtype=None) -> ExprBase:
                         "give axis=0 or axis=1")
     x = wrap_like(a, n) if dtype is None else wrap_like(a, n).astype(dtype)
     n = as_node(x)
-    axis = _axis(0 if axis is None else axis, op, n.ndim)
+    axis = axis_index(0 if axis is None else axis, op, n.ndim)
     out_dtype = getattr(np, op)(np.ones((1,) * n.ndim, n.dtype), axis=axis).dtype
     if n.small:
         return wrap_like(a, Elemwise(n.shape, out_dtype, op, (n,), (("axis", axis),)))
@@ -244,3 +245,31 @@ def index(a, key: tuple) -> ExprBase:
         axis = None if len(scalars) == 2 else scalars[0][0]
         return build_reduction("max", x, axis, False, 0)
     return x
+
+
+UFUNC_REDUCE = {"add": "sum", "multiply": "prod", "maximum": "max", "minimum": "min",
+                "fmax": "nanmax", "fmin": "nanmin", "logical_and": "all", "logical_or": "any"}
+UFUNC_ACCUMULATE = {"add": "cumsum", "multiply": "cumprod"}
+
+
+def ufunc_method(ufunc, method: str, a, axis=0, dtype=None, out=None, keepdims=False,
+                 **kwargs) -> ExprBase:
+    """``np.add.reduce(a, axis=0)`` and the like (:data:`UFUNC_REDUCE`: the
+    reductions they are) and ``np.add.accumulate`` / ``np.multiply.accumulate``
+    (cumsum / cumprod); NumPy's default ``axis=0``."""
+    name = f"np.{ufunc.__name__}.{method}"
+    table = UFUNC_REDUCE if method == "reduce" else UFUNC_ACCUMULATE if \
+        method == "accumulate" else {}
+    if ufunc.__name__ not in table:
+        raise TypeError(f"{name} is not supported on TiledArrays (reduce: "
+                        f"{', '.join(UFUNC_REDUCE)}; accumulate: {', '.join(UFUNC_ACCUMULATE)})")
+    extra = [k for k, v in kwargs.items() if not (k == "where" and v is True)]
+    if out is not None or extra:
+        raise TypeError(f"{name}: argument {'out' if out is not None else extra[0]}= is not "
+                        "supported on TiledArrays")
+    _operand(a, name)
+    if method == "accumulate":
+        if keepdims:
+            raise TypeError(f"{name}: keepdims= is not an argument")
+        return scan(table[ufunc.__name__], a, axis_index(axis, name, as_node(a).ndim), dtype)
+    return reduce_as(table[ufunc.__name__], a, axis, keepdims, 0, dtype)

@@ -123,7 +123,7 @@ def average(a, axis=None, weights=None, returned=False, *, keepdims=False):
         if axis is None or w.ndim != 1:
             raise TypeError("np.average: weights must be a 1-D NumPy vector along an axis "
                             "(axis=0 or 1) on TiledArrays")
-        ax = routines._axis(axis, "average")
+        ax = routines.axis_index(axis, "average")
         if w.shape[0] != a.shape[ax]:
             raise ValueError("Length of weights not compatible with specified axis.")
         wsum = w.sum(dtype=np.result_type(a.dtype, w.dtype, np.float64))
@@ -149,7 +149,7 @@ def quantile(op: str, a, q, axis=None, method="linear", keepdims=False,
                         "TiledArrays; give axis=0 or axis=1")
     if keepdims:
         raise TypeError(f"np.{op}: keepdims=True is not supported on TiledArrays")
-    ax = routines._axis(axis, op)
+    ax = routines.axis_index(axis, op)
     qa = np.asarray(q, dtype=np.float64)
     if qa.ndim > 1 or np.any((qa < 0) | (qa > 1)) or np.any(np.isnan(qa)):
         raise ValueError("Quantiles must be in the range [0, 1]")
