@@ -373,8 +373,9 @@ def test_quantiles(thread_engine, mats, dtype):
                 check(np.nanmedian(a, axis=axis), np.nanmedian(x, axis=axis))
                 check(np.nanpercentile(a, [5, 95], axis=axis),
                       np.nanpercentile(x, [5, 95], axis=axis))
-    with pytest.raises(TypeError, match="axis=None"):
-        np.median(a)
+    with warnings.catch_warnings():  # all elements (see test_quantile_of_all_elements...)
+        warnings.simplefilter("ignore")
+        np.testing.assert_array_equal(np.asarray(np.median(a)), np.median(x))
     with pytest.raises(ValueError, match="range"):
         np.quantile(a, 1.5, axis=0)
 
@@ -515,7 +516,7 @@ def test_sort_unique_histogram_of_columns(thread_engine, mats, dtype):
             ref, ref_edges = np.histogram(np.nan_to_num(want), **kw)
             assert_close(got, ref)
             assert_close(edges, ref_edges)
-    for f in (np.sort, np.argsort, np.unique, np.histogram):
+    for f in (np.sort, np.argsort, np.unique):
         with pytest.raises(TypeError, match="a column"):
             f(a)
     w = np.arange(x.shape[1]) % 3  # a blocked vector a @ w: computed first
@@ -690,3 +691,142 @@ def test_matrix_power(thread_engine, mats, tmp_path):
         np.linalg.matrix_power(mats["y"][1], 2)
     with pytest.raises(TypeError, match="integer"):
         np.linalg.matrix_power(a, 1.5)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "int32", "bool"])
+def test_roll_tile_repeat(thread_engine, mats, tmp_path, dtype):
+    """Joins and gathers of the array itself: exact, stored and computed."""
+    x, a = mats[dtype]
+    for f in [lambda u: np.roll(u, 3, axis=0), lambda u: np.roll(u, -50, axis=1),
+              lambda u: np.roll(u, 45, axis=0), lambda u: np.roll(u, (2, -3), axis=(0, 1)),
+              lambda u: np.roll(u, 1, axis=-1), lambda u: np.tile(u, 2),
+              lambda u: np.tile(u, (2, 3)), lambda u: np.tile(u, (1, 1)),
+              lambda u: np.repeat(u, 2, axis=0), lambda u: np.repeat(u, 3, axis=-1),
+              lambda u: np.repeat(u[:4], [1, 0, 2, 3], axis=0)]:
+        check(f(a), f(x), tmp_path, exact=True)
+    y, b = mats["y"]
+    check(np.roll(b.sum(axis=1), 5), np.roll(y.sum(axis=1), 5))
+    with pytest.raises(TypeError, match="axis=None"):
+        np.roll(a, 1)
+    with pytest.raises(TypeError, match="axis=None"):
+        np.repeat(a, 2)
+    with pytest.raises(TypeError, match="reps"):
+        np.tile(a, (2, 1, 1))
+    with pytest.raises(ValueError):
+        np.repeat(a, [1, 2], axis=0)  # NumPy's own: repeats of the wrong length
+
+
+def test_searchsorted_and_positions_of_small_results(thread_engine, mats):
+    y, b = mats["y"]
+    col, ycol = np.sort(b[:, 2]), np.sort(y[:, 2])
+    for v in [0.1, [-1.0, 0.0, 2.0]]:
+        for side in ["left", "right"]:
+            np.testing.assert_array_equal(np.searchsorted(col, v, side=side),
+                                          np.searchsorted(ycol, v, side=side))
+    np.testing.assert_array_equal(np.searchsorted(ycol, b[:5, 1]),
+                                  np.searchsorted(ycol, y[:5, 1]))
+    for name in ["nonzero", "flatnonzero", "argwhere"]:
+        got, want = getattr(np, name)(b[:, 0] > 0), getattr(np, name)(y[:, 0] > 0)
+        for g, w in zip(np.atleast_1d(got) if name != "nonzero" else got,
+                        np.atleast_1d(want) if name != "nonzero" else want, strict=True):
+            np.testing.assert_array_equal(g, w)
+    with pytest.raises(TypeError, match="np.nonzero of a stored 45 x 13 matrix"):
+        np.nonzero(b > 0)
+
+
+def test_reshape_ravel(thread_engine, mats):
+    """A small result takes any shape; a matrix gains or loses a unit axis
+    (a column, a row); other reshapes are refused naming the shapes."""
+    y, b = mats["y"]
+    for f in [lambda u: u.sum(0).reshape(-1, 1), lambda u: u.sum(0).reshape(1, 13),
+              lambda u: u[:, 2:3].reshape(-1), lambda u: u[:, :1].ravel(),
+              lambda u: u[3:4].flatten(), lambda u: np.ravel(u.mean(1)),
+              lambda u: np.reshape(u.sum(0), (13, 1)), lambda u: u.reshape(45, 13),
+              lambda u: u[:6, :6].T.mean(0).reshape(2, 3, order="F"),
+              lambda u: u[:6, :6].mean(0).reshape((3, -1)), lambda u: u.sum(1).reshape(-1)]:
+        check(f(b), f(y))
+    for bad, err in [(lambda: b.reshape(13, 45), "re-tile"), (lambda: b.ravel(), "re-tile"),
+                     (lambda: b.reshape(-1, -1), "one unknown"),
+                     (lambda: b.reshape(4, -1), "cannot reshape array of size 585"),
+                     (lambda: b.reshape(45, 13, order="K"), "order")]:
+        with pytest.raises((ValueError, ta.PlanningError), match=err):
+            bad()
+
+
+# -- quantiles and histograms over all elements (computed now, in passes) ------------------
+
+METHODS_ALL = ["linear", "lower", "higher", "midpoint", "nearest"]
+
+
+@pytest.fixture
+def narrow(monkeypatch):
+    """Few bins and small selections: several narrowing passes on small data."""
+    from tilearray.engine.expr import selection
+
+    monkeypatch.setattr(selection, "BINS", 16)
+    monkeypatch.setattr(selection, "SELECT_LIMIT", 30)
+    return selection
+
+
+@HYP
+@given(m=st.integers(1, 40), n=st.integers(1, 12), tile=st.tuples(st.integers(1, 9),
+                                                                   st.integers(1, 9)),
+       kind=st.sampled_from(["normal", "ties", "int", "special"]),
+       q=st.one_of(st.floats(0, 1), st.lists(st.floats(0, 1), min_size=1, max_size=2)),
+       method=st.sampled_from(METHODS_ALL), nan=st.booleans(),
+       name=st.sampled_from(["quantile", "nanquantile"]), data=st.data())
+def test_quantile_of_all_elements_hypothesis(thread_engine, tmp_path_factory, narrow, m, n, tile,
+                                             kind, q, method, nan, name, data):
+    """Exactly NumPy's value and dtype, through several histogram passes
+    (16 bins, at most 30 elements gathered): ties, integers, infinities, -0.0."""
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    x = {"normal": lambda: rng.standard_normal((m, n)),
+         "ties": lambda: rng.integers(-2, 3, (m, n)) * 0.5,
+         "int": lambda: rng.integers(-1000, 1000, (m, n)).astype("int32"),
+         "special": lambda: rng.choice([-np.inf, np.inf, 0.0, -0.0, 1e300, -1e-300, 7.0],
+                                       (m, n))}[kind]()
+    if nan and x.dtype.kind == "f":
+        x[rng.random(x.shape) < 0.2] = np.nan
+    a = ta.from_numpy(x, tmp_path_factory.mktemp("q") / "x.zarr", tile=tile)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        want = getattr(np, name)(x, q, method=method)
+        got = np.asarray(getattr(np, name)(a, q, method=method).compute())
+    assert got.dtype == np.asarray(want).dtype and got.shape == np.shape(want)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_median_percentile_histogram_of_all_elements(thread_engine, mats, narrow):
+    """np.median(X), np.percentile(X, 99), np.histogram(X) as a user writes
+    them; the passes read X (each block once per pass), nothing held whole."""
+    y, b = mats["y"]
+    assert_close(np.median(b).compute(), np.median(y))
+    assert float(np.percentile(b, 99)) == np.percentile(y, 99)
+    w = np.arange(13.0)  # vectors: a blocked product (computed first), a small result
+    assert_close(np.asarray(np.percentile(b @ w, [5, 95])), np.percentile(y @ w, [5, 95]))
+    assert_close(np.asarray(np.median(b.sum(0), axis=0)), np.median(y.sum(0), axis=0))
+    narrow.SELECT_LIMIT = 10_000  # all 585 elements gathered at once: any method
+    for method in ["hazen", "weibull", "inverted_cdf"]:
+        np.testing.assert_array_equal(np.asarray(np.quantile(b, [0.1, 0.5], method=method)),
+                                      np.quantile(y, [0.1, 0.5], method=method))
+    narrow.SELECT_LIMIT = 30
+    with pytest.raises(ta.PlanningError, match="method='weibull'"):
+        np.quantile(b, 0.3, method="weibull")
+    xi, ai = mats["int32"]
+    for bins, rng_ in [(10, None), (7, (-3.0, 50.0)), ([-100, 0, 5, 1000], None)]:
+        got, edges = np.histogram(ai, bins=bins, range=rng_)
+        want, wedges = np.histogram(xi, bins=bins, range=rng_)
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(edges, wedges)
+    got, edges = np.histogram(b, bins=5, density=True)
+    want, wedges = np.histogram(y, bins=5, density=True)
+    assert_close(got, want)
+    x, a = mats["float64"]  # with NaNs: NumPy's error without a range, counted with one
+    with pytest.raises(ValueError, match="not finite"):
+        np.histogram(a)
+    np.testing.assert_array_equal(np.histogram(a, range=(-1, 1))[0],
+                                  np.histogram(x, range=(-1, 1))[0])
+    with pytest.raises(ta.PlanningError, match="bins='auto'"):
+        np.histogram(b, bins="auto")
+    with pytest.raises(ValueError, match="range"):
+        np.quantile(b, 1.5)

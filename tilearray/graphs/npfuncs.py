@@ -28,16 +28,17 @@ def _done(value, stats: IOStats):
 
 def block_line(spec, rows, cols, deps, fn: str, kwargs: tuple, strips=None):
     """Block ``rows x cols`` of ``spec`` through ``fn`` (``diagonal``,
-    ``quantile``, ``nanquantile``): a small array. With ``strips`` (edges
-    along ``kwargs``' axis), the block is read strip by strip into one
-    buffer, so only one strip's I/O units are held at a time."""
+    ``quantile``, ``nanquantile``, or one of :data:`BLOCK_FNS`): a small
+    array. With ``strips`` (edges along ``kwargs``' axis), the block is read
+    strip by strip into one buffer, so only one strip's I/O units are held
+    at a time."""
     if strips is None:
         x, stats = _block(spec, rows, cols, deps)
     else:
         x, stats = _by_strips(spec, rows, cols, deps, dict(kwargs)["axis"], strips)
     kw = dict(kwargs)
     dtype = kw.pop("dtype", None)
-    value = np.ascontiguousarray(getattr(np, fn)(x, **kw))
+    value = np.ascontiguousarray((BLOCK_FNS.get(fn) or getattr(np, fn))(x, **kw))
     return _done(value if dtype is None else value.astype(dtype), stats)
 
 
@@ -101,3 +102,48 @@ def scan_block(spec, rows, cols, dtype, out_ref, deps, op: str, axis: int, carry
         return _done(y, stats)
     write_block(out_ref, rows, cols, y, stats)
     return _done(None, stats)
+
+
+# -- the values of a whole array: histograms and selections (np.quantile / np.histogram with
+# axis=None); a value's key is its float64 value, compared exactly with the edges.
+
+
+def _in_interval(x: np.ndarray, lo: float, hi: float, closed: bool) -> np.ndarray:
+    """The elements of block ``x`` whose key is in ``[lo, hi)`` (``[lo, hi]``
+    when ``closed``), NaNs never; flattened, in their own dtype."""
+    v = x.reshape(-1)
+    keys = v.astype(np.float64, copy=False)
+    mask = (keys >= lo) & ((keys <= hi) if closed else (keys < hi))
+    return v[mask]
+
+
+def interval_counts(x, lo: float, hi: float, closed: bool, edges):
+    """``[counts per bin of edges..., min, max]`` (float64) of the elements
+    in the interval (:func:`_in_interval`): NumPy's histogram of them over
+    ``edges`` (spanning the interval), their smallest and largest key."""
+    sel = _in_interval(x, lo, hi, closed).astype(np.float64, copy=False)
+    counts = np.histogram(sel, bins=np.asarray(edges))[0].astype(np.float64)
+    ends = [sel.min(), sel.max()] if sel.size else [np.inf, -np.inf]
+    return np.concatenate([counts, ends])
+
+
+def interval_values(x, lo: float, hi: float, closed: bool):
+    """The elements in the interval (:func:`_in_interval`), in block order."""
+    return _in_interval(x, lo, hi, closed)
+
+
+BLOCK_FNS = {"interval_counts": interval_counts, "interval_values": interval_values}
+
+
+def join_counts(*parts):
+    """Sum the ``[counts..., min, max]`` of :func:`interval_counts` tasks."""
+    stats: dict = {}
+    total = None
+    for v, st in parts:
+        stats = merge_stats(stats, st)
+        if total is None:
+            total = v.copy()
+        else:
+            total[:-2] += v[:-2]
+            total[-2], total[-1] = min(total[-2], v[-2]), max(total[-1], v[-1])
+    return total, counted(stats)

@@ -5,6 +5,9 @@ operation builds a new expression node and reads nothing. Running it
 
 from __future__ import annotations
 
+import math
+import operator
+
 import numpy as np
 
 from ...errors import PlanningError
@@ -354,6 +357,36 @@ class LazyArray(ExprBase):
         """The values as nested Python lists (computed and loaded into memory)."""
         return np.asarray(self).tolist()
 
+    def reshape(self, *shape, order="C") -> LazyArray:
+        """The same elements in ``shape`` (one ``-1`` is inferred),
+        like :meth:`numpy.ndarray.reshape`. A small result (in memory) takes
+        any shape; a matrix only gains or loses an axis of length 1 (a
+        column ``(m, 1)`` <-> ``(m,)``, a row ``(1, n)`` <-> ``(n,)``):
+        other reshapes would re-tile it and are refused, naming the shapes."""
+        shape = shape[0] if len(shape) == 1 and np.ndim(shape[0]) == 1 else shape
+        new = _reshaped(self.shape, tuple(int(operator.index(k)) for k in np.atleast_1d(shape)))
+        if order not in ("C", "F", "A"):
+            raise ValueError(f"order must be one of 'C', 'F', 'A' (got {order!r})")
+        n = self._node
+        if new == n.shape:
+            return self
+        if n.small:
+            return type(self)(Elemwise(new, n.dtype, "reshape", (n,),
+                                       (("order", order), ("shape", new))))
+        if n.ndim == 2 and len(new) == 1 and 1 in n.shape:
+            return self[:, 0] if n.shape[1] == 1 else self[0]
+        if n.ndim == 1 and len(new) == 2 and 1 in new:
+            return self[:, None] if new[1] == 1 else self[None, :]
+        raise PlanningError(f"reshape {n.shape} -> {new}: tilearray keeps a matrix in its "
+                            "2-D tiling (a reshape would re-tile it); compute a small array "
+                            "first (np.asarray(a).reshape(...)) or store the result you need")
+
+    def ravel(self, order="C") -> LazyArray:
+        """1-D (see :meth:`reshape`: a small result, a column or a row)."""
+        return self.reshape(-1, order=order)
+
+    flatten = ravel
+
     def squeeze(self, axis=None) -> LazyArray:
         """Axes of length 1 dropped (see :func:`numpy.squeeze`)."""
         return np.squeeze(self, axis)
@@ -380,3 +413,14 @@ class LazyArray(ExprBase):
             )
         return impl(*args, **kwargs)
 
+
+def _reshaped(old: tuple, new: tuple) -> tuple:
+    """``new`` with its ``-1`` resolved against ``old``'s size, as NumPy."""
+    size = math.prod(old)
+    if sum(k == -1 for k in new) > 1:
+        raise ValueError("can only specify one unknown dimension")
+    known = math.prod(k for k in new if k != -1)
+    if any(k < -1 for k in new) or (-1 in new and (known == 0 or size % known)) or \
+            (-1 not in new and known != size):
+        raise ValueError(f"cannot reshape array of size {size} into shape {new}")
+    return tuple(size // known if k == -1 else k for k in new)

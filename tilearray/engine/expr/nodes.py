@@ -421,3 +421,26 @@ class Positions(Node):
 
     def __str__(self) -> str:
         return f"{'row' if self.axis == 0 else 'col'}_numbers{tuple(self.shape)}"
+
+
+@dataclass(frozen=True, eq=False)
+class Values(Node):
+    """The elements of ``x`` whose float64 value lies in ``[lo, hi)``
+    (``[lo, hi]`` when ``closed``; NaNs never), over all of ``x``: with
+    ``edges``, their histogram and smallest and largest value (shape
+    ``(len(edges) + 1,)``, float64); without, the elements themselves in
+    block order (shape: their count, known from an earlier histogram)."""
+
+    x: Node = None
+    lo: float = 0.0
+    hi: float = 0.0
+    closed: bool = True
+    edges: tuple = ()
+
+    @property
+    def small(self) -> bool:
+        return True
+
+    def __str__(self) -> str:
+        what = f"histogram of {len(self.edges) - 1} bins" if self.edges else "values"
+        return f"{what}({_fmt(self.x)} in [{self.lo}, {self.hi}{']' if self.closed else ')'})"

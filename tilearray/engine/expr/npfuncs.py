@@ -13,7 +13,7 @@ import operator
 
 import numpy as np
 
-from . import routines, statistics
+from . import routines, selection, statistics
 from .lazy import LazyArray
 from .ops import HANDLED, elemwise, matmul, reduce_as
 
@@ -226,7 +226,12 @@ def unique(ar, return_index=False, return_inverse=False, return_counts=False, ax
 @implements(np.histogram)
 def histogram(a, bins=10, range=None, density=None, weights=None):  # noqa: A002
     """:func:`numpy.histogram` of a small result (a column ``a[:, j]``, a
-    vector), computed now: ``(counts, bin_edges)`` as NumPy."""
+    vector) or of all elements of a matrix (see :mod:`.selection`),
+    computed now: ``(counts, bin_edges)`` as NumPy."""
+    if isinstance(a, LazyArray) and not a._node.small and a.ndim == 2 and weights is None:
+        if isinstance(bins, LazyArray):
+            bins = np.asarray(bins.compute())
+        return selection.histogram(a, bins, range, density)
     a = _small_values(a, "histogram", "histogram a column (np.histogram(a[:, j])) or a vector")
     if isinstance(weights, LazyArray):
         weights = np.asarray(weights.compute())
@@ -363,6 +368,17 @@ def moveaxis(a, source, destination):
     return a if order == list(range(nd)) else a.T
 
 
+@implements(np.reshape)
+def reshape(a, shape=None, order="C", *, newshape=None, copy=None):
+    """See :meth:`TiledArray.reshape`."""
+    return a.reshape(shape if shape is not None else newshape, order=order)
+
+
+@implements(np.ravel)
+def ravel(a, order="C"):
+    return a.reshape(-1, order=order)
+
+
 @implements(np.squeeze)
 def squeeze(a, axis=None):
     """Drops axes of length 1 (a matrix's single column or row: a 1-D result)."""
@@ -404,6 +420,81 @@ def real(val):
     if np.dtype(val.dtype).kind == "c":
         raise TypeError("np.real: complex TiledArrays are not supported")
     return val
+
+
+@implements(np.roll)
+def roll(a, shift, axis=None):
+    """Rolled along ``axis`` (0 or 1; a tuple rolls each): the two slices
+    joined, nothing copied until stored. ``axis=None`` (the flattened
+    array) is refused for matrices."""
+    if axis is None:
+        if np.ndim(a) != 1:
+            raise TypeError("np.roll: axis=None (the flattened matrix) is not supported on "
+                            "TiledArrays; give axis=0 or axis=1")
+        axis = 0
+    shifts, axes = np.broadcast_arrays(np.asarray(shift), np.asarray(axis))
+    for s, ax in zip(shifts.reshape(-1).tolist(), axes.reshape(-1).tolist(), strict=True):
+        ax = routines.axis_index(ax, "np.roll", np.ndim(a))
+        size = np.shape(a)[ax]
+        k = s % size if size else 0
+        if k:
+            key = [slice(None)] * np.ndim(a)
+            head, tail = list(key), list(key)
+            head[ax], tail[ax] = slice(size - k, None), slice(None, size - k)
+            a = concatenate([a[tuple(head)], a[tuple(tail)]], axis=ax)
+    return a
+
+
+@implements(np.tile)
+def tile(A, reps):
+    """``A`` repeated ``reps`` times along each axis (a join of itself: each
+    copy read where a block meets it)."""
+    reps = tuple(np.atleast_1d(reps).tolist())
+    if np.ndim(A) != 2 or len(reps) > 2 or any(r < 1 for r in reps):
+        raise TypeError(f"np.tile: reps={reps!r} of shape {np.shape(A)}: tilearray tiles a "
+                        "matrix by at most 2 positive counts")
+    reps = (1,) * (2 - len(reps)) + reps
+    for ax, r in enumerate(reps):
+        if r > 1:
+            A = concatenate([A] * r, axis=ax)
+    return A
+
+
+@implements(np.repeat)
+def repeat(a, repeats, axis=None):
+    """Each row (``axis=0``) or column (``axis=1``) repeated: a gather of the
+    positions ``np.repeat(np.arange(n), repeats)``."""
+    if axis is None:
+        raise TypeError("np.repeat: axis=None (the flattened array) is not supported on "
+                        "TiledArrays; give axis=0 or axis=1")
+    ax = routines.axis_index(axis, "np.repeat", np.ndim(a))
+    return routines.take(a, np.repeat(np.arange(np.shape(a)[ax]), repeats), ax)
+
+
+@implements(np.searchsorted)
+def searchsorted(a, v, side="left", sorter=None):
+    """On a small sorted 1-D result (computed now): NumPy's answer."""
+    values = a if not isinstance(a, LazyArray) else \
+        _small_values(a, "searchsorted", "search a column's sorted values")
+    if isinstance(v, LazyArray):
+        v = _small_values(v, "searchsorted", "search for a small result's values")
+    srt = _small_values(sorter, "searchsorted", "") if isinstance(sorter, LazyArray) else sorter
+    return np.searchsorted(values, v, side=side, sorter=srt)
+
+
+def _positions(name: str):
+    np_func = getattr(np, name)
+
+    def impl(a):
+        return np_func(_small_values(a, name, "take the positions of a column "
+                                     f"(np.{name}(a[:, j] > 0)) or mask rows with a[mask]"))
+
+    impl.__name__ = name
+    return impl
+
+
+for _name in ("nonzero", "flatnonzero", "argwhere"):
+    HANDLED[getattr(np, _name)] = _positions(_name)
 
 
 @implements(np.take)

@@ -10,7 +10,7 @@ import operator
 import numpy as np
 
 from ...errors import PlanningError
-from . import routines
+from . import routines, selection
 from .nodes import Full, Outer, Quantile
 from .ops import ExprBase, as_constant, as_node, elemwise, wrap_like
 
@@ -141,25 +141,36 @@ def quantile(op: str, a, q, axis=None, method="linear", keepdims=False,
     [0, 1]): one pass; a task holds whole lines along ``axis`` (a column for
     ``axis=0``: the column read plus NumPy's partitioned float64 copy, about
     ``N * (3 * itemsize + 16)`` bytes for N rows) in bands as wide as fit the
-    budget; refused when one line does not fit. ``axis=None`` (the whole
-    array at once) is refused."""
+    budget; refused when one line does not fit. ``axis=None``: over all
+    elements, computed now (:func:`.selection.quantile`)."""
     n = as_node(a)
-    if axis is None:
-        raise TypeError(f"np.{op}: axis=None (all elements at once) is not supported on "
-                        "TiledArrays; give axis=0 or axis=1")
     if keepdims:
         raise TypeError(f"np.{op}: keepdims=True is not supported on TiledArrays")
-    ax = routines.axis_index(axis, op)
     qa = np.asarray(q, dtype=np.float64)
     if qa.ndim > 1 or np.any((qa < 0) | (qa > 1)) or np.any(np.isnan(qa)):
         raise ValueError("Quantiles must be in the range [0, 1]")
-    if n.shape[ax] == 0:
-        raise PlanningError(f"{op}: an empty axis {ax} has no quantile")
+    if 0 in n.shape:
+        raise PlanningError(f"{op}: an empty array (shape {n.shape}) has no quantile")
+    if dtype is None:
+        dtype = np.asarray(np.quantile(np.ones((2, 2), n.dtype), q, axis=0, method=method)).dtype
+    if n.ndim == 1:  # a vector: its only axis
+        if axis is not None:
+            routines.axis_index(axis, op, 1)  # 0 or -1, else NumPy's AxisError
+            axis = None
+        if not n.small:  # a blocked product (x @ w): computed first
+            a = wrap_like(a, as_constant(np.asarray(a.compute())))
+            n = as_node(a)
+    if axis is None and not n.small:
+        return selection.quantile(op, a, qa, method, dtype)
+    if axis is None:  # a small result: NumPy's quantile of it, in memory
+        shape = () if qa.ndim == 0 else (qa.size,)
+        qs = tuple(float(v) for v in qa.reshape(-1))
+        return wrap_like(a, Quantile(shape, np.dtype(dtype), op, n, None, qs, qa.ndim == 0,
+                                     method))
+    ax = routines.axis_index(axis, op, n.ndim)
     scalar = qa.ndim == 0
     qs = tuple(float(v) for v in qa.reshape(-1))
     other = n.shape[1 - ax]
     shape = (other,) if scalar else (len(qs), other)
-    if dtype is None:
-        dtype = np.asarray(np.quantile(np.ones((2, 2), n.dtype), q, axis=0, method=method)).dtype
     node = Quantile(shape, np.dtype(dtype), op, n, ax, qs, scalar, method)
     return wrap_like(a, node)

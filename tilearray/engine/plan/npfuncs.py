@@ -29,9 +29,10 @@ from .types import Budget, Output, Stage
 
 def _line_stage(node, kind: str, spec, deps, blocks, fn: str, kwargs: tuple, join_axis: int,
                 temp_per_elem: int, budget: Budget, what: str, label: str = "",
-                strips=None) -> Stage:
-    """One task per block (``fn`` of the block: a small array), one join;
-    with ``strips``, each block read strip by strip (:func:`_strip_peak`)."""
+                strips=None, join=None) -> Stage:
+    """One task per block (``fn`` of the block: a small array), one join
+    (along ``join_axis``, or the task ``join`` of the values); with
+    ``strips``, each block read strip by strip (:func:`_strip_peak`)."""
     token = tokenize(kind, spec, blocks, fn, kwargs, deps)
     work, keys = Tasks(), []
     tot, peak = layout.ReadTotals(), 0
@@ -48,7 +49,8 @@ def _line_stage(node, kind: str, spec, deps, blocks, fn: str, kwargs: tuple, joi
         keys.append(work.add((f"{kind}-" + token, i), gnp.block_line, spec, rows, cols, deps,
                              fn, kwargs, strips))
     check_fits(kind, peak, label or str(node), budget)
-    key = work.add(f"{kind}-join-" + token, gnp.join_values, join_axis, *keys)
+    key = work.add(f"{kind}-join-" + token, *((join,) if join else (gnp.join_values, join_axis)),
+                   *keys)
     return Stage("reduce", what, len(work), peak, tot.nbytes, reads=tot.reads,
                  store_gets=tot.gets, work=work.freeze(), outputs={"0": Output("value", (key,))})
 
@@ -126,6 +128,24 @@ def lower_quantile(node, spec, deps: list, budget: Budget) -> Stage:
                        f"read in {len(strips) - 1} strips",
                        f"{short(node)} (exact: one task holds whole lines along axis {ax}, "
                        f"{length} elements each)", strips)
+
+
+def lower_values(node, spec, deps: list, budget: Budget) -> Stage:
+    """A histogram of the elements in an interval, or those elements
+    (:class:`~..expr.nodes.Values`): blocks as large as fit (each read once),
+    then one task summing the histograms or joining the elements."""
+    temps = (op_temporaries(spec) + 3) * 8  # the float64 values, the mask, the selection
+    costs, _ = fit_blocks(spec, node.x.shape, None, temps, budget)
+    blocks = [(r, c) for r in intervals(costs.row_edges) for c in intervals(costs.col_edges)]
+    kwargs = (("lo", node.lo), ("hi", node.hi), ("closed", node.closed))
+    counts = bool(node.edges)
+    if counts:
+        kwargs += (("edges", node.edges),)
+    what = (f"{short(node)}: {len(blocks)} blocks, each read once "
+            f"({'their histograms summed' if counts else 'the elements in the interval joined'})")
+    return _line_stage(node, "values", spec, deps, blocks,
+                       "interval_counts" if counts else "interval_values", kwargs, 0, temps,
+                       budget, what, join=gnp.join_counts if counts else None)
 
 
 def lower_scan(node, spec, deps: list, budget: Budget, out=None, out_grid=None,

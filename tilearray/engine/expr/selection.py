@@ -1,0 +1,162 @@
+"""Exact quantiles and histograms over all the elements of a matrix
+(``np.median(X)``, ``np.percentile(X, 99)``, ``np.histogram(X)``): computed
+now, in a few passes over the matrix, never holding it.
+
+One pass finds the NaN and infinity counts and the finite range. A
+histogram of :data:`BINS` bins over an interval (a pass, each block binned
+by NumPy against the same edges) tells which bin holds the order statistic
+of rank ``r`` and its rank inside that bin; the bin becomes the interval,
+until it holds at most :data:`SELECT_LIMIT` elements, which one more pass
+gathers and NumPy sorts. Binning compares each element's float64 value with
+the edges exactly, so every pass puts an element on the same side of every
+edge: the counts add up and the rank found is exact. Continuous data take
+one histogram pass (a billion values spread over 4096 bins leave a few
+hundred thousand); ties stop early (a bin whose smallest and largest values
+are equal holds the answer).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+from dask.base import tokenize
+
+from ...errors import PlanningError
+from .nodes import Constant, Values
+from .ops import ExprBase, as_node, wrap_like
+
+BINS = 4096
+"""Bins of each histogram pass."""
+SELECT_LIMIT = 1 << 22
+"""At most this many elements (32 MiB of float64) are gathered in one task."""
+METHODS = ("linear", "lower", "higher", "midpoint", "nearest")
+"""The ``method=`` of quantiles over more than :data:`SELECT_LIMIT` elements
+(at most that many: every method, NumPy on the gathered elements)."""
+
+
+def _compute(node) -> np.ndarray:
+    return np.asarray(node.compute())
+
+
+class _Ranks:
+    """Order statistics of the elements of ``a`` (NaNs and infinities left
+    out: counted apart) by rank, with the passes shared between ranks."""
+
+    def __init__(self, a, n_neg_inf: int, n_finite: int, lo: float, hi: float):
+        self.a, self.n_neg_inf, self.n_finite = a, n_neg_inf, n_finite
+        self.lo, self.hi = lo, hi
+        self._passes: dict = {}
+
+    def _run(self, lo, hi, closed, edges=(), count=0):
+        key = (lo, hi, closed, edges)
+        if key not in self._passes:
+            n = as_node(self.a)
+            shape = (len(edges) + 1,) if edges else (count,)
+            dtype = np.dtype("float64") if edges else n.dtype
+            node = Values(shape, dtype, n, float(lo), float(hi), closed, tuple(edges))
+            self._passes[key] = _compute(wrap_like(self.a, node))
+        return self._passes[key]
+
+    def __call__(self, r: int):
+        """The element of rank ``r`` (0-based, in sorted order: -inf first,
+        +inf after the finite ones)."""
+        if r < self.n_neg_inf:
+            return -np.inf
+        r -= self.n_neg_inf
+        if r >= self.n_finite:
+            return np.inf
+        lo, hi, closed, count = self.lo, self.hi, True, self.n_finite
+        while count > SELECT_LIMIT:
+            edges = tuple(np.linspace(lo, hi, BINS + 1).tolist())
+            res = self._run(lo, hi, closed, edges)
+            counts, smallest, largest = res[:-2], res[-2], res[-1]
+            if smallest == largest:  # every element of the interval is equal
+                return smallest
+            cum = np.cumsum(counts)
+            t = int(np.searchsorted(cum, r, side="right"))
+            r -= int(cum[t - 1]) if t else 0
+            count = int(counts[t])
+            # NumPy's bins are [e_t, e_t+1), the last one closed
+            lo, hi, closed = edges[t], edges[t + 1], closed and t == BINS - 1
+        values = self._run(lo, hi, closed, count=count)
+        if len(values) != count:
+            raise PlanningError(f"quantile: the interval [{lo}, {hi}] held {len(values)} "
+                                f"elements, the histogram counted {count}: did the array "
+                                "change while it was read?")
+        return np.partition(values, r)[r]
+
+
+def _census(a):
+    """``(NaNs, -infs, +infs, finite count, finite min, finite max)``: one pass."""
+    finite = np.where(np.isfinite(a), a, np.nan)
+    parts = [np.isnan(a).sum(), (a == -np.inf).sum(), (a == np.inf).sum(),
+             np.nanmin(finite), np.nanmax(finite)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all NaN: nanmin warns
+        n_nan, n_neg, n_pos, lo, hi = _compute(np.stack(parts)).tolist()
+    n_nan, n_neg, n_pos = int(n_nan), int(n_neg), int(n_pos)
+    return n_nan, n_neg, n_pos, a.size - n_nan - n_neg - n_pos, lo, hi
+
+
+def quantile(op: str, a, q: np.ndarray, method: str, dtype) -> ExprBase:
+    """Exact ``np.quantile(a, q)`` / ``np.nanquantile`` over all elements of
+    a stored matrix (``q`` in [0, 1], scalar or 1-D), computed now; the
+    result wraps NumPy's value (``float()``, ``.compute()`` give it)."""
+    n_nan, n_neg, n_pos, n_fin, lo, hi = _census(a)
+    n = a.size - (n_nan if op == "nanquantile" else 0)
+    qs = np.atleast_1d(q)
+    if (op == "quantile" and n_nan) or n == 0:
+        if n == 0:
+            warnings.warn("All-NaN slice encountered", RuntimeWarning, stacklevel=4)
+        out = np.full(qs.shape, np.nan, dtype=dtype)
+    elif n <= SELECT_LIMIT:  # the elements gathered: NumPy's answer, for any method
+        ranks = _Ranks(a, 0, n, -np.inf, np.inf)
+        values = ranks._run(-np.inf, np.inf, True, count=n)
+        out = np.asarray(np.quantile(values, qs, method=method), dtype=dtype)
+    else:
+        if method not in METHODS:
+            raise PlanningError(f"np.{op}: method={method!r} over all {a.size} elements is not "
+                                f"supported (more than {SELECT_LIMIT}): use one of {METHODS}, "
+                                "or an axis")
+        ranks = _Ranks(a, n_neg, n_fin, lo, hi)
+        out = np.asarray([_one(ranks, n, float(p), method, as_node(a).dtype) for p in qs],
+                         dtype=dtype)
+    value = np.asarray(out if np.ndim(q) else out[0])
+    return wrap_like(a, Constant(tuple(value.shape), value.dtype, value, tokenize(value)))
+
+
+def _one(ranks, n: int, p: float, method: str, in_dtype):
+    """Quantile ``p`` of ``n`` sorted elements from their order statistics:
+    NumPy's own ``np.quantile`` of the two around its virtual index."""
+    h = (n - 1) * p
+    if method == "nearest":
+        return ranks(int(np.around(h)))
+    prev = int(np.floor(h))
+    pair = np.asarray([ranks(prev), ranks(min(prev + 1, n - 1))]).astype(in_dtype)
+    return np.quantile(pair, h - prev, method=method)
+
+
+def histogram(a, bins=10, range=None, density=None):  # noqa: A002
+    """``np.histogram`` of all elements of a stored matrix, computed now:
+    ``(counts, bin_edges)`` as NumPy (``bins`` a count or edges; the range,
+    when not given, from a first pass)."""
+    if isinstance(bins, str):
+        raise PlanningError(f"np.histogram: bins={bins!r} (estimated from the data) is not "
+                            "supported on a stored matrix; give a number of bins or edges")
+    if range is None and np.ndim(bins) == 0:
+        n_nan, n_neg, n_pos, _, lo, hi = _census(a)
+        if n_nan or n_neg or n_pos or not np.isfinite(lo):  # NumPy's message, its min / max
+            lo = np.nan if n_nan or not np.isfinite(lo) else -np.inf if n_neg else lo
+            hi = np.nan if n_nan or not np.isfinite(hi) else np.inf if n_pos else hi
+            raise ValueError(f"autodetected range of [{lo}, {hi}] is not finite")
+        range = (lo, hi)  # noqa: A001
+    edges = np.histogram_bin_edges(np.asarray(range if range is not None else [0.0],
+                                              dtype=np.float64), bins=bins, range=range)
+    node = Values((len(edges) + 1,), np.dtype("float64"), as_node(a), float(edges[0]),
+                  float(edges[-1]), True, tuple(edges.tolist()))
+    counts = _compute(wrap_like(a, node))[:-2].astype(np.intp)
+    if density:
+        db = np.diff(edges).astype(np.float64)
+        return counts / db / counts.sum(), edges
+    return counts, edges
