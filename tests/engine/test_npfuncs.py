@@ -830,3 +830,25 @@ def test_median_percentile_histogram_of_all_elements(thread_engine, mats, narrow
         np.histogram(b, bins="auto")
     with pytest.raises(ValueError, match="range"):
         np.quantile(b, 1.5)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "int32"])
+def test_isin_digitize(thread_engine, mats, tmp_path, dtype):
+    """Elementwise with a small table, fused into the reads: exact."""
+    x, a = mats[dtype]
+    y, b = mats["y"]
+    for f in [lambda u: np.isin(u, [0, 1, 5, -3]), lambda u: np.isin(u, [1.5, 2], invert=True),
+              lambda u: np.digitize(u, [-1.0, 0.0, 0.5, 2.0]),
+              lambda u: np.digitize(u, [3, 1, -1], right=True),
+              lambda u: np.isin(u, np.arange(-20, 20))]:
+        check(f(a), f(x), tmp_path, exact=True)
+    check(np.isin(a, b[:3, 0]), np.isin(x, y[:3, 0]), exact=True)  # a small result's values
+    np.testing.assert_array_equal(np.isin(y[:3, 0], b[:3, 0]), [True, True, True])
+    with pytest.raises(ValueError, match="monotonically"):
+        np.digitize(a, [1, 0, 2])
+    with pytest.raises(ta.PlanningError, match="at most"):
+        np.isin(a, np.arange(100_000))
+    with pytest.raises(TypeError, match="not modified in place"):
+        a[0, 0] = 1
+    with pytest.raises(IndexError, match="np.where"):
+        a[a > 0]

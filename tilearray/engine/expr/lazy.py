@@ -290,6 +290,11 @@ class LazyArray(ExprBase):
             shape.append(len(range(start, stop, step)))
         return type(self)(SliceNode(tuple(shape), n.dtype, n, tuple(starts), tuple(steps)))
 
+    def __setitem__(self, key, value):
+        raise TypeError("TiledArrays are not modified in place: build the new array "
+                        "lazily (np.where(mask, value, a), np.concatenate, ...) and store it "
+                        "with .to_zarr(path)")
+
     def _vector_item(self, key) -> LazyArray:
         """``v[a:b:c]``, ``v[:, None]`` (a column) or ``v[None, :]`` (a row) of
         a 1-D array held in memory (a stored vector, a reduction's result)."""

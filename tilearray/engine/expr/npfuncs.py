@@ -13,6 +13,7 @@ import operator
 
 import numpy as np
 
+from ...errors import PlanningError
 from . import routines, selection, statistics
 from .lazy import LazyArray
 from .ops import HANDLED, elemwise, matmul, reduce_as
@@ -238,6 +239,43 @@ def histogram(a, bins=10, range=None, density=None, weights=None):  # noqa: A002
     if isinstance(bins, LazyArray):
         bins = np.asarray(bins.compute())
     return np.histogram(a, bins=bins, range=range, density=density, weights=weights)
+
+
+_TABLE_LIMIT = 65_536
+"""Elements of the table ``np.isin`` / ``np.digitize`` carry into every task."""
+
+
+def _table(values, name: str, what: str) -> tuple:
+    """A small NumPy table of an elementwise op (a small result computed
+    first), as a tuple (it travels in the op, hashed with it)."""
+    if isinstance(values, LazyArray):
+        values = _small_values(values, name, f"give the {what} as a NumPy array")
+    values = np.asarray(values)
+    if values.dtype.kind not in "biuf":
+        raise TypeError(f"np.{name}: {what} of dtype {values.dtype} are not supported")
+    if values.size > _TABLE_LIMIT:
+        raise PlanningError(f"np.{name}: {values.size} {what} (every task carries them; at "
+                            f"most {_TABLE_LIMIT})")
+    return tuple(values.reshape(-1).tolist())
+
+
+@implements(np.isin)
+def isin(element, test_elements, assume_unique=False, invert=False, *, kind=None):
+    """Elementwise membership in a small set (NumPy's values; fused into the reads)."""
+    if not isinstance(element, LazyArray):  # a NumPy element against a small result
+        return np.isin(element, _small_values(test_elements, "isin", ""), invert=invert)
+    table = tuple(np.unique(np.asarray(_table(test_elements, "isin", "test elements"))).tolist())
+    return elemwise("isin", element, test_elements=table, invert=bool(invert))
+
+
+@implements(np.digitize)
+def digitize(x, bins, right=False):
+    """Elementwise bin numbers against monotonic ``bins`` (fused into the reads)."""
+    table = _table(bins, "digitize", "bins")
+    b = np.asarray(table)
+    if b.ndim != 1 or not (np.all(np.diff(b) >= 0) or np.all(np.diff(b) <= 0)):
+        raise ValueError("bins must be monotonically increasing or decreasing")
+    return elemwise("digitize", x, bins=table, right=bool(right))
 
 
 @implements(np.where)

@@ -133,7 +133,10 @@ def mask_positions(mask, size: int, axis: int) -> np.ndarray:
     if isinstance(mask, ExprBase):
         m = as_node(mask)
         if m.ndim != 1 and not (m.ndim == 2 and 1 in m.shape):
-            raise IndexError(f"a boolean index must be 1-D, got shape {m.shape}")
+            raise IndexError(f"a boolean index must be 1-D, got shape {m.shape} (NumPy's "
+                             "a[mask] of a 2-D mask, a 1-D array of any length, is not "
+                             "supported: keep the shape with np.where(mask, a, np.nan), or "
+                             "select rows with a[mask.any(axis=1)])")
         mask = np.asarray(mask.compute())
     mask = np.asarray(mask).reshape(-1)
     if mask.shape[0] != size:
