@@ -109,24 +109,35 @@ def _t_tile(t_spec, t_deps, rows, cols, trans, stats, dtype):
     return _c(t_spec, rows, cols, t_deps, stats, dtype)
 
 
+def term(t_spec, t_deps, edges, i: int, k: int, trans: bool, dtype, solved):
+    """``T_ik X_k``: row tile ``i``'s term for the solved row tile ``k``
+    (``solved``: its task's result), one tile of T read."""
+    stats = IOStats()
+    t_ik = _t_tile(t_spec, t_deps, edges[i], edges[k], trans, stats, dtype)
+    x_k = solved[0]
+    return kern.gemm_update(np.zeros((t_ik.shape[0], x_k.shape[1]), t_ik.dtype, order="F"),
+                            t_ik, x_k), counted(stats.as_dict())
+
+
 def substitute(t_spec, t_deps, b_spec, b_deps, edges, i: int, ncols: int, options: tuple,
-               dtype, done: tuple, *solved):
-    """Row tile ``i`` of X in ``T X = B``: ``B_i - sum_k T_ik X_k`` over the
-    row tiles ``done`` (their values ``solved``, in order), then the diagonal
-    tile's triangular solve. ``options``: ``lower`` (of the stored S),
-    ``trans`` (T = S^T), ``unit`` (unit diagonal)."""
+               dtype, *terms):
+    """Row tile ``i`` of X in ``T X = B``: ``B_i - sum_k T_ik X_k`` (the
+    negated ``terms`` of the row tiles solved before it, computed by their
+    own tasks as soon as each was solved), then the diagonal tile's
+    triangular solve. ``options``: ``lower`` (of the stored S), ``trans``
+    (T = S^T), ``unit`` (unit diagonal). Merges its terms' figures."""
     opts = dict(options)
     stats = IOStats()
     rows = edges[i]
     c = _c(b_spec, rows, (0, ncols), b_deps, stats, dtype)
-    for k, (x_k, _) in zip(done, solved, strict=True):
-        t_ik = _t_tile(t_spec, t_deps, rows, edges[k], opts["trans"], stats, dtype)
-        c = kern.gemm_update(c, t_ik, x_k)
-        del t_ik
+    merged: dict = {}
+    for neg, st in terms:  # each holds -T_ik X_k
+        c += neg
+        merged = merge_stats(merged, st)
     s_ii = _c(t_spec, rows, rows, t_deps, stats, dtype)
     solve = kern.trsm_left_lower if opts["lower"] else kern.trsm_left_upper
     x = solve(s_ii, c, trans=bool(opts["trans"]), unit_diagonal=bool(opts.get("unit")))
-    return np.asarray(x), counted(stats.as_dict())
+    return np.asarray(x), counted(merge_stats(merged, stats.as_dict()))
 
 
 def gather(vector: bool, *parts):

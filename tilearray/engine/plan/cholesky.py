@@ -218,7 +218,10 @@ def trsolve_tile(n: int, ncols: int, t_spec, itemsize: int, budget: Budget) -> i
 
 def lower_trsolve(node, t_spec, b_spec, deps: list, budget: Budget) -> Stage:
     """Blocked substitution ``T X = B`` (``node.options``: ``lower`` of the stored
-    S, ``trans``: T = S^T, ``unit``, ``vector``): one task per row tile, in
+    S, ``trans``: T = S^T, ``unit``, ``vector``): one task per tile left of
+    (or right of, backwards) the diagonal, its term ``T_ik X_k`` computed as
+    soon as ``X_k`` is solved (the workers read the tiles side by side), one
+    task per row tile summing its terms and solving the diagonal tile, in
     order, then a gather task whose value is X."""
     n, ncols = node.x.shape[0], node.y.shape[1]
     dtype = np.dtype(node.dtype)
@@ -234,9 +237,11 @@ def lower_trsolve(node, t_spec, b_spec, deps: list, budget: Budget) -> Stage:
     order = range(len(edges)) if forward else range(len(edges) - 1, -1, -1)
     name = "trsolve-" + tokenize(t_spec, b_spec, deps, edges, node.options)
     work, done, tot = Tasks(), [], layout.ReadTotals()
-    for i in order:
+    for i in order:  # a term per tile left of the diagonal, as soon as its X_k is solved
+        terms = [work.add((name, "term", i, k), gch.term, t_spec, deps, edges, i, k,
+                          bool(opts["trans"]), dtype, (name, k)) for k in done]
         work.add((name, i), gch.substitute, t_spec, deps, b_spec, deps, edges, i, ncols,
-                 node.options, dtype, tuple(done), *[(name, k) for k in done])
+                 node.options, dtype, *terms)
         tiles = [((k, i) if opts["trans"] else (i, k)) for k in done] + [(i, i)]
         tot.add(b_costs.at(i, 0), *(t_costs.at(r, c) for r, c in tiles))
         done.append(i)
@@ -244,7 +249,8 @@ def lower_trsolve(node, t_spec, b_spec, deps: list, budget: Budget) -> Stage:
                    *[(name, i) for i in range(len(edges))])
     return Stage(
         "trsolve", f"{short(node)}: {'forward' if forward else 'backward'} substitution by "
-        f"{len(edges)} row tiles of {b} (each reads its row of T once)", len(work), peak,
+        f"{len(edges)} row tiles of {b} (each tile of T read once, by the task of its term "
+        "as soon as the row tile it multiplies is solved)", len(work), peak,
         tot.nbytes, flops=n * n * ncols, reads=tot.reads, store_gets=tot.gets, work=work.freeze(),
         outputs={"0": Output("value", (key,))})
 
