@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 from numpy.linalg import LinAlgError
 
 
@@ -39,6 +40,16 @@ class OutputLockedError(StorageError):
 
 class PlanningError(TilearrayError, ValueError):
     """An expression or plan is invalid: shapes, dtypes, memory budget."""
+
+
+class PlanningAxisError(PlanningError, np.exceptions.AxisError):
+    """An axis out of bounds for the array (NumPy's ``AxisError``)."""
+
+    def __init__(self, message: str):
+        PlanningError.__init__(self, message)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class ClusterError(TilearrayError, RuntimeError):

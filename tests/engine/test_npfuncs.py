@@ -636,6 +636,11 @@ def test_ufunc_reduce_and_accumulate(thread_engine, mats):
         np.subtract.reduce(a)
     with pytest.raises(TypeError, match="initial"):
         np.add.reduce(a, initial=1.0)
+    with pytest.raises(ValueError, match="axis=None"):
+        np.add.accumulate(a, axis=None)
+    for bad in [lambda: np.add.reduce(a, 2), lambda: a.sum(axis=2), lambda: a.max(axis=-3)]:
+        with pytest.raises(np.exceptions.AxisError):  # NumPy's error (a PlanningError too)
+            bad()
 
 
 def test_products_axes_and_small_helpers(thread_engine, mats):
@@ -662,6 +667,7 @@ def test_products_axes_and_small_helpers(thread_engine, mats):
     assert a.tolist() == x.tolist()
     assert np.array_equal(a, a) and not np.array_equal(a, a[:, ::-1])
     assert not np.array_equal(a, a[1:])
+    assert np.array_equal(a, x) and np.array_equal(x, a)  # a NumPy operand
     xn, an = mats["float64"]
     assert not np.array_equal(an, an) and np.array_equal(an, an, equal_nan=True)
     with pytest.raises(ValueError, match="shape-mismatch"):
@@ -714,6 +720,7 @@ def test_roll_tile_repeat(thread_engine, mats, tmp_path, dtype):
         np.tile(a, (2, 1, 1))
     with pytest.raises(ValueError):
         np.repeat(a, [1, 2], axis=0)  # NumPy's own: repeats of the wrong length
+    np.testing.assert_array_equal(np.repeat(a[:, 0], 2), np.repeat(x[:, 0], 2))  # a vector
 
 
 def test_searchsorted_and_positions_of_small_results(thread_engine, mats):
@@ -771,32 +778,39 @@ def narrow(monkeypatch):
 @HYP
 @given(m=st.integers(1, 40), n=st.integers(1, 12), tile=st.tuples(st.integers(1, 9),
                                                                    st.integers(1, 9)),
-       kind=st.sampled_from(["normal", "ties", "int", "special"]),
+       kind=st.sampled_from(["normal", "ties", "int", "special", "bigint", "f32"]),
        q=st.one_of(st.floats(0, 1), st.lists(st.floats(0, 1), min_size=1, max_size=2)),
        method=st.sampled_from(METHODS_ALL), nan=st.booleans(),
-       name=st.sampled_from(["quantile", "nanquantile"]), data=st.data())
+       name=st.sampled_from(["quantile", "nanquantile", "median", "nanmedian"]),
+       data=st.data())
 def test_quantile_of_all_elements_hypothesis(thread_engine, tmp_path_factory, narrow, m, n, tile,
                                              kind, q, method, nan, name, data):
     """Exactly NumPy's value and dtype, through several histogram passes
-    (16 bins, at most 30 elements gathered): ties, integers, infinities, -0.0."""
+    (16 bins, at most 30 elements gathered): ties, integers (int64 beyond
+    2**53: compared as integers), float32 (NumPy's dtype rules for a q list),
+    infinities, -0.0, a range wider than the largest float; medians as
+    NumPy's (the mean of the middle two, not the 0.5 quantile's lerp)."""
     rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
     x = {"normal": lambda: rng.standard_normal((m, n)),
          "ties": lambda: rng.integers(-2, 3, (m, n)) * 0.5,
          "int": lambda: rng.integers(-1000, 1000, (m, n)).astype("int32"),
-         "special": lambda: rng.choice([-np.inf, np.inf, 0.0, -0.0, 1e300, -1e-300, 7.0],
-                                       (m, n))}[kind]()
+         "special": lambda: rng.choice([-np.inf, np.inf, 0.0, -0.0, 1e300, -1e-300, 7.0,
+                                        1.7e308, -1.7e308], (m, n)),
+         "bigint": lambda: (2**60 + rng.integers(0, 5, (m, n))).astype("int64"),
+         "f32": lambda: rng.standard_normal((m, n)).astype("float32")}[kind]()
     if nan and x.dtype.kind == "f":
         x[rng.random(x.shape) < 0.2] = np.nan
     a = ta.from_numpy(x, tmp_path_factory.mktemp("q") / "x.zarr", tile=tile)
+    args, kw = ((), {}) if name.endswith("median") else ((q,), {"method": method})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        want = getattr(np, name)(x, q, method=method)
-        got = np.asarray(getattr(np, name)(a, q, method=method).compute())
+        want = getattr(np, name)(x, *args, **kw)
+        got = np.asarray(getattr(np, name)(a, *args, **kw).compute())
     assert got.dtype == np.asarray(want).dtype and got.shape == np.shape(want)
     np.testing.assert_array_equal(got, want)
 
 
-def test_median_percentile_histogram_of_all_elements(thread_engine, mats, narrow):
+def test_median_percentile_histogram_of_all_elements(thread_engine, mats, narrow, tmp_path):
     """np.median(X), np.percentile(X, 99), np.histogram(X) as a user writes
     them; the passes read X (each block once per pass), nothing held whole."""
     y, b = mats["y"]
@@ -828,6 +842,27 @@ def test_median_percentile_histogram_of_all_elements(thread_engine, mats, narrow
                                   np.histogram(x, range=(-1, 1))[0])
     with pytest.raises(ta.PlanningError, match="bins='auto'"):
         np.histogram(b, bins="auto")
+    # float32 data: NumPy's float32 edges (an element on an edge binned as NumPy)
+    f = np.array([[np.float32(-0.71428573), 0.5, 1.0, -1.0]], dtype=np.float32)
+    af = ta.from_numpy(f, tmp_path / "f.zarr", tile=(1, 3))
+    for got, want in zip(np.histogram(af, 7, range=(-1, 1)), np.histogram(f, 7, range=(-1, 1)),
+                         strict=True):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+    e = ta.from_numpy(np.zeros((0, 4)), tmp_path / "e.zarr", tile=(2, 3))  # empty: as NumPy
+    for kw in [{}, {"bins": 3, "range": (0, 1)}, {"bins": [0, 1]}]:
+        for got, want in zip(np.histogram(e, **kw), np.histogram(np.zeros((0, 4)), **kw),
+                             strict=True):
+            np.testing.assert_array_equal(got, want)
+    with pytest.warns(RuntimeWarning):
+        assert np.isnan(float(np.median(e)))
+    big = np.array([[1e308, 1.5e308], [np.inf, np.inf]])  # the mean overflows, as NumPy's
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert float(np.median(ta.from_numpy(big, tmp_path / "big.zarr", tile=(1, 1)))) == \
+            np.median(big)
+    bools = ta.from_numpy(np.eye(3, dtype=bool), tmp_path / "bool.zarr", tile=(2, 2))
+    assert float(np.median(bools)) == np.median(np.eye(3, dtype=bool))
     with pytest.raises(ValueError, match="range"):
         np.quantile(b, 1.5)
 

@@ -108,26 +108,40 @@ def scan_block(spec, rows, cols, dtype, out_ref, deps, op: str, axis: int, carry
 # axis=None); a value's key is its float64 value, compared exactly with the edges.
 
 
-def _in_interval(x: np.ndarray, lo: float, hi: float, closed: bool) -> np.ndarray:
-    """The elements of block ``x`` whose key is in ``[lo, hi)`` (``[lo, hi]``
-    when ``closed``), NaNs never; flattened, in their own dtype."""
+def _exact(v: np.ndarray, lo, hi) -> bool:
+    """Integers against integer bounds are compared as integers (exact beyond 2**53)."""
+    return v.dtype.kind in "iu" and isinstance(lo, int) and isinstance(hi, int)
+
+
+def _in_interval(x: np.ndarray, lo, hi, closed: bool) -> np.ndarray:
+    """The elements of block ``x`` in ``[lo, hi)`` (``[lo, hi]`` when
+    ``closed``), NaNs never, compared as float64 (integers against integer
+    bounds: as integers); flattened, in their own dtype."""
     v = x.reshape(-1)
-    keys = v.astype(np.float64, copy=False)
+    keys = v if _exact(v, lo, hi) else v.astype(np.float64, copy=False)
     mask = (keys >= lo) & ((keys <= hi) if closed else (keys < hi))
     return v[mask]
 
 
-def interval_counts(x, lo: float, hi: float, closed: bool, edges):
-    """``[counts per bin of edges..., min, max]`` (float64) of the elements
-    in the interval (:func:`_in_interval`): NumPy's histogram of them over
-    ``edges`` (spanning the interval), their smallest and largest key."""
-    sel = _in_interval(x, lo, hi, closed).astype(np.float64, copy=False)
-    counts = np.histogram(sel, bins=np.asarray(edges))[0].astype(np.float64)
-    ends = [sel.min(), sel.max()] if sel.size else [np.inf, -np.inf]
-    return np.concatenate([counts, ends])
+def interval_counts(x, lo, hi, closed: bool, edges):
+    """``[counts per bin of edges..., min, max]`` of the elements in the
+    interval (:func:`_in_interval`): NumPy's histogram of them over
+    ``edges`` (spanning the interval), their smallest and largest value
+    (float64; int64 / uint64 for integers against integer edges)."""
+    sel = _in_interval(x, lo, hi, closed)
+    if _exact(sel, lo, hi):
+        kind = np.dtype("int64" if sel.dtype.kind == "i" else "uint64")
+        sel = sel.astype(kind, copy=False)
+        empty = [np.iinfo(kind).max, np.iinfo(kind).min]
+    else:
+        kind, empty = np.dtype("float64"), [np.inf, -np.inf]
+        sel = sel.astype(kind, copy=False)
+    counts = np.histogram(sel, bins=np.asarray(edges))[0].astype(kind)
+    ends = [sel.min(), sel.max()] if sel.size else empty
+    return np.concatenate([counts, np.asarray(ends, dtype=kind)])
 
 
-def interval_values(x, lo: float, hi: float, closed: bool):
+def interval_values(x, lo, hi, closed: bool):
     """The elements in the interval (:func:`_in_interval`), in block order."""
     return _in_interval(x, lo, hi, closed)
 

@@ -371,7 +371,8 @@ class Scan(Node):
 @dataclass(frozen=True, eq=False)
 class Quantile(Node):
     """Exact ``np.quantile(x, q, axis, method=...)`` (``op``: quantile or
-    nanquantile), whole lines along ``axis`` in one task each."""
+    nanquantile; median or nanmedian: NumPy's median, ``q`` 0.5), whole
+    lines along ``axis`` in one task each."""
 
     op: str = "quantile"
     x: Node = None
@@ -432,8 +433,9 @@ class Values(Node):
     block order (shape: their count, known from an earlier histogram)."""
 
     x: Node = None
-    lo: float = 0.0
-    hi: float = 0.0
+    lo: Any = 0.0
+    """The interval's bounds (Python ints for integers: compared exactly)."""
+    hi: Any = 0.0
     closed: bool = True
     edges: tuple = ()
 

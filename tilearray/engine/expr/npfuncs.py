@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import operator
+import warnings
 
 import numpy as np
 
@@ -447,6 +448,8 @@ def array_equal(a1, a2, equal_nan=False):
     """Same shape and elements (one pass, computed now: a bool as NumPy's)."""
     if np.shape(a1) != np.shape(a2):
         return False
+    if isinstance(a1, np.ndarray) or isinstance(a2, np.ndarray):  # one is in memory already
+        return np.array_equal(np.asarray(a1), np.asarray(a2), equal_nan=equal_nan)
     same = a1 == a2
     if equal_nan:
         same = same | (np.isnan(a1) & np.isnan(a2))
@@ -502,6 +505,8 @@ def tile(A, reps):
 def repeat(a, repeats, axis=None):
     """Each row (``axis=0``) or column (``axis=1``) repeated: a gather of the
     positions ``np.repeat(np.arange(n), repeats)``."""
+    if np.ndim(a) == 1:  # a vector: in memory, as NumPy
+        return np.repeat(_small_values(a, "repeat", ""), repeats, axis)
     if axis is None:
         raise TypeError("np.repeat: axis=None (the flattened array) is not supported on "
                         "TiledArrays; give axis=0 or axis=1")
@@ -616,14 +621,23 @@ for _f, _op, _scale in [(np.quantile, "quantile", 1.0), (np.nanquantile, "nanqua
     HANDLED[_f] = _quantile(_f.__name__, _op, _scale)
 
 
-@implements(np.median)
-def median(a, axis=None, out=None, overwrite_input=False, keepdims=False):
-    return HANDLED[np.quantile](a, 0.5, axis, out, keepdims=keepdims)
+def _median(name: str):
+    np_func = getattr(np, name)
+
+    def impl(a, axis=None, out=None, overwrite_input=False, keepdims=False):
+        """NumPy's median: the mean of the middle one or two (not the 0.5 quantile's lerp)."""
+        if out is not None:
+            raise TypeError(f"np.{name}: out= is not supported on TiledArrays")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            dtype = np.asarray(np_func(np.ones((2, 2), a.dtype), axis=0)).dtype
+        return statistics.quantile(name, a, 0.5, axis, "linear", keepdims, dtype)
+
+    impl.__name__ = name
+    return impl
 
 
-@implements(np.nanmedian)
-def nanmedian(a, axis=None, out=None, overwrite_input=False, keepdims=False):
-    return HANDLED[np.nanquantile](a, 0.5, axis, out, keepdims=keepdims)
+HANDLED[np.median], HANDLED[np.nanmedian] = _median("median"), _median("nanmedian")
 
 
 # -- einsum: the subscripts that are a transpose, a reduction, a product --------------------

@@ -11,7 +11,7 @@ import warnings
 import numpy as np
 from dask.base import tokenize
 
-from ...errors import PlanningError
+from ...errors import PlanningAxisError, PlanningError
 from ...graphs.reduction import NO_IDENTITY, OPS, VARIANCES
 from ...graphs.spec import func
 from .nodes import Constant, Elemwise, MatMul, MatVec, Node, Reduce
@@ -172,7 +172,7 @@ def build_reduction(op, x, axis, keepdims, ddof) -> ExprBase:
                 not isinstance(a, bool) and -n.ndim <= a < n.ndim else None
                 for a in axis}
         if None in axes or len(axes) != len(axis):
-            raise PlanningError(f"{op}: axis {tuple(axis)!r} is out of bounds or repeated for "
+            raise PlanningAxisError(f"{op}: axis {tuple(axis)!r} is out of bounds or repeated for "
                                 f"shape {n.shape}")
         axis = None if len(axes) == n.ndim else (axes.pop() if axes else "none")
         if axis == "none":
@@ -183,7 +183,7 @@ def build_reduction(op, x, axis, keepdims, ddof) -> ExprBase:
             raise PlanningError(f"{op}: axis must be an integer, a tuple of them or None, "
                                 f"got {axis!r} ({type(axis).__name__})")
         if not -n.ndim <= axis < n.ndim:
-            raise PlanningError(f"{op}: axis {axis!r} is out of bounds for shape {n.shape}")
+            raise PlanningAxisError(f"{op}: axis {axis!r} is out of bounds for shape {n.shape}")
         axis = int(axis) % n.ndim
     if op in NO_IDENTITY:
         red = n.shape if axis is None else (n.shape[axis],)

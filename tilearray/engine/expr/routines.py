@@ -272,6 +272,8 @@ def ufunc_method(ufunc, method: str, a, axis=0, dtype=None, out=None, keepdims=F
                         "supported on TiledArrays")
     _operand(a, name)
     if method == "accumulate":
+        if axis is None:
+            raise ValueError(f"{name}: axis=None is not valid for accumulate (NumPy's rule)")
         if keepdims:
             raise TypeError(f"{name}: keepdims= is not an argument")
         return scan(table[ufunc.__name__], a, axis_index(axis, name, as_node(a).ndim), dtype)

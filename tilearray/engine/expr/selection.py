@@ -39,22 +39,42 @@ def _compute(node) -> np.ndarray:
     return np.asarray(node.compute())
 
 
+def _exact_ints(dtype) -> bool:
+    """Integers are binned as integers (int64 beyond 2**53 has no exact float)."""
+    return np.dtype(dtype).kind in "iu"
+
+
+def _edges(lo, hi, ints: bool) -> tuple:
+    """At most :data:`BINS` bins from ``lo`` to ``hi``: integer edges for
+    integers, else ``np.linspace`` (split at 0 when ``hi - lo`` overflows)."""
+    if ints:  # [lo, hi) half open: bins at least 1 wide, the last ends at hi
+        return tuple(sorted({lo + (hi - lo) * k // BINS for k in range(BINS + 1)}))
+    if np.isfinite(hi - lo):
+        return tuple(np.linspace(lo, hi, BINS + 1).tolist())
+    half = BINS // 2
+    return tuple(np.linspace(lo, 0.0, half + 1).tolist()[:-1] +
+                 np.linspace(0.0, hi, half + 1).tolist())
+
+
 class _Ranks:
     """Order statistics of the elements of ``a`` (NaNs and infinities left
     out: counted apart) by rank, with the passes shared between ranks."""
 
-    def __init__(self, a, n_neg_inf: int, n_finite: int, lo: float, hi: float):
+    def __init__(self, a, n_neg_inf: int, n_finite: int, lo, hi):
         self.a, self.n_neg_inf, self.n_finite = a, n_neg_inf, n_finite
         self.lo, self.hi = lo, hi
+        self.ints = _exact_ints(a.dtype)
         self._passes: dict = {}
 
-    def _run(self, lo, hi, closed, edges=(), count=0):
+    def run(self, lo, hi, closed, edges=(), count=0):
+        """The histogram (``edges``) or the ``count`` elements of the interval."""
         key = (lo, hi, closed, edges)
         if key not in self._passes:
             n = as_node(self.a)
             shape = (len(edges) + 1,) if edges else (count,)
-            dtype = np.dtype("float64") if edges else n.dtype
-            node = Values(shape, dtype, n, float(lo), float(hi), closed, tuple(edges))
+            dtype = (np.dtype("int64" if n.dtype.kind == "i" else "uint64") if self.ints
+                     else np.dtype("float64")) if edges else n.dtype
+            node = Values(shape, dtype, n, lo, hi, closed, tuple(edges))
             self._passes[key] = _compute(wrap_like(self.a, node))
         return self._passes[key]
 
@@ -67,9 +87,13 @@ class _Ranks:
         if r >= self.n_finite:
             return np.inf
         lo, hi, closed, count = self.lo, self.hi, True, self.n_finite
-        while count > SELECT_LIMIT:
-            edges = tuple(np.linspace(lo, hi, BINS + 1).tolist())
-            res = self._run(lo, hi, closed, edges)
+        if self.ints:  # integers: [lo, hi + 1), every bin of a split strictly narrower
+            hi, closed = hi + 1, False
+        for _ in range(4096):  # each split narrows: a bound, never met
+            if count <= SELECT_LIMIT:
+                break
+            edges = _edges(lo, hi, self.ints)
+            res = self.run(lo, hi, closed, edges)
             counts, smallest, largest = res[:-2], res[-2], res[-1]
             if smallest == largest:  # every element of the interval is equal
                 return smallest
@@ -78,8 +102,11 @@ class _Ranks:
             r -= int(cum[t - 1]) if t else 0
             count = int(counts[t])
             # NumPy's bins are [e_t, e_t+1), the last one closed
-            lo, hi, closed = edges[t], edges[t + 1], closed and t == BINS - 1
-        values = self._run(lo, hi, closed, count=count)
+            lo, hi, closed = edges[t], edges[t + 1], closed and t == len(edges) - 2
+        else:
+            raise PlanningError(f"quantile: rank {r} not isolated in [{lo}, {hi}] ({count} "
+                                "elements) after 4096 histogram passes")
+        values = self.run(lo, hi, closed, count=count)
         if len(values) != count:
             raise PlanningError(f"quantile: the interval [{lo}, {hi}] held {len(values)} "
                                 f"elements, the histogram counted {count}: did the array "
@@ -88,7 +115,11 @@ class _Ranks:
 
 
 def _census(a):
-    """``(NaNs, -infs, +infs, finite count, finite min, finite max)``: one pass."""
+    """``(NaNs, -infs, +infs, finite count, finite min, finite max)``: one
+    pass (integers: their exact min and max)."""
+    if _exact_ints(a.dtype) or a.dtype == np.bool_:
+        lo, hi = _compute(np.stack([a.min(), a.max()])).tolist()
+        return 0, 0, 0, a.size, lo, hi
     finite = np.where(np.isfinite(a), a, np.nan)
     parts = [np.isnan(a).sum(), (a == -np.inf).sum(), (a == np.inf).sum(),
              np.nanmin(finite), np.nanmax(finite)]
@@ -100,61 +131,87 @@ def _census(a):
 
 
 def quantile(op: str, a, q: np.ndarray, method: str, dtype) -> ExprBase:
-    """Exact ``np.quantile(a, q)`` / ``np.nanquantile`` over all elements of
-    a stored matrix (``q`` in [0, 1], scalar or 1-D), computed now; the
-    result wraps NumPy's value (``float()``, ``.compute()`` give it)."""
+    """Exact ``np.quantile(a, q)`` / ``np.nanquantile`` (``op``; ``median``
+    and ``nanmedian``: NumPy's median, the mean of the two middle elements)
+    over all elements of a stored matrix (``q`` in [0, 1], scalar or 1-D),
+    computed now; the result wraps NumPy's value (``float()``,
+    ``.compute()`` give it)."""
+    median = op.endswith("median")
     n_nan, n_neg, n_pos, n_fin, lo, hi = _census(a)
-    n = a.size - (n_nan if op == "nanquantile" else 0)
+    skip_nan = op.startswith("nan")
+    n = a.size - (n_nan if skip_nan else 0)
     qs = np.atleast_1d(q)
-    if (op == "quantile" and n_nan) or n == 0:
+    in_dtype = as_node(a).dtype
+    if (not skip_nan and n_nan) or n == 0:
         if n == 0:
             warnings.warn("All-NaN slice encountered", RuntimeWarning, stacklevel=4)
         out = np.full(qs.shape, np.nan, dtype=dtype)
     elif n <= SELECT_LIMIT:  # the elements gathered: NumPy's answer, for any method
         ranks = _Ranks(a, 0, n, -np.inf, np.inf)
-        values = ranks._run(-np.inf, np.inf, True, count=n)
-        out = np.asarray(np.quantile(values, qs, method=method), dtype=dtype)
+        lo_all, hi_all = (lo, hi) if ranks.ints else (-np.inf, np.inf)
+        values = ranks.run(lo_all, hi_all, True, count=n)
+        if median:
+            out = np.asarray([np.median(values)], dtype=dtype)
+        else:
+            out = np.asarray(np.quantile(values, qs if np.ndim(q) else qs[0], method=method),
+                             dtype=dtype).reshape(-1)
     else:
         if method not in METHODS:
             raise PlanningError(f"np.{op}: method={method!r} over all {a.size} elements is not "
                                 f"supported (more than {SELECT_LIMIT}): use one of {METHODS}, "
                                 "or an axis")
         ranks = _Ranks(a, n_neg, n_fin, lo, hi)
-        out = np.asarray([_one(ranks, n, float(p), method, as_node(a).dtype) for p in qs],
-                         dtype=dtype)
-    value = np.asarray(out if np.ndim(q) else out[0])
+        if median:  # NumPy's mean of the middle one or two, in its dtype rules
+            mid = [ranks(n // 2)] if n % 2 else [ranks(n // 2 - 1), ranks(n // 2)]
+            out = np.asarray([np.median(np.asarray(mid).astype(in_dtype))], dtype=dtype)
+        else:
+            out = np.asarray([_one(ranks, n, float(p), method, in_dtype, np.ndim(q) > 0)
+                              for p in qs], dtype=dtype)
+    return held(a, out if np.ndim(q) and not median else out[0])
+
+
+def held(a, value) -> ExprBase:
+    """``value`` (computed) as a small TiledArray like ``a``."""
+    value = np.asarray(value)
     return wrap_like(a, Constant(tuple(value.shape), value.dtype, value, tokenize(value)))
 
 
-def _one(ranks, n: int, p: float, method: str, in_dtype):
+def _one(ranks, n: int, p: float, method: str, in_dtype, q_array: bool):
     """Quantile ``p`` of ``n`` sorted elements from their order statistics:
-    NumPy's own ``np.quantile`` of the two around its virtual index."""
+    NumPy's own ``np.quantile`` of the two around its virtual index (``q``
+    given as an array or a scalar, as NumPy's result dtype depends on it)."""
     h = (n - 1) * p
     if method == "nearest":
         return ranks(int(np.around(h)))
     prev = int(np.floor(h))
     pair = np.asarray([ranks(prev), ranks(min(prev + 1, n - 1))]).astype(in_dtype)
-    return np.quantile(pair, h - prev, method=method)
+    frac = h - prev
+    return np.quantile(pair, np.asarray([frac]) if q_array else frac, method=method).reshape(-1)[0]
 
 
 def histogram(a, bins=10, range=None, density=None):  # noqa: A002
     """``np.histogram`` of all elements of a stored matrix, computed now:
     ``(counts, bin_edges)`` as NumPy (``bins`` a count or edges; the range,
-    when not given, from a first pass)."""
+    when not given, from a first pass; edges in the data's float dtype, as
+    NumPy's)."""
     if isinstance(bins, str):
         raise PlanningError(f"np.histogram: bins={bins!r} (estimated from the data) is not "
                             "supported on a stored matrix; give a number of bins or edges")
+    dt = as_node(a).dtype
+    sample = np.empty(0, dtype=dt if dt.kind == "f" else np.float64)
+    if a.size == 0:
+        return np.histogram(sample, bins=bins, range=range, density=density)
     if range is None and np.ndim(bins) == 0:
         n_nan, n_neg, n_pos, _, lo, hi = _census(a)
         if n_nan or n_neg or n_pos or not np.isfinite(lo):  # NumPy's message, its min / max
             lo = np.nan if n_nan or not np.isfinite(lo) else -np.inf if n_neg else lo
             hi = np.nan if n_nan or not np.isfinite(hi) else np.inf if n_pos else hi
             raise ValueError(f"autodetected range of [{lo}, {hi}] is not finite")
-        range = (lo, hi)  # noqa: A001
-    edges = np.histogram_bin_edges(np.asarray(range if range is not None else [0.0],
-                                              dtype=np.float64), bins=bins, range=range)
-    node = Values((len(edges) + 1,), np.dtype("float64"), as_node(a), float(edges[0]),
-                  float(edges[-1]), True, tuple(edges.tolist()))
+        sample = np.asarray([lo, hi], dtype=sample.dtype)
+    edges = np.histogram_bin_edges(sample, bins=bins, range=range)
+    ints = _exact_ints(dt) and np.issubdtype(edges.dtype, np.integer)
+    node = Values((len(edges) + 1,), np.dtype("int64" if ints else "float64"), as_node(a),
+                  edges[0].item(), edges[-1].item(), True, tuple(edges.tolist()))
     counts = _compute(wrap_like(a, node))[:-2].astype(np.intp)
     if density:
         db = np.diff(edges).astype(np.float64)

@@ -6,6 +6,7 @@ operations (matmul, joins, gathers, reductions, elementwise ops): ``cov``,
 from __future__ import annotations
 
 import operator
+import warnings
 
 import numpy as np
 
@@ -149,6 +150,9 @@ def quantile(op: str, a, q, axis=None, method="linear", keepdims=False,
     qa = np.asarray(q, dtype=np.float64)
     if qa.ndim > 1 or np.any((qa < 0) | (qa > 1)) or np.any(np.isnan(qa)):
         raise ValueError("Quantiles must be in the range [0, 1]")
+    if 0 in n.shape and op.endswith("median") and axis is None:  # NumPy: nan, warned
+        warnings.warn("Mean of empty slice.", RuntimeWarning, stacklevel=3)
+        return selection.held(a, np.full((), np.nan, dtype or np.float64))
     if 0 in n.shape:
         raise PlanningError(f"{op}: an empty array (shape {n.shape}) has no quantile")
     if dtype is None:

@@ -463,7 +463,8 @@ class Planner:
             return lower_small_op(node, "take", kwargs, [self.small(node.x)])
         if isinstance(node, nd.Quantile) and node.x.small:
             q = np.asarray(node.q) if not node.scalar_q else node.q[0]
-            kwargs = (("q", q), ("axis", node.axis), ("method", node.method))
+            kwargs = (("q", q), ("axis", node.axis), ("method", node.method)) \
+                if not node.op.endswith("median") else (("axis", node.axis),)
             return lower_small_op(node, node.op, kwargs, [self.small(node.x)])
         if isinstance(node, SliceNode) and node.x.small:
             kwargs = (("shape", tuple(node.shape)), ("start", node.start), ("step", node.step))

@@ -122,6 +122,8 @@ def lower_quantile(node, spec, deps: list, budget: Budget) -> Stage:
     q = np.asarray(node.q, dtype=np.float64)
     kwargs = (("q", q if not node.scalar_q else float(q[0])), ("axis", ax),
               ("method", node.method), ("dtype", np.dtype(node.dtype)))
+    if node.op.endswith("median"):
+        kwargs = (("axis", ax), ("dtype", np.dtype(node.dtype)))
     return _line_stage(node, "quantile", spec, deps, blocks, node.op, kwargs,
                        0 if node.scalar_q else 1, temps, budget,
                        f"{short(node)}: {len(blocks)} bands of whole lines (exact), each "
