@@ -366,7 +366,7 @@ class LazyArray(ExprBase):
         """The same elements in ``shape`` (one ``-1`` is inferred),
         like :meth:`numpy.ndarray.reshape`. A small result (in memory) takes
         any shape; a matrix only gains or loses an axis of length 1 (a
-        column ``(m, 1)`` <-> ``(m,)``, a row ``(1, n)`` <-> ``(n,)``):
+        column ``(m, 1)`` <-> ``(m,)`` <-> ``(1, m)``, a row likewise):
         other reshapes would re-tile it and are refused, naming the shapes."""
         shape = shape[0] if len(shape) == 1 and np.ndim(shape[0]) == 1 else shape
         new = _reshaped(self.shape, tuple(int(operator.index(k)) for k in np.atleast_1d(shape)))
@@ -378,6 +378,8 @@ class LazyArray(ExprBase):
         if n.small:
             return type(self)(Elemwise(new, n.dtype, "reshape", (n,),
                                        (("order", order), ("shape", new))))
+        if n.ndim == 2 and new == n.shape[::-1] and 1 in n.shape:  # a row <-> a column
+            return self.T
         if n.ndim == 2 and len(new) == 1 and 1 in n.shape:
             return self[:, 0] if n.shape[1] == 1 else self[0]
         if n.ndim == 1 and len(new) == 2 and 1 in new:

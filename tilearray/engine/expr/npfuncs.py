@@ -17,7 +17,8 @@ import numpy as np
 from ...errors import PlanningError
 from . import routines, selection, statistics
 from .lazy import LazyArray
-from .ops import HANDLED, elemwise, matmul, reduce_as
+from .nodes import Elemwise
+from .ops import HANDLED, elemwise, matmul, reduce_as, wrap_like
 
 
 def implements(*funcs):
@@ -505,7 +506,12 @@ def tile(A, reps):
 def repeat(a, repeats, axis=None):
     """Each row (``axis=0``) or column (``axis=1``) repeated: a gather of the
     positions ``np.repeat(np.arange(n), repeats)``."""
-    if np.ndim(a) == 1:  # a vector: in memory, as NumPy
+    if np.ndim(a) == 1 and a._node.small:  # a small vector: in memory (lazy), as NumPy
+        reps = repeats if np.ndim(repeats) == 0 else tuple(np.asarray(repeats).tolist())
+        shape = np.repeat(np.empty(a.shape, bool), reps, axis).shape  # NumPy's checks
+        return wrap_like(a, Elemwise(shape, a.dtype, "repeat", (a._node,),
+                                     (("axis", axis), ("repeats", reps))))
+    if np.ndim(a) == 1:  # a blocked product (x @ w): computed first
         return np.repeat(_small_values(a, "repeat", ""), repeats, axis)
     if axis is None:
         raise TypeError("np.repeat: axis=None (the flattened array) is not supported on "
