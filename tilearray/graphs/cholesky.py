@@ -114,16 +114,14 @@ def term(t_spec, t_deps, edges, i: int, k: int, trans: bool, dtype, solved):
     (``solved``: its task's result), one tile of T read."""
     stats = IOStats()
     t_ik = _t_tile(t_spec, t_deps, edges[i], edges[k], trans, stats, dtype)
-    x_k = solved[0]
-    return kern.gemm_update(np.zeros((t_ik.shape[0], x_k.shape[1]), t_ik.dtype, order="F"),
-                            t_ik, x_k), counted(stats.as_dict())
+    return t_ik @ solved[0], counted(stats.as_dict())
 
 
 def substitute(t_spec, t_deps, b_spec, b_deps, edges, i: int, ncols: int, options: tuple,
                dtype, *terms):
     """Row tile ``i`` of X in ``T X = B``: ``B_i - sum_k T_ik X_k`` (the
-    negated ``terms`` of the row tiles solved before it, computed by their
-    own tasks as soon as each was solved), then the diagonal tile's
+    ``terms`` of the row tiles solved before it, computed by their own
+    tasks as soon as each was solved), then the diagonal tile's
     triangular solve. ``options``: ``lower`` (of the stored S), ``trans``
     (T = S^T), ``unit`` (unit diagonal). Merges its terms' figures."""
     opts = dict(options)
@@ -131,8 +129,8 @@ def substitute(t_spec, t_deps, b_spec, b_deps, edges, i: int, ncols: int, option
     rows = edges[i]
     c = _c(b_spec, rows, (0, ncols), b_deps, stats, dtype)
     merged: dict = {}
-    for neg, st in terms:  # each holds -T_ik X_k
-        c += neg
+    for t, st in terms:
+        c -= t
         merged = merge_stats(merged, st)
     s_ii = _c(t_spec, rows, rows, t_deps, stats, dtype)
     solve = kern.trsm_left_lower if opts["lower"] else kern.trsm_left_upper

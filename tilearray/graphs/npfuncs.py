@@ -108,36 +108,38 @@ def scan_block(spec, rows, cols, dtype, out_ref, deps, op: str, axis: int, carry
 # axis=None); a value's key is its float64 value, compared exactly with the edges.
 
 
-def _exact(v: np.ndarray, lo, hi) -> bool:
-    """Integers against integer bounds are compared as integers (exact beyond 2**53)."""
-    return v.dtype.kind in "iu" and isinstance(lo, int) and isinstance(hi, int)
+def counts_dtype(dtype, lo, hi) -> np.dtype:
+    """The dtype :func:`interval_counts` returns for elements of ``dtype``:
+    int64 / uint64 for integers against integer bounds (compared as integers,
+    exact beyond 2**53), else float64."""
+    kind = np.dtype(dtype).kind
+    if kind in "iu" and isinstance(lo, int) and isinstance(hi, int):
+        return np.dtype("int64" if kind == "i" else "uint64")
+    return np.dtype("float64")
 
 
 def _in_interval(x: np.ndarray, lo, hi, closed: bool) -> np.ndarray:
     """The elements of block ``x`` in ``[lo, hi)`` (``[lo, hi]`` when
-    ``closed``), NaNs never, compared as float64 (integers against integer
-    bounds: as integers); flattened, in their own dtype."""
+    ``closed``), NaNs never, compared in :func:`counts_dtype`; flattened, in
+    their own dtype."""
     v = x.reshape(-1)
-    keys = v if _exact(v, lo, hi) else v.astype(np.float64, copy=False)
+    keys = v.astype(counts_dtype(v.dtype, lo, hi), copy=False)
     mask = (keys >= lo) & ((keys <= hi) if closed else (keys < hi))
     return v[mask]
 
 
 def interval_counts(x, lo, hi, closed: bool, edges):
-    """``[counts per bin of edges..., min, max]`` of the elements in the
-    interval (:func:`_in_interval`): NumPy's histogram of them over
-    ``edges`` (spanning the interval), their smallest and largest value
-    (float64; int64 / uint64 for integers against integer edges)."""
-    sel = _in_interval(x, lo, hi, closed)
-    if _exact(sel, lo, hi):
-        kind = np.dtype("int64" if sel.dtype.kind == "i" else "uint64")
-        sel = sel.astype(kind, copy=False)
-        empty = [np.iinfo(kind).max, np.iinfo(kind).min]
-    else:
-        kind, empty = np.dtype("float64"), [np.inf, -np.inf]
-        sel = sel.astype(kind, copy=False)
+    """``[counts per bin of edges..., min, max]`` (:func:`counts_dtype`) of
+    the elements in the interval (:func:`_in_interval`): NumPy's histogram of
+    them over ``edges`` (spanning the interval), their smallest and largest."""
+    kind = counts_dtype(x.dtype, lo, hi)
+    sel = _in_interval(x, lo, hi, closed).astype(kind, copy=False)
     counts = np.histogram(sel, bins=np.asarray(edges))[0].astype(kind)
-    ends = [sel.min(), sel.max()] if sel.size else empty
+    if sel.size:
+        ends = [sel.min(), sel.max()]
+    else:  # merging it changes nothing
+        ends = [np.inf, -np.inf] if kind.kind == "f" else [np.iinfo(kind).max,
+                                                            np.iinfo(kind).min]
     return np.concatenate([counts, np.asarray(ends, dtype=kind)])
 
 

@@ -206,7 +206,7 @@ class Op:
 _FUNCS = {
     "astype": lambda x, dtype: x.astype(dtype, copy=False),
     "getitem": lambda x, key: x[key],
-    "reshape": lambda x, shape, order="C": np.reshape(x, shape, order=order),
+    "reshape": lambda x, shape, order="C": np.reshape(x, shape, order=order),  # NumPy 1.26
     "where": np.where,
     # np.triu / np.tril of a block, given its elements' row and column numbers
     "tri": lambda x, r, c, k, upper: np.where(c - r >= k if upper else c - r <= k, x,

@@ -196,7 +196,6 @@ def tri(m, k: int = 0, upper: bool = True) -> ExprBase:
 
 def trace(a, offset=0, axis1=0, axis2=1, dtype=None) -> ExprBase:
     """``np.trace``: the sum of :func:`diagonal` (reads the diagonal's units only)."""
-    from .ops import reduce_as
 
     return reduce_as("sum", diagonal(a, offset, axis1, axis2), None, False, 0, dtype)
 

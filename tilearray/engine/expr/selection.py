@@ -23,6 +23,7 @@ import numpy as np
 from dask.base import tokenize
 
 from ...errors import PlanningError
+from ...graphs.npfuncs import counts_dtype
 from .nodes import Constant, Values
 from .ops import ExprBase, as_node, wrap_like
 
@@ -37,6 +38,15 @@ METHODS = ("linear", "lower", "higher", "midpoint", "nearest")
 
 def _compute(node) -> np.ndarray:
     return np.asarray(node.compute())
+
+
+def _values(a, lo, hi, closed: bool, edges=(), count: int = 0) -> np.ndarray:
+    """One pass over ``a``: the histogram of its elements in the interval
+    over ``edges``, or (no edges) those ``count`` elements."""
+    n = as_node(a)
+    shape, dtype = ((len(edges) + 1,), counts_dtype(n.dtype, lo, hi)) if edges else \
+        ((count,), n.dtype)
+    return _compute(wrap_like(a, Values(shape, dtype, n, lo, hi, closed, tuple(edges))))
 
 
 def _exact_ints(dtype) -> bool:
@@ -67,15 +77,10 @@ class _Ranks:
         self._passes: dict = {}
 
     def run(self, lo, hi, closed, edges=(), count=0):
-        """The histogram (``edges``) or the ``count`` elements of the interval."""
+        """:func:`_values`, each pass once (ranks share them)."""
         key = (lo, hi, closed, edges)
         if key not in self._passes:
-            n = as_node(self.a)
-            shape = (len(edges) + 1,) if edges else (count,)
-            dtype = (np.dtype("int64" if n.dtype.kind == "i" else "uint64") if self.ints
-                     else np.dtype("float64")) if edges else n.dtype
-            node = Values(shape, dtype, n, lo, hi, closed, tuple(edges))
-            self._passes[key] = _compute(wrap_like(self.a, node))
+            self._passes[key] = _values(self.a, lo, hi, closed, edges, count)
         return self._passes[key]
 
     def __call__(self, r: int):
@@ -147,9 +152,8 @@ def quantile(op: str, a, q: np.ndarray, method: str, dtype) -> ExprBase:
             warnings.warn("All-NaN slice encountered", RuntimeWarning, stacklevel=4)
         out = np.full(qs.shape, np.nan, dtype=dtype)
     elif n <= SELECT_LIMIT:  # the elements gathered: NumPy's answer, for any method
-        ranks = _Ranks(a, 0, n, -np.inf, np.inf)
-        lo_all, hi_all = (lo, hi) if ranks.ints else (-np.inf, np.inf)
-        values = ranks.run(lo_all, hi_all, True, count=n)
+        every = (lo, hi) if _exact_ints(a.dtype) else (-np.inf, np.inf)  # NaNs never
+        values = _values(a, *every, True, count=n)
         if median:
             out = np.asarray([np.median(values)], dtype=dtype)
         else:
@@ -209,10 +213,8 @@ def histogram(a, bins=10, range=None, density=None):  # noqa: A002
             raise ValueError(f"autodetected range of [{lo}, {hi}] is not finite")
         sample = np.asarray([lo, hi], dtype=sample.dtype)
     edges = np.histogram_bin_edges(sample, bins=bins, range=range)
-    ints = _exact_ints(dt) and np.issubdtype(edges.dtype, np.integer)
-    node = Values((len(edges) + 1,), np.dtype("int64" if ints else "float64"), as_node(a),
-                  edges[0].item(), edges[-1].item(), True, tuple(edges.tolist()))
-    counts = _compute(wrap_like(a, node))[:-2].astype(np.intp)
+    counts = _values(a, edges[0].item(), edges[-1].item(), True,
+                     tuple(edges.tolist()))[:-2].astype(np.intp)
     if density:
         db = np.diff(edges).astype(np.float64)
         return counts / db / counts.sum(), edges

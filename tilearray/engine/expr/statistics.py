@@ -166,14 +166,12 @@ def quantile(op: str, a, q, axis=None, method="linear", keepdims=False,
             n = as_node(a)
     if axis is None and not n.small:
         return selection.quantile(op, a, qa, method, dtype)
-    if axis is None:  # a small result: NumPy's quantile of it, in memory
-        shape = () if qa.ndim == 0 else (qa.size,)
-        qs = tuple(float(v) for v in qa.reshape(-1))
-        return wrap_like(a, Quantile(shape, np.dtype(dtype), op, n, None, qs, qa.ndim == 0,
-                                     method))
-    ax = routines.axis_index(axis, op, n.ndim)
     scalar = qa.ndim == 0
     qs = tuple(float(v) for v in qa.reshape(-1))
+    if axis is None:  # a small result: NumPy's quantile of it, in memory
+        shape = () if scalar else (qa.size,)
+        return wrap_like(a, Quantile(shape, np.dtype(dtype), op, n, None, qs, scalar, method))
+    ax = routines.axis_index(axis, op, n.ndim)
     other = n.shape[1 - ax]
     shape = (other,) if scalar else (len(qs), other)
     node = Quantile(shape, np.dtype(dtype), op, n, ax, qs, scalar, method)
