@@ -289,7 +289,8 @@ def test_scan_passes_and_use_in_expressions(thread_engine, mats, tmp_path):
 
 @HYP
 @given(m=st.integers(1, 25), n=st.integers(1, 25), tile=st.tuples(st.integers(1, 8),
-       st.integers(1, 8)), axis=st.integers(0, 1), op=st.sampled_from(["cumsum", "cumprod"]),
+       st.integers(1, 8)), axis=st.integers(0, 1),
+       op=st.sampled_from(["cumsum", "cumprod", "maximum", "minimum", "fmax", "fmin"]),
        dtype=st.sampled_from(["float64", "int64"]))
 def test_scan_hypothesis(thread_engine, tmp_path_factory, m, n, tile, axis, op, dtype):
     rng = np.random.default_rng(m * 29 + n)
@@ -297,10 +298,35 @@ def test_scan_hypothesis(thread_engine, tmp_path_factory, m, n, tile, axis, op, 
         rand(rng, (m, n), dtype)
     if dtype == "int64" and op == "cumprod":
         x = rng.integers(-2, 3, size=(m, n))
+    if op in ("maximum", "minimum", "fmax", "fmin") and dtype == "float64":
+        x[rng.random((m, n)) < 0.1] = np.nan  # NaN propagates (maximum) or is skipped (fmax)
     a = ta.from_numpy(x, tmp_path_factory.mktemp("scan") / "x.zarr", tile=tile)
+    fn = getattr(np, op) if op.startswith("cum") else getattr(np, op).accumulate
     with dask.config.set(SMALL_BLOCKS), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        check(getattr(np, op)(a, axis=axis), getattr(np, op)(x, axis=axis))
+        check(fn(a, axis=axis), fn(x, axis=axis), exact=not op.startswith("cum"))
+
+
+@pytest.mark.parametrize("dtype", ["float64", "int32", "bool"])
+def test_running_max_min(thread_engine, mats, tmp_path, dtype):
+    """``np.maximum.accumulate`` (a running max) and friends: the scans'
+    two passes with the ufunc's reduce for the totals; NumPy's dtype (the
+    input's: int8 stays int8), NaNs propagated by maximum, skipped by fmax."""
+    x, a = mats[dtype]
+    with dask.config.set(SMALL_BLOCKS):
+        for uf in [np.maximum, np.minimum, np.fmax, np.fmin]:
+            for axis in [0, 1]:
+                plan = check(uf.accumulate(a, axis=axis), uf.accumulate(x, axis=axis),
+                             tmp_path if uf is np.maximum else None, exact=True)
+                if dtype != "bool":  # 4 KiB blocks: bool rows fit in one band (no carries)
+                    assert "first pass" in str(plan), str(plan)
+        if dtype == "int32":
+            check(np.add.accumulate(a.astype("int8"), axis=1),
+                  np.add.accumulate(x.astype("int8"), axis=1), exact=True)
+            check(np.maximum.accumulate(a, axis=1, dtype="float64"),
+                  np.maximum.accumulate(x, axis=1, dtype="float64"), exact=True)
+    check(np.maximum.accumulate(a.max(axis=1)), np.maximum.accumulate(x.max(axis=1)),
+          exact=True)  # small: in memory
 
 
 # -- cov / corrcoef ----------------------------------------------------------------------------

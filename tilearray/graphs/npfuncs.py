@@ -10,7 +10,7 @@ import numpy as np
 
 from ..storage import IOStats, buffers, write_block
 from .matmul import counted, merge_stats
-from .spec import evaluate
+from .spec import SCANS, evaluate
 
 
 def _block(spec, rows, cols, deps) -> tuple[np.ndarray, IOStats]:
@@ -68,35 +68,35 @@ def join_values(axis: int, *parts):
 
 
 def block_total(spec, rows, cols, deps, op: str, axis: int, dtype):
-    """The total (``op``: sum or prod) of block ``rows x cols`` along ``axis``."""
+    """The total of block ``rows x cols`` along ``axis`` under scan ``op``'s
+    ufunc (:data:`~.spec.SCANS`: the sum for cumsum, the max for cummax)."""
     x, stats = _block(spec, rows, cols, deps)
-    return _done(getattr(np, op)(x, axis=axis, dtype=dtype), stats)
+    return _done(SCANS[op].reduce(x, axis=axis, dtype=dtype), stats)
 
 
 def scan_carries(op: str, *totals):
-    """Carries of a column (or row) of blocks: for block ``i``, the ``op``
-    (sum or prod) of the totals of blocks ``0..i-1`` (the identity for the
-    first). ``totals`` are ``(value, stats)`` of every block but the last."""
+    """Carries of a column (or row) of blocks: for block ``i > 0`` (row
+    ``i - 1``), the scan ``op``'s ufunc over the totals of blocks
+    ``0..i-1``. ``totals`` are ``(value, stats)`` of every block but the last."""
     stats: dict = {}
     for _, st in totals:
         stats = merge_stats(stats, st)
     vals = np.stack([v for v, _ in totals])
-    acc = np.cumsum(vals, axis=0) if op == "sum" else np.cumprod(vals, axis=0)
-    first = np.zeros_like(vals[:1]) if op == "sum" else np.ones_like(vals[:1])
-    return np.concatenate([first, acc]), counted(stats)
+    return SCANS[op].accumulate(vals, axis=0, dtype=vals.dtype), counted(stats)
 
 
 def scan_block(spec, rows, cols, dtype, out_ref, deps, op: str, axis: int, carry: int, i: int):
-    """Block ``rows x cols`` of ``cumsum``/``cumprod`` along ``axis``: the
-    block's own scan combined with carry ``i`` (``deps[carry]``); written
-    whole into ``out_ref``, or returned when it is None."""
+    """Block ``rows x cols`` of scan ``op`` (cumsum, cumprod, cummax...)
+    along ``axis``: the block's own scan combined with the carry of the
+    blocks before it (``deps[carry]``, row ``i - 1``); written whole into
+    ``out_ref``, or returned when it is None."""
     x, stats = _block(spec, rows, cols, deps)
-    y = getattr(np, "cum" + op)(x, axis=axis, dtype=dtype)
+    ufunc = SCANS[op]
+    y = ufunc.accumulate(x, axis=axis, dtype=dtype)
     if carry >= 0 and i > 0:
-        carries = deps[carry][0]
-        c = carries[i]
+        c = deps[carry][0][i - 1]
         c = c.reshape(1, -1) if axis == 0 else c.reshape(-1, 1)
-        y = y + c if op == "sum" else y * c
+        y = ufunc(y, c, out=y)
     y = np.ascontiguousarray(y.astype(dtype, copy=False))
     if out_ref is None:
         return _done(y, stats)

@@ -203,7 +203,21 @@ class Op:
     kwargs: tuple = ()
 
 
+SCANS = {"cumsum": np.add, "cumprod": np.multiply, "cummax": np.maximum, "cummin": np.minimum,
+         "cumfmax": np.fmax, "cumfmin": np.fmin}
+"""The scans (``ufunc.accumulate``) by name: ``np.cumsum`` is ``np.add.accumulate``
+with NumPy's default accumulation dtype, ``cummax`` is ``np.maximum.accumulate``."""
+
+
+def _accumulate(name: str):
+    def scan(x, axis=0, dtype=None):
+        return SCANS[name].accumulate(x, axis=axis, dtype=dtype)
+
+    return scan
+
+
 _FUNCS = {
+    **{name: _accumulate(name) for name in ("cummax", "cummin", "cumfmax", "cumfmin")},
     "astype": lambda x, dtype: x.astype(dtype, copy=False),
     "getitem": lambda x, key: x[key],
     "reshape": lambda x, shape, order="C": np.reshape(x, shape, order=order),  # NumPy 1.26

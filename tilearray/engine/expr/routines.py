@@ -12,6 +12,7 @@ import numpy as np
 from dask.base import tokenize
 
 from ...errors import PlanningError
+from ...graphs.spec import SCANS
 from .nodes import Concat, Diagonal, Elemwise, Node, Positions, Scan, Take
 from .ops import ExprBase, as_node, build_reduction, reduce_as, wrap_like
 
@@ -201,8 +202,9 @@ def trace(a, offset=0, axis1=0, axis2=1, dtype=None) -> ExprBase:
 
 
 def scan(op: str, a, axis=None, dtype=None) -> ExprBase:
-    """``np.cumsum`` / ``np.cumprod`` along axis 0 or 1 (``op``: cumsum or
-    cumprod). Two passes over the input: each block's total along the axis
+    """``np.cumsum`` / ``np.cumprod`` along axis 0 or 1, or another scan of
+    :data:`~tilearray.graphs.spec.SCANS` (``cummax``: ``np.maximum.accumulate``).
+    Two passes over the input: each block's total along the axis
     (the last band of blocks needs none), then every block scanned with the
     carry of the blocks before it; the result is a lazy matrix."""
     n = _operand(a, op)
@@ -212,7 +214,9 @@ def scan(op: str, a, axis=None, dtype=None) -> ExprBase:
     x = wrap_like(a, n) if dtype is None else wrap_like(a, n).astype(dtype)
     n = as_node(x)
     axis = axis_index(0 if axis is None else axis, op, n.ndim)
-    out_dtype = getattr(np, op)(np.ones((1,) * n.ndim, n.dtype), axis=axis).dtype
+    one = np.ones((1,) * n.ndim, n.dtype)
+    out_dtype = (getattr(np, op)(one, axis=axis) if op in ("cumsum", "cumprod") else
+                 SCANS[op].accumulate(one, axis=axis)).dtype
     if n.small:
         return wrap_like(a, Elemwise(n.shape, out_dtype, op, (n,), (("axis", axis),)))
     return wrap_like(a, Scan(n.shape, out_dtype, op, n, axis))
@@ -251,14 +255,16 @@ def index(a, key: tuple) -> ExprBase:
 
 UFUNC_REDUCE = {"add": "sum", "multiply": "prod", "maximum": "max", "minimum": "min",
                 "fmax": "nanmax", "fmin": "nanmin", "logical_and": "all", "logical_or": "any"}
-UFUNC_ACCUMULATE = {"add": "cumsum", "multiply": "cumprod"}
+UFUNC_ACCUMULATE = {"add": "cumsum", "multiply": "cumprod", "maximum": "cummax",
+                    "minimum": "cummin", "fmax": "cumfmax", "fmin": "cumfmin"}
 
 
 def ufunc_method(ufunc, method: str, a, axis=0, dtype=None, out=None, keepdims=False,
                  **kwargs) -> ExprBase:
     """``np.add.reduce(a, axis=0)`` and the like (:data:`UFUNC_REDUCE`: the
     reductions they are) and ``np.add.accumulate`` / ``np.multiply.accumulate``
-    (cumsum / cumprod); NumPy's default ``axis=0``."""
+    (cumsum / cumprod; the running max / min of ``np.maximum.accumulate`` and
+    the like), in NumPy's default dtype: the input's; ``axis=0`` by default."""
     name = f"np.{ufunc.__name__}.{method}"
     table = UFUNC_REDUCE if method == "reduce" else UFUNC_ACCUMULATE if \
         method == "accumulate" else {}
@@ -275,5 +281,7 @@ def ufunc_method(ufunc, method: str, a, axis=0, dtype=None, out=None, keepdims=F
             raise ValueError(f"{name}: axis=None is not valid for accumulate (NumPy's rule)")
         if keepdims:
             raise TypeError(f"{name}: keepdims= is not an argument")
-        return scan(table[ufunc.__name__], a, axis_index(axis, name, as_node(a).ndim), dtype)
+        # ufunc.accumulate keeps the input's dtype (np.add.accumulate of int8 is int8)
+        return scan(table[ufunc.__name__], a, axis_index(axis, name, as_node(a).ndim),
+                    dtype if dtype is not None else as_node(a).dtype)
     return reduce_as(table[ufunc.__name__], a, axis, keepdims, 0, dtype)

@@ -6,7 +6,7 @@
   diagonal crosses are read;
 - exact quantiles along an axis: whole lines (columns for ``axis=0``) in one
   task each, in bands as wide as the budget allows, then a join;
-- a scan (``cumsum``/``cumprod``): two passes over the input -- each
+- a scan (``cumsum``/``cumprod``/``cummax``...): two passes over the input -- each
   block's total along the axis (all bands but the last), one carry task per
   band across, then every block scanned with its carry added.
 """
@@ -152,10 +152,10 @@ def lower_values(node, spec, deps: list, budget: Budget) -> Stage:
 
 def lower_scan(node, spec, deps: list, budget: Budget, out=None, out_grid=None,
                skip=frozenset()) -> tuple[list[Stage], list]:
-    """``cumsum``/``cumprod`` along ``node.axis`` in two passes: returns the
+    """A scan (``cumsum``, ``cummax``...) along ``node.axis`` in two passes: returns the
     stages (totals + carries, then the scanned blocks) and the carry keys
     the second stage reads (operands whose stats the run gathers)."""
-    dtype, ax, op = np.dtype(node.dtype), node.axis, node.op[3:]
+    dtype, ax, op = np.dtype(node.dtype), node.axis, node.op
     temps = (op_temporaries(spec) + 1) * max(dtype.itemsize, 8)
     costs, peak = fit_blocks(spec, node.shape, out_grid, temps, budget, dtype.itemsize)
     check_fits("scan", peak, str(node), budget)
