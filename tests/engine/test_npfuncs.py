@@ -419,6 +419,62 @@ def test_quantile_refused_when_a_column_does_not_fit(tmp_path):
     assert plan.bytes_read == a.nbytes
 
 
+# -- sort / argsort along an axis ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "int32", "bool"])
+def test_sort_along_an_axis(thread_engine, mats, tmp_path, dtype):
+    """np.sort / np.argsort of a matrix along axis 0 or 1 (NaNs last, ties
+    as NumPy's kind): whole lines per task, each band read once and written
+    whole, stored and computed; inside expressions (a temporary)."""
+    x, a = mats[dtype]
+    with dask.config.set(SMALL_BLOCKS):
+        for axis in [0, 1, -1]:
+            plan = check(np.sort(a, axis=axis), np.sort(x, axis=axis), tmp_path, exact=True)
+            assert plan.bytes_read == a.nbytes, str(plan)  # units never split between bands
+            assert plan.tasks > 1, str(plan)
+            check(np.argsort(a, axis=axis, kind="stable"), np.argsort(x, axis=axis, kind="stable"),
+                  tmp_path, exact=True)
+        check(np.sort(a.T * 2, stable=True), np.sort(x.T * 2, kind="stable"), exact=True)
+        check(np.sort(a, axis=0)[-3:].sum(axis=0), np.sort(x, axis=0)[-3:].sum(axis=0))
+    check(np.sort(a[:0], axis=0), np.sort(x[:0], axis=0), exact=True)
+    check(np.sort(a.max(axis=1)), np.sort(x.max(axis=1)), exact=True)  # small: in memory
+    with pytest.raises(TypeError, match="axis=None"):
+        np.sort(a, axis=None)
+    with pytest.raises(np.exceptions.AxisError):
+        np.argsort(a, axis=2)
+    with pytest.raises(TypeError, match="order="):
+        np.sort(a, order="f0")
+
+
+@HYP
+@given(m=st.integers(1, 30), n=st.integers(1, 30), tile=st.tuples(st.integers(1, 9),
+       st.integers(1, 9)), axis=st.integers(0, 1), op=st.sampled_from(["sort", "argsort"]),
+       block=st.sampled_from([64, 4096, 1 << 20]))
+def test_sort_hypothesis(thread_engine, tmp_path_factory, m, n, tile, axis, op, block):
+    rng = np.random.default_rng(m * 31 + n)
+    x = rng.integers(-4, 4, size=(m, n)).astype("float64")  # many ties
+    x[rng.random((m, n)) < 0.1] = np.nan
+    a = ta.from_numpy(x, tmp_path_factory.mktemp("sort") / "x.zarr", tile=tile)
+    with dask.config.set({"tilearray.map.block-bytes": block}):
+        check(getattr(np, op)(a, axis=axis, kind="stable"),
+              getattr(np, op)(x, axis=axis, kind="stable"), exact=True)
+
+
+def test_sort_refused_when_a_line_does_not_fit(tmp_path):
+    import zarr
+
+    zarr.create_array(str(tmp_path / "big.zarr"), shape=(200_000_000, 4), chunks=(1_000_000, 4),
+                      dtype="float64")
+    a = ta.open(tmp_path / "big.zarr")
+    budget = ta.Budget(memory_per_worker="1GiB", threads_per_worker=1)
+    with pytest.raises(ta.PlanningError, match="whole lines along axis 0"):
+        np.sort(a, axis=0).plan(budget=budget)
+    plan = np.argsort(a, axis=1).plan(tmp_path / "out.zarr", budget=budget)  # rows of 4: fine
+    assert plan.bytes_read == a.nbytes and plan.bytes_written == a.size * 8
+    assert plan.peak_task_memory <= budget.task_memory
+
+
 def test_gather_positions_travel_compactly():
     """A gather's spec is in every task: a mask's increasing positions are
     pickled as the mask's bits (1 bit a row, not 8 bytes a position)."""
@@ -542,9 +598,11 @@ def test_sort_unique_histogram_of_columns(thread_engine, mats, dtype):
             ref, ref_edges = np.histogram(np.nan_to_num(want), **kw)
             assert_close(got, ref)
             assert_close(edges, ref_edges)
-    for f in (np.sort, np.argsort, np.unique):
-        with pytest.raises(TypeError, match="a column"):
-            f(a)
+    for f in (np.sort, np.argsort):  # a matrix along an axis: test_sort_along_an_axis
+        with pytest.raises(TypeError, match="axis=None"):
+            f(a, axis=None)
+    with pytest.raises(TypeError, match="a column"):
+        np.unique(a)
     w = np.arange(x.shape[1]) % 3  # a blocked vector a @ w: computed first
     product = np.nan_to_num(x).astype("f8") @ w
     np.testing.assert_array_equal(np.sort(np.nan_to_num(a) @ w), np.sort(product))

@@ -57,6 +57,24 @@ def _by_strips(spec, rows, cols, deps, axis: int, strips):
     return x, stats
 
 
+def sort_block(spec, rows, cols, deps, strips, op: str, axis: int, kind, dtype, out_ref):
+    """Block ``rows x cols`` (whole lines along ``axis``, read strip by strip
+    on ``strips``) sorted (``op`` sort) or argsorted along ``axis``; written
+    whole into ``out_ref``, or returned when it is None."""
+    x, stats = _by_strips(spec, rows, cols, deps, axis, strips)
+    kw = {} if kind is None else {"kind": kind}
+    if op == "sort":
+        x.sort(axis=axis, **kw)  # the block's own buffer: in place
+        y = x
+    else:
+        y = np.argsort(x, axis=axis, **kw)
+    y = np.ascontiguousarray(y.astype(dtype, copy=False))
+    if out_ref is None:
+        return _done(y, stats)
+    write_block(out_ref, rows, cols, y, stats)
+    return _done(None, stats)
+
+
 def join_values(axis: int, *parts):
     """Concatenate the small results of tasks (``(value, stats)``) along ``axis``."""
     stats: dict = {}

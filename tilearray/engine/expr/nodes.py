@@ -369,6 +369,20 @@ class Scan(Node):
 
 
 @dataclass(frozen=True, eq=False)
+class Sort(Node):
+    """``np.sort`` / ``np.argsort`` (``op``) of a 2-D expression along
+    ``axis``: whole lines in one task each."""
+
+    op: str = "sort"
+    x: Node = None
+    axis: int = 1
+    kind: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.op}({_fmt(self.x)}, axis={self.axis})"
+
+
+@dataclass(frozen=True, eq=False)
 class Quantile(Node):
     """Exact ``np.quantile(x, q, axis, method=...)`` (``op``: quantile or
     nanquantile; median or nanmedian: NumPy's median, ``q`` 0.5), whole

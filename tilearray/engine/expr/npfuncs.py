@@ -189,13 +189,21 @@ def _given(**kwargs) -> dict:
 
 
 def _ordering(name: str, a, axis, kind, order, stable):
-    """np.sort / np.argsort of a small result: lazy (elemwise over the
-    in-memory value), or NumPy's on a blocked vector computed first."""
-    a = _small_only(a, name, f"{name} a column (np.{name}(a[:, j])) or a reduction's result, "
-                    "or use np.quantile / np.median for order statistics")
+    """np.sort / np.argsort: of a matrix along axis 0 or 1, lazy (whole
+    lines in a task, :func:`.routines.sort`); of a small result, lazy too
+    (elemwise over the in-memory value); a blocked vector is computed first."""
     if order is not None:
         raise TypeError(f"np.{name}: order= (structured arrays) is not supported on TiledArrays")
-    kw = _given(kind=kind, stable=stable)
+    if stable is not None and kind is not None:
+        raise ValueError(f"np.{name}: `kind` and `stable` parameters can't both be specified.")
+    if stable:
+        kind = "stable"
+    if isinstance(a, LazyArray) and not a._node.small and a.ndim == 2 and axis is not None:
+        return routines.sort(name, a, axis, kind)
+    a = _small_only(a, name, f"{name} along an axis (np.{name}(a, axis=0) or axis=1); "
+                    f"axis=None (all {a.size} elements in one vector) would hold the whole "
+                    "matrix: use np.quantile / np.median / np.histogram for order statistics")
+    kw = _given(kind=kind)
     if isinstance(a, np.ndarray):
         return getattr(np, name)(a, axis=axis, **kw)
     return elemwise(name, a, axis=axis, **kw)
@@ -203,15 +211,15 @@ def _ordering(name: str, a, axis, kind, order, stable):
 
 @implements(np.sort)
 def sort(a, axis=-1, kind=None, order=None, *, stable=None):
-    """Sorted copy of a small result (a column ``a[:, j]``, a reduction's
-    vector: in memory), as :func:`numpy.sort` (lazy; a blocked vector such
-    as ``x @ w`` is computed first)."""
+    """Sorted copy, as :func:`numpy.sort`: a matrix along axis 0 or 1 (lazy;
+    a task holds whole lines), a small result (a column, a reduction's
+    vector) in memory; a blocked vector such as ``x @ w`` is computed first."""
     return _ordering("sort", a, axis, kind, order, stable)
 
 
 @implements(np.argsort)
 def argsort(a, axis=-1, kind=None, order=None, *, stable=None):
-    """Indices that sort a small result, as :func:`numpy.argsort` (see :func:`sort`)."""
+    """Indices that sort along an axis, as :func:`numpy.argsort` (see :func:`sort`)."""
     return _ordering("argsort", a, axis, kind, order, stable)
 
 

@@ -13,7 +13,7 @@ from dask.base import tokenize
 
 from ...errors import PlanningError
 from ...graphs.spec import SCANS
-from .nodes import Concat, Diagonal, Elemwise, Node, Positions, Scan, Take
+from .nodes import Concat, Diagonal, Elemwise, Full, Node, Positions, Scan, Sort, Take
 from .ops import ExprBase, as_node, build_reduction, reduce_as, wrap_like
 
 NOT_3D = ("tilearray matrices are 2-D; use np.concatenate, np.hstack or np.vstack for a "
@@ -220,6 +220,19 @@ def scan(op: str, a, axis=None, dtype=None) -> ExprBase:
     if n.small:
         return wrap_like(a, Elemwise(n.shape, out_dtype, op, (n,), (("axis", axis),)))
     return wrap_like(a, Scan(n.shape, out_dtype, op, n, axis))
+
+
+def sort(op: str, a, axis, kind=None) -> ExprBase:
+    """``np.sort`` / ``np.argsort`` (``op``) of a matrix along axis 0 or 1: a
+    lazy matrix (the sorted values, or their indices along ``axis`` as
+    intp); a task holds whole lines along ``axis`` (columns for ``axis=0``),
+    refused when one does not fit the budget."""
+    n = as_node(a)
+    ax = axis_index(axis, f"np.{op}", n.ndim)
+    dtype = n.dtype if op == "sort" else np.dtype(np.intp)
+    if 0 in n.shape:  # nothing to sort: NumPy's empty result
+        return wrap_like(a, Full(n.shape, dtype, 0))
+    return wrap_like(a, Sort(n.shape, dtype, op, n, ax, kind))
 
 
 def index(a, key: tuple) -> ExprBase:

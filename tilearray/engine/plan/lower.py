@@ -73,7 +73,7 @@ from .lu import lower_lu, lower_lu_forward, lower_lu_slogdet, lu_width
 from .map import lower_map
 from .matmul import lower_matmul
 from .matvec import gram_form, lower_gram, lower_matvec, oriented
-from .npfuncs import lower_diagonal, lower_quantile, lower_scan, lower_values
+from .npfuncs import lower_diagonal, lower_quantile, lower_scan, lower_sort, lower_values
 from .reduce import fusable_groups, lower_empty_reduce, lower_reduce, unshifted
 from .sizing import DoesNotFit, leaf_tile
 from .tsqr import lower_tsqr
@@ -186,7 +186,7 @@ class Planner:
         if isinstance(node, Elemwise) and not node.small:
             return Op(node.name, tuple(self._arg(a, deps, node.shape) for a in node.args),
                       node.kwargs)
-        if isinstance(node, MatMul | TSQR | nd.Scan | Factor) or (isinstance(node, MatVec)
+        if isinstance(node, MatMul | TSQR | nd.Scan | nd.Sort | Factor) or (isinstance(node, MatVec)
                                                                 and node.ndim == 2):
             read, wait = self._materialise(node)
             self._depend(wait, deps)  # wait for every block of the temporary
@@ -233,7 +233,7 @@ class Planner:
             tile = (leaf_tile(node.a, 0), leaf_tile(node.b, 1))
         elif isinstance(node, MatVec):
             tile = (leaf_tile(node.a, 0), max(node.shape[1], 1))
-        elif isinstance(node, nd.Scan):
+        elif isinstance(node, nd.Scan | nd.Sort):
             tile = (leaf_tile(node, 0), leaf_tile(node, 1))
         elif isinstance(node, Factor):  # square units the planner picks under the budget
             tile = (cholesky_tile(node, self.spec(node.x, []), self.budget)[1],) * 2
@@ -241,7 +241,7 @@ class Planner:
             tile = (leaf_tile(node.x, 0), max(node.shape[1], 1))
         ref, grid = self._temporary(node, tile)
         lowering = {MatMul: self.matmul, MatVec: self.matvec, nd.Scan: self.scan,
-                    Factor: self.factor}.get(type(node), self.tsqr)
+                    nd.Sort: self.sort, Factor: self.factor}.get(type(node), self.tsqr)
         stage = lowering(node, ref, grid)
         token = tokenize(structure(node), self.run_id)
         wait = self._loose.add("barrier-" + token, barrier, *stage.outputs["result"].keys)
@@ -376,6 +376,13 @@ class Planner:
             if key not in self._dep_keys:
                 self._dep_keys.append(key)
         return last
+
+    def sort(self, node, out=None, out_grid=None, skip=frozenset()) -> Stage:
+        """``np.sort`` / ``np.argsort`` along an axis: :func:`~.npfuncs.lower_sort`."""
+        deps: list = []
+        spec = self.spec(node.x, deps)
+        return self.add(lower_sort(node, spec, deps, self.budget, out, out_grid, skip), spec,
+                        deps)
 
     def _lines(self, node) -> str:
         """A diagonal, exact quantiles or the values in an interval: one
@@ -542,7 +549,7 @@ def _lower(node, budget, out, out_grid, skip) -> Plan:
         result = last.outputs.get("result", Output("value", (key,)))
     else:
         lowering = {MatMul: p.matmul, TSQR: p.tsqr, MatVec: p.matvec,
-                    nd.Scan: p.scan, Factor: p.factor}.get(type(node), p.map)
+                    nd.Scan: p.scan, nd.Sort: p.sort, Factor: p.factor}.get(type(node), p.map)
         stage = lowering(node, out, out_grid, skip)
         result = stage.outputs.get("result") or stage.outputs["0"]
         if isinstance(node, TSQR):  # R (and s, Vt) computed on the way: a named output

@@ -4,6 +4,7 @@
 - a diagonal: one task per stretch of the diagonal inside one I/O unit of
   every input, then one task joining the pieces -- only the units the
   diagonal crosses are read;
+- a sort / argsort along an axis: whole lines in one task each, written whole;
 - exact quantiles along an axis: whole lines (columns for ``axis=0``) in one
   task each, in bands as wide as the budget allows, then a join;
 - a scan (``cumsum``/``cumprod``/``cummax``...): two passes over the input -- each
@@ -16,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 from dask.base import tokenize
 
+from ... import _config
 from ...graphs import npfuncs as gnp
 from ...graphs.blocks import group_edges, intervals, max_interval
 from ...graphs.emit import Tasks
@@ -132,6 +134,66 @@ def lower_quantile(node, spec, deps: list, budget: Budget) -> Stage:
                        f"{length} elements each)", strips)
 
 
+def lower_sort(node, spec, deps: list, budget: Budget, out=None, out_grid=None,
+               skip=frozenset()) -> Stage:
+    """``np.sort`` / ``np.argsort`` along ``node.axis``: a task holds whole
+    lines (read strip by strip on the inputs' unit edges into one buffer,
+    sorted in it; argsort's indices beside it), in bands across as wide as
+    fit (at most ``map.block-bytes``, and at least one band per worker
+    thread): on the output's unit edges when it is written (a unit is never
+    split between tasks: refused when one unit's lines do not fit), else on
+    the inputs' (cut inside units when one is too wide). Each band is read
+    once and written whole."""
+    ax, other = node.axis, 1 - node.axis
+    length, width = node.x.shape[ax], node.x.shape[other]
+    out_size = np.dtype(node.dtype).itemsize
+    temps = (op_temporaries(spec) + 1) * 8
+    strips = group_edges(unit_edges(spec, ax, length), 1)
+    base = out_grid.unit_edges(other) if out_grid is not None else unit_edges(spec, other, width)
+    task = BlockTask(temps, 0, read_flight(spec))
+
+    def peak_of(band) -> int:
+        block = ((0, length), band) if ax == 0 else (band, (0, length))
+        size = (band[1] - band[0]) * length
+        return _strip_costs(spec, *block, strips, task)[3] + as_rss(2 * size * out_size)
+
+    cap = min(budget.task_memory, _config.get_bytes("map.block-bytes"))
+    slots = budget.n_workers * budget.threads_per_worker  # every worker busy
+    w = max(min(cap // max(length * (16 + 2 * out_size), 1), -(-width // max(slots, 1))), 1)
+    edges = group_edges(base, w)  # whole units, even one wider than w
+    while True:
+        peak = max((peak_of(b) for b in intervals(edges)), default=0)
+        widest = max_interval(edges)
+        if peak <= budget.task_memory or widest <= 1 or out_grid is not None and \
+                widest <= max_interval(base):
+            break
+        w = max(widest // 2, 1)
+        edges = group_edges(base, w)
+        if max_interval(edges) > w:  # a unit's lines do not fit: cut inside units
+            edges = tuple(range(0, width, w)) + (width,) if width else (0,)
+    what = f"{node} (whole lines along axis {ax}, {length} elements each)"
+    check_fits("sort", peak, what, budget)
+    token = tokenize("sort", spec, edges, str(out), deps, node.op, ax, node.kind)
+    work, blocks = Tasks(), []
+    tot, written = layout.ReadTotals(), 0
+    for i, band in enumerate(intervals(edges)):
+        rows, cols = ((0, length), band) if ax == 0 else (band, (0, length))
+        if out_grid is not None and all_done(out_grid, rows, cols, skip):
+            continue
+        tot.add(_strip_costs(spec, rows, cols, strips, task)[:3])
+        work.add(("sort-" + token, i), gnp.sort_block, spec, rows, cols, deps, strips, node.op,
+                 ax, node.kind, np.dtype(node.dtype), out)
+        if out is not None:
+            written += (rows[1] - rows[0]) * (cols[1] - cols[0]) * out_size
+        blocks.append((rows, cols))
+    keys = tuple(t.key for t in work.freeze())
+    result = Output("store", keys) if out is not None else Output("blocks", keys, tuple(blocks))
+    return Stage("map", f"{short(node)}: {len(intervals(edges))} bands of whole lines, each "
+                 f"read in {len(strips) - 1} strips and sorted", len(work), peak, tot.nbytes,
+                 written, reads=tot.reads, store_gets=tot.gets, work=work.freeze(),
+                 outputs={"result": result})
+
+
 def lower_values(node, spec, deps: list, budget: Budget) -> Stage:
     """A histogram of the elements in an interval, or those elements
     (:class:`~..expr.nodes.Values`): blocks as large as fit (each read once),
@@ -203,4 +265,4 @@ def lower_scan(node, spec, deps: list, budget: Budget, out=None, out_grid=None,
     return stages, carry_keys
 
 
-__all__ = ["DoesNotFit", "lower_diagonal", "lower_quantile", "lower_scan"]
+__all__ = ["DoesNotFit", "lower_diagonal", "lower_quantile", "lower_scan", "lower_sort"]

@@ -16,7 +16,7 @@ from ...graphs import reduction as gred
 from ...graphs.blocks import intervals, max_interval, tree
 from ...graphs.emit import Tasks
 from ...graphs.spec import Op, leaves
-from ..expr.nodes import Elemwise, MatMul, MatVec, Node, Reduce, Scan, structure
+from ..expr.nodes import Elemwise, MatMul, MatVec, Node, Reduce, Scan, Sort, structure
 from . import layout
 from .map import check_fits, fit_blocks
 from .memory import op_temporaries
@@ -152,7 +152,7 @@ def _combine(work: Tasks, node: Reduce, qname: str, parts: dict, nr: int, nc: in
 def _reads_only_stored(node) -> bool:
     """True if a big node is computed from stored arrays alone: no small
     operand (a reduction's result) and no matmul temporary below it."""
-    if isinstance(node, MatMul | MatVec | Scan) or (isinstance(node, Node) and node.small):
+    if isinstance(node, MatMul | MatVec | Scan | Sort) or (isinstance(node, Node) and node.small):
         return False
     children = [getattr(node, c, None) for c in ("x", "a", "b")] + list(getattr(node, "args", ()))
     return all(_reads_only_stored(c) for c in children if isinstance(c, Node))
