@@ -475,6 +475,52 @@ def test_sort_refused_when_a_line_does_not_fit(tmp_path):
     assert plan.peak_task_memory <= budget.task_memory
 
 
+# -- unique of a matrix -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float64", "int32", "bool"])
+def test_unique_of_a_matrix(thread_engine, tmp_path, dtype):
+    """np.unique of all the elements of a matrix: blocks' distinct values
+    merged up a tree; counts, first flat indices and NaNs as NumPy's."""
+    rng = np.random.default_rng(5)
+    x = rng.integers(-3, 4, size=(97, 23)).astype(dtype)
+    if dtype == "float64":
+        x[rng.random(x.shape) < 0.05] = np.nan
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(10, 6))
+    with dask.config.set(SMALL_BLOCKS):
+        for e, y in [(a, x), (a.T, x.T), (a[5:, 3:] * 2, x[5:, 3:] * 2)]:
+            for kw in [{}, {"return_counts": True}, {"return_index": True, "return_counts": True},
+                       {"equal_nan": False, "return_counts": True}]:
+                got, want = np.unique(e, **kw), np.unique(y, **kw)
+                for g, w in zip(*((got, want) if kw else ((got,), (want,))), strict=True):
+                    assert g.dtype == w.dtype, (g.dtype, w.dtype)
+                    np.testing.assert_array_equal(g, w)
+    np.testing.assert_array_equal(np.unique(a[:0]), np.unique(x[:0]))
+    if dtype != "float64":  # np.bincount of a column, weighted by another
+        col, w = (a[:, 2] + 3).astype("int64"), a[:, 4] * 0.5
+        np.testing.assert_array_equal(np.bincount(col), np.bincount((x[:, 2] + 3).astype("int64")))
+        np.testing.assert_array_equal(np.bincount(col, weights=w, minlength=9),
+                                      np.bincount((x[:, 2] + 3).astype("int64"),
+                                                  weights=x[:, 4] * 0.5, minlength=9))
+        with pytest.raises(TypeError, match="np.bincount"):
+            np.bincount(a)
+    with pytest.raises(TypeError, match="return_inverse"):
+        np.unique(a, return_inverse=True)
+    with pytest.raises(TypeError, match="axis"):
+        np.unique(a, axis=0)
+
+
+def test_unique_stops_on_too_many_values(thread_engine, tmp_path, monkeypatch):
+    from tilearray.engine.plan import npfuncs as pnp
+
+    x = np.arange(600.0).reshape(30, 20)
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(8, 8))
+    monkeypatch.setattr(pnp, "UNIQUE_LIMIT", 100)
+    with dask.config.set(SMALL_BLOCKS), pytest.raises(ValueError, match="more than 100 distinct"):
+        np.unique(a)
+    np.testing.assert_array_equal(np.unique(a % 7), np.unique(x % 7))
+
+
 def test_gather_positions_travel_compactly():
     """A gather's spec is in every task: a mask's increasing positions are
     pickled as the mask's bits (1 bit a row, not 8 bytes a position)."""
@@ -601,8 +647,9 @@ def test_sort_unique_histogram_of_columns(thread_engine, mats, dtype):
     for f in (np.sort, np.argsort):  # a matrix along an axis: test_sort_along_an_axis
         with pytest.raises(TypeError, match="axis=None"):
             f(a, axis=None)
-    with pytest.raises(TypeError, match="a column"):
-        np.unique(a)
+    got, want = np.unique(a, return_counts=True), np.unique(x, return_counts=True)
+    for g, w in zip(got, want, strict=True):  # a matrix: test_unique_of_a_matrix
+        np.testing.assert_array_equal(g, w)
     w = np.arange(x.shape[1]) % 3  # a blocked vector a @ w: computed first
     product = np.nan_to_num(x).astype("f8") @ w
     np.testing.assert_array_equal(np.sort(np.nan_to_num(a) @ w), np.sort(product))

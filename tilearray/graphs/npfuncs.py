@@ -181,3 +181,53 @@ def join_counts(*parts):
             total[:-2] += v[:-2]
             total[-2], total[-1] = min(total[-2], v[-2]), max(total[-1], v[-1])
     return total, counted(stats)
+
+
+# -- the distinct values of a whole array (np.unique): per block, then merged up a tree
+
+
+class TooManyValues(ValueError):
+    """More distinct values than a task may hold (:func:`unique_block`)."""
+
+
+def _distinct(values, counts, first, equal_nan: bool, limit: int, where: str):
+    """Merge ``(values, counts, first flat index)`` whose values may repeat:
+    sorted distinct values, their summed counts, their smallest first index."""
+    order = np.argsort(values, kind="stable")
+    v, c, f = values[order], counts[order], first[order]
+    new = np.ones(len(v), dtype=bool)
+    if len(v) > 1:
+        same = v[1:] == v[:-1]
+        if equal_nan and v.dtype.kind in "fc":
+            same |= np.isnan(v[1:]) & np.isnan(v[:-1])
+        new[1:] = ~same
+    starts = np.flatnonzero(new)
+    if len(starts) > limit:
+        raise TooManyValues(f"np.unique: {where} holds more than {limit} distinct values, more "
+                            "than a task may hold (the result would not fit); np.unique is meant "
+                            "for few distinct values (labels, codes): for order statistics use "
+                            "np.quantile / np.histogram")
+    return (v[starts], np.add.reduceat(c, starts) if len(v) else c,
+            np.minimum.reduceat(f, starts) if len(v) else f)
+
+
+def unique_block(spec, rows, cols, deps, ncols: int, equal_nan: bool, limit: int):
+    """The distinct values of block ``rows x cols`` with their counts and the
+    flat (C order) index of their first occurrence in the whole array."""
+    x, stats = _block(spec, rows, cols, deps)
+    flat = ((np.arange(rows[0], rows[1], dtype=np.int64)[:, None] * ncols) +
+            np.arange(cols[0], cols[1], dtype=np.int64)[None, :]).ravel()
+    value = _distinct(np.ascontiguousarray(x).ravel(), np.ones(x.size, dtype=np.int64), flat,
+                      equal_nan, limit, f"block rows {rows} cols {cols}")
+    return _done(value, stats)
+
+
+def unique_merge(equal_nan: bool, limit: int, *parts):
+    """Merge :func:`unique_block` results (a combine node of the tree)."""
+    stats: dict = {}
+    for _, st in parts:
+        stats = merge_stats(stats, st)
+    vals = [p[0] for p in parts]
+    value = _distinct(*(np.concatenate([v[k] for v in vals]) for k in range(3)), equal_nan,
+                      limit, "the array")
+    return value, counted(stats)

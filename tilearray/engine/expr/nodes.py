@@ -383,6 +383,23 @@ class Sort(Node):
 
 
 @dataclass(frozen=True, eq=False)
+class Unique(Node):
+    """The distinct values of all of ``x`` (``np.unique``) with their counts
+    and first flat indices: three vectors whose length the data decide
+    (``shape`` is the largest it can be, ``x.size``); computed when made."""
+
+    x: Node = None
+    equal_nan: bool = True
+
+    @property
+    def small(self) -> bool:
+        return True
+
+    def __str__(self) -> str:
+        return f"unique({_fmt(self.x)})"
+
+
+@dataclass(frozen=True, eq=False)
 class Quantile(Node):
     """Exact ``np.quantile(x, q, axis, method=...)`` (``op``: quantile or
     nanquantile; median or nanmedian: NumPy's median, ``q`` 0.5), whole

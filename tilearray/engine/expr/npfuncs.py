@@ -226,12 +226,31 @@ def argsort(a, axis=-1, kind=None, order=None, *, stable=None):
 @implements(np.unique)
 def unique(ar, return_index=False, return_inverse=False, return_counts=False, axis=None,
            *, equal_nan=True, sorted=None):  # noqa: A002
-    """:func:`numpy.unique` of a small result (a column, a vector), computed
-    now: its size depends on the data. NumPy's return values."""
+    """:func:`numpy.unique`, computed now (its size depends on the data): of
+    a small result in memory; of a matrix (``axis=None``: all its elements)
+    in one pass, each block's distinct values merged up a tree, with
+    ``return_counts`` and ``return_index`` (flat, C order) as NumPy's. Meant
+    for few distinct values (labels, codes): a task that would hold more than
+    its memory allows stops the run with a clear error."""
+    if isinstance(ar, LazyArray) and not ar._node.small and ar.ndim == 2:
+        return statistics.unique(ar, return_index, return_inverse, return_counts, axis,
+                                 equal_nan)
     ar = _small_values(ar, "unique", "take the unique values of a column (np.unique(a[:, j]))")
     return np.unique(ar, return_index=return_index, return_inverse=return_inverse,
                      return_counts=return_counts, axis=axis, equal_nan=equal_nan,
                      **_given(sorted=sorted))
+
+
+@implements(np.bincount)
+def bincount(x, weights=None, minlength=0):
+    """:func:`numpy.bincount` of a vector (a column ``a[:, j]``, a
+    reduction's result), computed now; NumPy's 1-D rule for matrices."""
+    hint = ("count a column (np.bincount(a[:, j])), or all elements with "
+            "np.unique(a, return_counts=True)")
+    x = _small_values(x, "bincount", hint)
+    if isinstance(weights, LazyArray):
+        weights = _small_values(weights, "bincount", hint)
+    return np.bincount(x, weights=weights, minlength=minlength)
 
 
 @implements(np.histogram)

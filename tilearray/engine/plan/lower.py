@@ -73,7 +73,14 @@ from .lu import lower_lu, lower_lu_forward, lower_lu_slogdet, lu_width
 from .map import lower_map
 from .matmul import lower_matmul
 from .matvec import gram_form, lower_gram, lower_matvec, oriented
-from .npfuncs import lower_diagonal, lower_quantile, lower_scan, lower_sort, lower_values
+from .npfuncs import (
+    lower_diagonal,
+    lower_quantile,
+    lower_scan,
+    lower_sort,
+    lower_unique,
+    lower_values,
+)
 from .reduce import fusable_groups, lower_empty_reduce, lower_reduce, unshifted
 from .sizing import DoesNotFit, leaf_tile
 from .tsqr import lower_tsqr
@@ -385,12 +392,12 @@ class Planner:
                         deps)
 
     def _lines(self, node) -> str:
-        """A diagonal, exact quantiles or the values in an interval: one
-        stage, its joined small value."""
+        """A diagonal, exact quantiles, the values in an interval or the
+        distinct values: one stage, its joined small value."""
         deps: list = []
         spec = self.spec(node.x, deps)
-        lowering = lower_diagonal if isinstance(node, nd.Diagonal) else \
-            lower_values if isinstance(node, nd.Values) else lower_quantile
+        lowering = {nd.Diagonal: lower_diagonal, nd.Values: lower_values,
+                    nd.Unique: lower_unique}.get(type(node), lower_quantile)
         return self.add(lowering(node, spec, deps, self.budget), spec, deps).outputs["0"].keys[0]
 
     def _unshifted(self, node: Reduce) -> Reduce:
@@ -434,7 +441,8 @@ class Planner:
             key = self.matvec(node, value=True).outputs["0"].keys[0]
         elif isinstance(node, Source):  # a stored 1-D array
             key = self.add(lower_load(node)).outputs["0"].keys[0]
-        elif isinstance(node, nd.Diagonal | nd.Quantile | nd.Values) and not node.x.small:
+        elif isinstance(node, nd.Diagonal | nd.Quantile | nd.Values | nd.Unique) \
+                and not node.x.small:
             key = self._lines(node)
         else:
             key = self.add(self._small_op(node)).outputs["0"].keys[0]

@@ -19,7 +19,7 @@ from dask.base import tokenize
 
 from ... import _config
 from ...graphs import npfuncs as gnp
-from ...graphs.blocks import group_edges, intervals, max_interval
+from ...graphs.blocks import group_edges, intervals, max_interval, tree
 from ...graphs.emit import Tasks
 from ...graphs.spec import unit_edges
 from . import layout
@@ -194,6 +194,41 @@ def lower_sort(node, spec, deps: list, budget: Budget, out=None, out_grid=None,
                  outputs={"result": result})
 
 
+UNIQUE_LIMIT = 1 << 22
+"""At most this many distinct values in a task of ``np.unique`` (fewer when
+the budget is smaller): beyond, the run stops with a clear error."""
+
+
+def lower_unique(node, spec, deps: list, budget: Budget) -> Stage:
+    """``np.unique`` of all elements: each block's distinct values (with
+    counts and first indices), merged up a tree of fan-in
+    ``reduction.split-every``; every task refuses (at run time) to hold more
+    than a limit of distinct values that its memory allows."""
+    item = np.dtype(node.x.dtype).itemsize
+    per_value = item + 16  # the value, its count, its first index
+    fan = int(_config.get("reduction.split-every"))
+    # a merge holds its children, their concatenation and its sorted copy
+    limit = int(max(min(UNIQUE_LIMIT, budget.task_memory // (3 * (fan + 1) * per_value)), 1))
+    temps = (op_temporaries(spec) + 1) * max(item, 8) + 3 * (per_value + 8)
+    costs, peak = fit_blocks(spec, node.x.shape, None, temps, budget)
+    check_fits("unique", peak, str(node), budget)
+    m, n = node.x.shape
+    token = tokenize("unique", spec, costs.row_edges, costs.col_edges, deps, node.equal_nan)
+    work, keys, tot = Tasks(), [], layout.ReadTotals()
+    for i, rows in enumerate(intervals(costs.row_edges)):
+        for j, cols in enumerate(intervals(costs.col_edges)):
+            tot.add(costs.at(i, j))
+            keys.append(work.add(("unique-" + token, i, j), gnp.unique_block, spec, rows, cols,
+                                 deps, n, node.equal_nan, limit))
+    root = tree(keys, fan, lambda level, k: ("unique-merge-" + token, level, k),
+                lambda children: (gnp.unique_merge, node.equal_nan, limit, *children), work)
+    peak = max(peak, as_rss(3 * (fan + 1) * per_value * limit))
+    return Stage("reduce", f"{short(node)}: the distinct values of {len(keys)} blocks, merged "
+                 f"with fan-in {fan} (at most {limit} a task)", len(work), peak, tot.nbytes,
+                 reads=tot.reads, store_gets=tot.gets, work=work.freeze(),
+                 outputs={"0": Output("value", (root,))})
+
+
 def lower_values(node, spec, deps: list, budget: Budget) -> Stage:
     """A histogram of the elements in an interval, or those elements
     (:class:`~..expr.nodes.Values`): blocks as large as fit (each read once),
@@ -265,4 +300,4 @@ def lower_scan(node, spec, deps: list, budget: Budget, out=None, out_grid=None,
     return stages, carry_keys
 
 
-__all__ = ["DoesNotFit", "lower_diagonal", "lower_quantile", "lower_scan", "lower_sort"]
+__all__ = ["DoesNotFit", "lower_diagonal", "lower_quantile", "lower_scan", "lower_sort", "lower_unique"]
