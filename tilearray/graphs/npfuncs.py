@@ -231,3 +231,33 @@ def unique_merge(equal_nan: bool, limit: int, *parts):
     value = _distinct(*(np.concatenate([v[k] for v in vals]) for k in range(3)), equal_nan,
                       limit, "the array")
     return value, counted(stats)
+
+
+# -- x[mask] of a 2-D mask: the selected elements in C order
+
+
+def select_block(x_spec, mask_spec, rows, cols, deps, ncols: int):
+    """The elements of block ``rows x cols`` of ``x_spec`` where ``mask_spec``
+    is True, with their flat (C order) indices in the whole array; a stored
+    array both read is read once."""
+    buffers.release(blocks_only=True)
+    stats, seen = IOStats(), {}
+    shape = (rows[1] - rows[0], cols[1] - cols[0])
+    mask = np.broadcast_to(evaluate(mask_spec, rows, cols, list(deps), stats, seen), shape)
+    x = np.broadcast_to(evaluate(x_spec, rows, cols, list(deps), stats, seen), shape)
+    r, c = np.nonzero(mask)
+    flat = (r.astype(np.int64) + rows[0]) * ncols + (c.astype(np.int64) + cols[0])
+    return _done((np.ascontiguousarray(x[r, c]), flat), stats)
+
+
+def join_selected(count: int, *parts):
+    """The elements of :func:`select_block` tasks in C order (by flat index)."""
+    stats: dict = {}
+    for _, st in parts:
+        stats = merge_stats(stats, st)
+    values = np.concatenate([v for (v, _), _ in parts])
+    flat = np.concatenate([f for (_, f), _ in parts])
+    if len(values) != count:
+        raise ValueError(f"a[mask] found {len(values)} selected elements, the count before "
+                         f"found {count}: did the array change while it was read?")
+    return values[np.argsort(flat, kind="stable")], counted(stats)

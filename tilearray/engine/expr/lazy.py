@@ -13,7 +13,7 @@ import numpy as np
 from ...errors import PlanningError
 from ...graphs.reduction import NO_IDENTITY
 from ...storage import Grid
-from . import routines
+from . import routines, selection
 from .nodes import Elemwise, SliceNode, Source, Transpose, derive_dims
 from .ops import (
     DTYPE_OPS,
@@ -242,7 +242,9 @@ class LazyArray(ExprBase):
         boolean masks (``a[a[:, 0] > 0]``: a lazy mask is computed now, in
         one pass over what it reads -- the result's shape depends on it --
         and the rows are gathered when the result is stored or computed);
-        an integer drops its axis (``a[:, 0]``: a small 1-D result).
+        an integer drops its axis (``a[:, 0]``: a small 1-D result); a 2-D
+        boolean mask of the matrix's shape (``a[a > 0]``: the selected elements
+        in C order, a small 1-D result computed now, :func:`~.selection.masked`).
 
         Raises
         ------
@@ -257,6 +259,8 @@ class LazyArray(ExprBase):
         if n.ndim != 2:
             raise PlanningError(f"indexing is supported on 1-D and 2-D arrays, not shape "
                                 f"{n.shape}")
+        if isinstance(key, ExprBase) and key.ndim == 2 and 1 not in key.shape:
+            return selection.masked(self, key)  # a 2-D mask: its elements, in C order
         if not isinstance(key, tuple):
             key = (key,)
         if sum(k is Ellipsis for k in key) > 1:

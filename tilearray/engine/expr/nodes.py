@@ -400,6 +400,22 @@ class Unique(Node):
 
 
 @dataclass(frozen=True, eq=False)
+class Select(Node):
+    """``x[mask]`` for a boolean ``mask`` of ``x``'s shape: the selected
+    elements in C order (shape: their count, known from a pass before)."""
+
+    x: Node = None
+    mask: Node = None
+
+    @property
+    def small(self) -> bool:
+        return True
+
+    def __str__(self) -> str:
+        return f"{_fmt(self.x)}[{_fmt(self.mask)}]"
+
+
+@dataclass(frozen=True, eq=False)
 class Quantile(Node):
     """Exact ``np.quantile(x, q, axis, method=...)`` (``op``: quantile or
     nanquantile; median or nanmedian: NumPy's median, ``q`` 0.5), whole

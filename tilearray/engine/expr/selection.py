@@ -24,7 +24,7 @@ from dask.base import tokenize
 
 from ...errors import PlanningError
 from ...graphs.npfuncs import counts_dtype
-from .nodes import Constant, Values
+from .nodes import Constant, Select, Values
 from .ops import ExprBase, as_node, wrap_like
 
 BINS = 4096
@@ -219,3 +219,25 @@ def histogram(a, bins=10, range=None, density=None):  # noqa: A002
         db = np.diff(edges).astype(np.float64)
         return counts / db / counts.sum(), edges
     return counts, edges
+
+
+def masked(a, mask) -> ExprBase:
+    """``a[mask]`` for a lazy boolean ``mask`` of ``a``'s shape, computed now:
+    a pass counting the selected elements, then one reading both (a stored
+    array read by both, once) and gathering them in C order. A small 1-D
+    result (refused by the planner when it does not fit in a task)."""
+    n, m = as_node(a), as_node(mask)
+    if m.dtype != np.bool_:
+        raise IndexError(f"a 2-D index must be a boolean mask, got dtype {m.dtype} (integer "
+                         "positions: index one axis at a time, a[rows][:, cols])")
+    for ax, (size, msize) in enumerate(zip(n.shape, m.shape, strict=True)):
+        if size != msize:
+            raise IndexError(f"boolean index did not match indexed array along axis {ax}; "
+                             f"size of axis is {size} but size of corresponding boolean axis "
+                             f"is {msize}")
+    if 0 in n.shape:
+        return held(a, np.empty(0, n.dtype))
+    count = int(_compute(mask.sum()))
+    if count == 0:
+        return held(a, np.empty(0, n.dtype))
+    return held(a, _compute(wrap_like(a, Select((count,), n.dtype, n, m))))

@@ -77,6 +77,7 @@ from .npfuncs import (
     lower_diagonal,
     lower_quantile,
     lower_scan,
+    lower_select,
     lower_sort,
     lower_unique,
     lower_values,
@@ -444,6 +445,11 @@ class Planner:
         elif isinstance(node, nd.Diagonal | nd.Quantile | nd.Values | nd.Unique) \
                 and not node.x.small:
             key = self._lines(node)
+        elif isinstance(node, nd.Select):
+            deps: list = []
+            x_spec, mask_spec = self.spec(node.x, deps), self.spec(node.mask, deps)
+            stage = lower_select(node, x_spec, mask_spec, deps, self.budget)
+            key = self.add(stage, Op("fused", (x_spec, mask_spec)), deps).outputs["0"].keys[0]
         else:
             key = self.add(self._small_op(node)).outputs["0"].keys[0]
             # it counts itself only: each operand's stats are gathered once on

@@ -21,7 +21,7 @@ from ... import _config
 from ...graphs import npfuncs as gnp
 from ...graphs.blocks import group_edges, intervals, max_interval, tree
 from ...graphs.emit import Tasks
-from ...graphs.spec import unit_edges
+from ...graphs.spec import Op, unit_edges
 from . import layout
 from .map import check_fits, fit_blocks
 from .memory import BlockTask, as_rss, block_peak, op_temporaries, read_flight
@@ -229,6 +229,33 @@ def lower_unique(node, spec, deps: list, budget: Budget) -> Stage:
                  outputs={"0": Output("value", (root,))})
 
 
+def lower_select(node, x_spec, mask_spec, deps: list, budget: Budget) -> Stage:
+    """``x[mask]`` of a 2-D mask: blocks as large as fit (the stored arrays
+    both read, read once), each giving its selected elements and their flat
+    indices; one task puts them in C order (refused when they do not fit)."""
+    joint = Op("fused", (x_spec, mask_spec))  # for costs only
+    item = np.dtype(node.dtype).itemsize
+    temps = (op_temporaries(joint) + 2) * max(item, 8) + 3 * 8  # + the positions
+    costs, peak = fit_blocks(joint, node.x.shape, None, temps, budget)
+    check_fits("select", peak, str(node), budget)
+    count = int(node.shape[0])
+    join_peak = as_rss(count * 2 * (item + 8) + count * 8)  # parts, joined, order
+    check_fits("select", join_peak, f"{node}: joining the {count} selected elements in C "
+               "order in one task", budget)
+    token = tokenize("select", joint, costs.row_edges, costs.col_edges, deps, count)
+    work, keys, tot = Tasks(), [], layout.ReadTotals()
+    for i, rows in enumerate(intervals(costs.row_edges)):
+        for j, cols in enumerate(intervals(costs.col_edges)):
+            tot.add(costs.at(i, j))
+            keys.append(work.add(("select-" + token, i, j), gnp.select_block, x_spec, mask_spec,
+                                 rows, cols, deps, node.x.shape[1]))
+    key = work.add("select-join-" + token, gnp.join_selected, count, *keys)
+    return Stage("reduce", f"{short(node)}: the selected elements of {len(keys)} blocks, "
+                 "joined in C order", len(work), max(peak, join_peak), tot.nbytes,
+                 reads=tot.reads, store_gets=tot.gets, work=work.freeze(),
+                 outputs={"0": Output("value", (key,))})
+
+
 def lower_values(node, spec, deps: list, budget: Budget) -> Stage:
     """A histogram of the elements in an interval, or those elements
     (:class:`~..expr.nodes.Values`): blocks as large as fit (each read once),
@@ -300,4 +327,5 @@ def lower_scan(node, spec, deps: list, budget: Budget, out=None, out_grid=None,
     return stages, carry_keys
 
 
-__all__ = ["DoesNotFit", "lower_diagonal", "lower_quantile", "lower_scan", "lower_sort", "lower_unique"]
+__all__ = ["DoesNotFit", "lower_diagonal", "lower_quantile", "lower_scan", "lower_select", "lower_sort",
+           "lower_unique"]
