@@ -158,6 +158,33 @@ def test_integer_indexing(thread_engine, mats, tmp_path, dtype):
         a[[1, 2], [3, 4]]
 
 
+@pytest.mark.parametrize("dtype", ["float64", "int32"])
+def test_pad(thread_engine, mats, tmp_path, dtype):
+    """np.pad: constant blocks joined (nothing read for them); edge /
+    reflect / symmetric / wrap as gathers of NumPy's own padded positions
+    (pads wider than the axis too)."""
+    x, a = mats[dtype]
+    with dask.config.set(SMALL_BLOCKS):
+        for args, kw in [((2,), {}), (((1, 3),), {}), ((((1, 2), (0, 4)),), {}),
+                         ((3,), {"constant_values": 7.6}),
+                         ((((2, 0), (1, 1)),), {"constant_values": ((1, 2), (3, 4))}),
+                         ((2, "edge"), {}), (((((3, 60), (2, 1))), "reflect"), {}),
+                         ((((3, 60), (2, 1)), "symmetric"), {}), ((((3, 1), (40, 5)), "wrap"), {})]:
+            plan = check(np.pad(a, *args, **kw), np.pad(x, *args, **kw),
+                         tmp_path if args == (2,) else None, exact=True)
+            if len(args) == 1:  # constant: the matrix read once, nothing for the pads
+                assert plan.bytes_read == a.nbytes, str(plan)
+    check(np.pad(a.sum(axis=0), 2, "edge"), np.pad(x.sum(axis=0), 2, "edge"))  # small
+    with pytest.raises(TypeError, match="mode='mean'"):
+        np.pad(a, 1, "mean")
+    with pytest.raises(TypeError, match="reflect_type"):
+        np.pad(a, 1, "reflect", reflect_type="odd")
+    with pytest.raises(ValueError, match="negative"):
+        np.pad(a, -1)
+    with pytest.raises(ValueError, match="empty axis"):
+        np.pad(a[:0], 1, "edge")
+
+
 def test_gather_reads_only_the_units_it_needs(thread_engine, mats):
     x, a = mats["float64"]  # tiles of 8 x 7
     plan = check(a[:, [0, 5, 29]], x[:, [0, 5, 29]], exact=True)

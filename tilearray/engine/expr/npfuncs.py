@@ -17,7 +17,7 @@ import numpy as np
 from ...errors import PlanningError
 from . import routines, selection, statistics
 from .lazy import LazyArray
-from .nodes import Elemwise
+from .nodes import Elemwise, Full
 from .ops import HANDLED, elemwise, matmul, reduce_as, wrap_like
 
 
@@ -527,6 +527,61 @@ def tile(A, reps):
         if r > 1:
             A = concatenate([A] * r, axis=ax)
     return A
+
+
+PAD_GATHERS = ("edge", "reflect", "symmetric", "wrap")
+"""np.pad modes that only repeat existing elements: one gather per axis."""
+
+
+@implements(np.pad)
+def pad(array, pad_width, mode="constant", **kwargs):
+    """:func:`numpy.pad` of a matrix, lazy: ``constant`` joins constant
+    blocks (nothing read for them); ``edge``, ``reflect``, ``symmetric`` and
+    ``wrap`` gather, along each axis, the positions NumPy's own pad gives
+    ``np.arange(n)`` (each block reads the units its positions meet). A small result: NumPy's pad in
+    memory. Other modes (statistics, ramps) are refused with a message."""
+    a = array
+    if not isinstance(a, LazyArray):
+        raise TypeError(f"np.pad: expected a TiledArray, got {type(a).__name__}")
+    if a._node.small or a.ndim == 1:
+        values = _small_values(a, "pad", "")
+        return selection.held(a, np.pad(values, pad_width, mode, **kwargs))
+    widths = np.broadcast_to(np.asarray(pad_width, dtype=np.int64), (2, 2))
+    if (widths < 0).any():
+        raise ValueError(f"index can't contain negative values: pad_width={pad_width!r}")
+    if mode == "constant":
+        extra = set(kwargs) - {"constant_values"}
+        values = np.broadcast_to(np.asarray(kwargs.get("constant_values", 0)), (2, 2))
+    elif mode in PAD_GATHERS:
+        extra = set(kwargs) - ({"reflect_type"} if mode in ("reflect", "symmetric") else set())
+        if kwargs.get("reflect_type", "even") != "even":
+            raise TypeError(f"np.pad(mode={mode!r}, reflect_type='odd') is not supported on "
+                            "TiledArrays (it computes new values): use reflect_type='even'")
+    else:
+        raise TypeError(f"np.pad(mode={mode!r}) is not supported on TiledArrays: modes "
+                        f"'constant', {', '.join(repr(m) for m in PAD_GATHERS)}")
+    if extra:
+        raise TypeError(f"np.pad: unsupported keyword arguments for mode {mode!r}: "
+                        f"{sorted(extra)}")
+    for ax in (0, 1):  # NumPy's order: axis 0 first (the corners take axis 1's)
+        before, after = (int(w) for w in widths[ax])
+        if before == after == 0:
+            continue
+        size = a.shape[ax]
+        if mode != "constant":
+            if size == 0:
+                raise ValueError(f"can't extend empty axis {ax} using modes other than "
+                                 "'constant' or 'empty'")
+            positions = np.pad(np.arange(size), (before, after), mode, **kwargs)
+            a = routines.take(a, positions, ax)
+            continue
+        parts = []
+        for width, fill in ((before, values[ax][0]), (after, values[ax][1])):
+            shape = (width, a.shape[1]) if ax == 0 else (a.shape[0], width)
+            fill = np.asarray(fill).astype(a.dtype)[()]  # NumPy casts the value
+            parts.append(wrap_like(a, Full(shape, a.dtype, fill)))
+        a = concatenate([p for p in (parts[0], a, parts[1]) if 0 not in p.shape] or [a], axis=ax)
+    return a
 
 
 @implements(np.repeat)
