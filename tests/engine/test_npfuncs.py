@@ -497,8 +497,10 @@ def test_sort_along_an_axis(thread_engine, mats, tmp_path, dtype):
         check(np.sort(a, axis=0)[-3:].sum(axis=0), np.sort(x, axis=0)[-3:].sum(axis=0))
     check(np.sort(a[:0], axis=0), np.sort(x[:0], axis=0), exact=True)
     check(np.sort(a.max(axis=1)), np.sort(x.max(axis=1)), exact=True)  # small: in memory
-    with pytest.raises(TypeError, match="axis=None"):
-        np.sort(a, axis=None)
+    with dask.config.set(SMALL_BLOCKS):  # all elements: gathered now, then NumPy's
+        check(np.sort(a, axis=None), np.sort(x, axis=None), exact=True)
+        check(np.argsort(a.T, axis=None, kind="stable"), np.argsort(x.T, axis=None, kind="stable"),
+              exact=True)
     with pytest.raises(np.exceptions.AxisError):
         np.argsort(a, axis=2)
     with pytest.raises(TypeError, match="order="):
@@ -517,6 +519,17 @@ def test_sort_hypothesis(thread_engine, tmp_path_factory, m, n, tile, axis, op, 
     with dask.config.set({"tilearray.map.block-bytes": block}):
         check(getattr(np, op)(a, axis=axis, kind="stable"),
               getattr(np, op)(x, axis=axis, kind="stable"), exact=True)
+
+
+def test_flattening_refused_when_it_does_not_fit(thread_engine, tmp_path):
+    import zarr
+
+    zarr.create_array(str(tmp_path / "big.zarr"), shape=(200_000_000, 4), chunks=(1_000_000, 4),
+                      dtype="float64")  # nothing written: refused before any read
+    a = ta.open(tmp_path / "big.zarr")
+    for flatten in [lambda: a.ravel(), lambda: a.reshape(4, -1), lambda: np.sort(a, axis=None)]:
+        with pytest.raises(ta.PlanningError, match="800000000"):  # the compute limit
+            flatten()
 
 
 def test_sort_refused_when_a_line_does_not_fit(tmp_path):
@@ -702,9 +715,9 @@ def test_sort_unique_histogram_of_columns(thread_engine, mats, dtype):
             ref, ref_edges = np.histogram(np.nan_to_num(want), **kw)
             assert_close(got, ref)
             assert_close(edges, ref_edges)
-    for f in (np.sort, np.argsort):  # a matrix along an axis: test_sort_along_an_axis
-        with pytest.raises(TypeError, match="axis=None"):
-            f(a, axis=None)
+    for f in (np.sort, np.argsort):  # a matrix: test_sort_along_an_axis
+        np.testing.assert_array_equal(np.asarray(f(a, axis=None, kind="stable")),
+                                      f(x, axis=None, kind="stable"))
     got, want = np.unique(a, return_counts=True), np.unique(x, return_counts=True)
     for g, w in zip(got, want, strict=True):  # a matrix: test_unique_of_a_matrix
         np.testing.assert_array_equal(g, w)
@@ -934,7 +947,8 @@ def test_searchsorted_and_positions_of_small_results(thread_engine, mats):
 
 def test_reshape_ravel(thread_engine, mats):
     """A small result takes any shape; a matrix gains or loses a unit axis
-    (a column, a row); other reshapes are refused naming the shapes."""
+    (a column, a row) lazily; other reshapes of a matrix gather its elements
+    now (C or F order), refused by the planner when they do not fit a task."""
     y, b = mats["y"]
     for f in [lambda u: u.sum(0).reshape(-1, 1), lambda u: u.sum(0).reshape(1, 13),
               lambda u: u[:, 2:3].reshape(-1), lambda u: u[:, :1].ravel(),
@@ -944,8 +958,12 @@ def test_reshape_ravel(thread_engine, mats):
               lambda u: u[:6, :6].mean(0).reshape((3, -1)), lambda u: u.sum(1).reshape(-1),
               lambda u: u[:, 4:5].reshape(1, -1), lambda u: u[2:3].reshape(13, 1)]:
         check(f(b), f(y))
-    for bad, err in [(lambda: b.reshape(13, 45), "re-tile"), (lambda: b.ravel(), "re-tile"),
-                     (lambda: b.reshape(-1, -1), "one unknown"),
+    with dask.config.set(SMALL_BLOCKS):
+        for f in [lambda u: u.reshape(13, 45), lambda u: u.ravel(), lambda u: np.ravel(u.T),
+                  lambda u: u.flatten(), lambda u: u.reshape(5, -1, order="F"),
+                  lambda u: (u * 2).reshape(-1, 5)]:
+            np.testing.assert_array_equal(np.asarray(f(b)), f(y))
+    for bad, err in [(lambda: b.reshape(-1, -1), "one unknown"),
                      (lambda: b.reshape(4, -1), "cannot reshape array of size 585"),
                      (lambda: b.reshape(45, 13, order="K"), "order")]:
         with pytest.raises((ValueError, ta.PlanningError), match=err):

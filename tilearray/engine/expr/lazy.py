@@ -369,9 +369,11 @@ class LazyArray(ExprBase):
     def reshape(self, *shape, order="C") -> LazyArray:
         """The same elements in ``shape`` (one ``-1`` is inferred),
         like :meth:`numpy.ndarray.reshape`. A small result (in memory) takes
-        any shape; a matrix only gains or loses an axis of length 1 (a
-        column ``(m, 1)`` <-> ``(m,)`` <-> ``(1, m)``, a row likewise):
-        other reshapes would re-tile it and are refused, naming the shapes."""
+        any shape; a matrix gaining or losing an axis of length 1 (a column
+        ``(m, 1)`` <-> ``(m,)`` <-> ``(1, m)``, a row likewise) stays lazy;
+        any other reshape of a matrix gathers its elements now, in one pass,
+        into a small result (:func:`~.selection.flat`: refused by the planner
+        when they do not fit one task)."""
         shape = shape[0] if len(shape) == 1 and np.ndim(shape[0]) == 1 else shape
         new = _reshaped(self.shape, tuple(int(operator.index(k)) for k in np.atleast_1d(shape)))
         if order not in ("C", "F", "A"):
@@ -388,12 +390,14 @@ class LazyArray(ExprBase):
             return self[:, 0] if n.shape[1] == 1 else self[0]
         if n.ndim == 1 and len(new) == 2 and 1 in new:
             return self[:, None] if new[1] == 1 else self[None, :]
-        raise PlanningError(f"reshape {n.shape} -> {new}: tilearray keeps a matrix in its "
-                            "2-D tiling (a reshape would re-tile it); compute a small array "
-                            "first (np.asarray(a).reshape(...)) or store the result you need")
+        # any other shape: the elements gathered now (in F order: the transpose's C
+        # order), refused by the planner when they do not fit a task, then in memory
+        values = selection.flat(self.T if order == "F" else self)
+        return values if len(new) == 1 else values.reshape(new, order=order)
 
     def ravel(self, order="C") -> LazyArray:
-        """1-D (see :meth:`reshape`: a small result, a column or a row)."""
+        """1-D (see :meth:`reshape`: a column or a row stays lazy; a matrix's
+        elements are gathered now, when they fit one task)."""
         return self.reshape(-1, order=order)
 
     flatten = ravel

@@ -190,19 +190,21 @@ def _given(**kwargs) -> dict:
 
 def _ordering(name: str, a, axis, kind, order, stable):
     """np.sort / np.argsort: of a matrix along axis 0 or 1, lazy (whole
-    lines in a task, :func:`.routines.sort`); of a small result, lazy too
-    (elemwise over the in-memory value); a blocked vector is computed first."""
+    lines in a task, :func:`.routines.sort`); with ``axis=None``, of its
+    elements gathered now (:func:`.selection.flat`, when they fit a task);
+    of a small result, lazy too (elemwise over the in-memory value); a
+    blocked vector is computed first."""
     if order is not None:
         raise TypeError(f"np.{name}: order= (structured arrays) is not supported on TiledArrays")
     if stable is not None and kind is not None:
         raise ValueError(f"np.{name}: `kind` and `stable` parameters can't both be specified.")
     if stable:
         kind = "stable"
-    if isinstance(a, LazyArray) and not a._node.small and a.ndim == 2 and axis is not None:
-        return routines.sort(name, a, axis, kind)
-    a = _small_only(a, name, f"{name} along an axis (np.{name}(a, axis=0) or axis=1); "
-                    f"axis=None (all {a.size} elements in one vector) would hold the whole "
-                    "matrix: use np.quantile / np.median / np.histogram for order statistics")
+    if isinstance(a, LazyArray) and not a._node.small and a.ndim == 2:
+        if axis is not None:
+            return routines.sort(name, a, axis, kind)
+        a = selection.flat(a)  # all elements in one vector: gathered now, when they fit
+    a = _small_only(a, name, "")
     kw = _given(kind=kind)
     if isinstance(a, np.ndarray):
         return getattr(np, name)(a, axis=axis, **kw)

@@ -24,7 +24,7 @@ from dask.base import tokenize
 
 from ...errors import PlanningError
 from ...graphs.npfuncs import counts_dtype
-from .nodes import Constant, Select, Values
+from .nodes import Constant, Full, Select, Values
 from .ops import ExprBase, as_node, wrap_like
 
 BINS = 4096
@@ -241,3 +241,14 @@ def masked(a, mask) -> ExprBase:
     if count == 0:
         return held(a, np.empty(0, n.dtype))
     return held(a, _compute(wrap_like(a, Select((count,), n.dtype, n, m))))
+
+
+def flat(a) -> ExprBase:
+    """All the elements of a matrix in C order (``a.ravel()``), computed now:
+    one pass, joined in one task (refused by the planner when they do not
+    fit it); a small 1-D result."""
+    n = as_node(a)
+    if 0 in n.shape:
+        return held(a, np.empty(0, n.dtype))
+    every = Full(tuple(n.shape), np.dtype(bool), True)
+    return held(a, _compute(wrap_like(a, Select((a.size,), n.dtype, n, every))))
