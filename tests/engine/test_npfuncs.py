@@ -216,7 +216,9 @@ def test_2d_masks(thread_engine, mats, dtype):
         cases = [(a[a > 0], x[x > 0]), (a.T[a.T != 1], x.T[x.T != 1]),
                  (a[a > 1e9], x[x > 1e9]), ((a * 2)[a > 0], (x * 2)[x > 0])]
         if dtype == "float64":
-            cases += [(a[np.isnan(a)], x[np.isnan(x)]), (b[b > b.mean(axis=0)], y[y > y.mean(axis=0)])]
+            cases += [(a[np.isnan(a)], x[np.isnan(x)]), (b[b > b.mean(axis=0)], y[y > y.mean(axis=0)]),
+                      (a[:, 3:4][a[:, 3:4] > 0], x[:, 3:4][x[:, 3:4] > 0]),  # one column
+                      (a[2:3][a[2:3] > 0], x[2:3][x[2:3] > 0])]  # one row
         for got, want in cases:
             g = np.asarray(got)
             assert g.dtype == want.dtype and g.shape == want.shape, (g.dtype, g.shape, want.shape)

@@ -259,7 +259,8 @@ class LazyArray(ExprBase):
         if n.ndim != 2:
             raise PlanningError(f"indexing is supported on 1-D and 2-D arrays, not shape "
                                 f"{n.shape}")
-        if isinstance(key, ExprBase) and key.ndim == 2 and 1 not in key.shape:
+        if isinstance(key, ExprBase) and key.ndim == 2 and \
+                (1 not in key.shape or tuple(key.shape) == tuple(n.shape)):
             return selection.masked(self, key)  # a 2-D mask: its elements, in C order
         if not isinstance(key, tuple):
             key = (key,)
