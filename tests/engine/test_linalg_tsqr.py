@@ -56,17 +56,19 @@ def test_q_stays_orthogonal_where_x_inv_r_does_not(thread_engine, tmp_path, rng)
 
 def test_q_by_solve_on_well_conditioned_leaves_only(thread_engine, tmp_path, rng,
                                                    monkeypatch):
-    """Leaves whose R is well conditioned write ``X_i R_i^-1 S``; the one
-    leaf whose rows make two columns nearly equal (its R ~1e10 from
-    singular, X as a whole well conditioned) applies its reflectors: Q is
+    """Leaves whose R is well conditioned write ``X_i R_i^-1 S`` (their R
+    from the Gram matrix on the way up); the one leaf whose rows make two
+    columns nearly equal (its R ~1e10 from singular, X as a whole well
+    conditioned) takes the Householder QR and applies its reflectors: Q is
     orthogonal to rounding either way and Q R = X."""
     from tilearray.graphs import linalg as kern
 
     x = _x(rng, m=2000, n=N)
     x[800:1000, 5] = x[800:1000, 6] * (1 + 1e-10)
-    applied = []
-    apply = kern.qr_leaf_apply
+    applied, grams = [], []
+    apply, gram = kern.qr_leaf_apply, kern.gram_leaf_r
     monkeypatch.setattr(kern, "qr_leaf_apply", lambda *a, **k: applied.append(1) or apply(*a, **k))
+    monkeypatch.setattr(kern, "gram_leaf_r", lambda *a: grams.append(gram(*a)) or grams[-1])
     a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(100, N))
     q, r = ta.linalg.qr(a)
     with dask.config.set({"tilearray.map.block-bytes": 200 * N * 8}):  # leaves of 200 rows
@@ -77,6 +79,8 @@ def test_q_by_solve_on_well_conditioned_leaves_only(thread_engine, tmp_path, rng
         qa = np.asarray(q.to_zarr(tmp_path / "q.zarr", engine=thread_engine))
         r = r.compute(engine=thread_engine)
     assert len(applied) == 1  # the leaf of rows 800:1000
+    # the other leaves took R from their Gram matrix on the way up (one syrk)
+    assert sum(g is not None for g in grams) == 9 and len(grams) == 10
     assert np.abs(qa.T @ qa - np.eye(N)).max() < 1e-13
     assert_close(qa @ r, x, scale=np.abs(x).max())
 

@@ -170,6 +170,39 @@ def test_leaf_solve_is_the_reflectors_q_where_r_is_well_conditioned(shape):
     assert la.leaf_solve_weights(la.qr_leaf_r(short), s, len(short)) is None
 
 
+@pytest.mark.parametrize("shape", [(300, 7), (128, 48), (33, 1)])
+def test_gram_leaf_r_only_where_its_q_stays_orthogonal(shape):
+    """A leaf's R from its Gram matrix: |R| of the Householder QR to rounding
+    (C- or F-ordered block, positive diagonal), and ``X R^-1`` orthogonal to
+    ~1e-13; None where CholeskyQR would lose more (kappa ~1000: the solve
+    path still takes the Householder R: kappa_1 <= ~4500), for float32, a singular or
+    non-finite block and a short one."""
+    rng = np.random.default_rng(sum(shape) + 1)  # (the kappas below hold for these seeds)
+    x = rng.standard_normal(shape)
+    m, k = shape
+    want = np.abs(la.qr_leaf_r(x))
+    for block in (x, np.asfortranarray(x)):
+        r = la.gram_leaf_r(block)
+        assert r is not None and (np.diag(r) > 0).all()
+        assert_close(np.abs(r), want, scale=np.abs(want).max())
+        q = x @ np.linalg.inv(r)
+        assert np.abs(q.T @ q - np.eye(k)).max() < 1e-13
+    assert la.gram_leaf_r(x.astype(np.float32)) is None
+    assert la.gram_leaf_r(x[: k - 1]) is None
+    bad = x.copy()
+    bad[0, 0] = np.nan
+    assert la.gram_leaf_r(bad) is None
+    if k > 1:
+        u, _, vt = np.linalg.svd(x, full_matrices=False)
+        mid = (u * np.geomspace(1, 1e-2, k)) @ vt  # kappa_1 200-500: Cholesky's Q loses ~1e-11
+        assert la.gram_leaf_r(mid) is None
+        s = rng.standard_normal((k, 2))
+        assert la.leaf_solve_weights(la.qr_leaf_r(mid), s, m) is not None
+        zero = x.copy()
+        zero[:, 0] = 0.0
+        assert la.gram_leaf_r(zero) is None
+
+
 def test_qr_combine_splits_q_per_child():
     rng = np.random.default_rng(3)
     rs = [la.qr_leaf(rng.standard_normal((m, 6)))[1] for m in (10, 3, 6)]

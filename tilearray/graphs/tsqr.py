@@ -13,7 +13,10 @@ LAPACK call (blocked ``geqrt``) on the same data, so the same ``Q_i`` --
 applies it to its slice (``gemqrt``, ``Q_i`` never formed) and writes its
 rows of Q; or, when its R from the way up is well conditioned (float64,
 ``kappa_1(R_i) <= ~4500``), multiplies its block by ``R_i^-1`` times the
-slice (one gemm, a quarter of the time). Nothing of size ``m`` is ever
+slice (one gemm, a quarter of the time). For such jobs a leaf whose Gram
+matrix is well conditioned (``kappa_1(R_i) <= ~67``) takes R on the way up
+from the Cholesky factor of ``X_i^T X_i`` (one syrk, no copy of the block)
+instead of a Householder QR. Nothing of size ``m`` is ever
 held whole.
 
 Stats: every task counts itself once. The up tree merges its children's
@@ -55,14 +58,23 @@ def _hint(specs, widths, ahead) -> None:
         prefetch_next(specs, [(ahead, (0, w)) for w in widths])
 
 
-def leaf_r(specs, rows, widths, deps=(), ahead=None):
+def leaf_r(specs, rows, widths, deps=(), ahead=None, gram: bool = False):
     """Read row block ``rows`` of ``[X | Y]`` and return the R of its QR
-    (rows ``ahead``, a later leaf's, are hinted to the stores meanwhile)."""
+    (rows ``ahead``, a later leaf's, are hinted to the stores meanwhile).
+
+    ``gram`` (a Q or U job whose pass down uses ``X_i R_i^-1``): a
+    well-conditioned float64 block's R is the Cholesky factor of its Gram
+    matrix (:func:`~.linalg.gram_leaf_r`), returned as ``("gram", R)`` so
+    the pass down knows it must use ``R_i^-1`` (its reflectors were never
+    made); other blocks take the Householder QR."""
     buffers.release(blocks_only=True)
     stats = IOStats()
-    block = _block(specs, rows, widths, deps, stats)
+    block = _block(specs, rows, widths, deps, stats, order="C" if gram else "F")
     _hint(specs, widths, ahead)
     report(1, 2)  # read; the QR is the other half
+    r = kern.gram_leaf_r(block) if gram else None
+    if r is not None:
+        return ("gram", r), counted(stats.as_dict())
     r = kern.qr_leaf_r(block, overwrite_block=True)
     del block
     return r, counted(stats.as_dict())
@@ -138,7 +150,11 @@ def leaf_store(specs, rows, widths, deps, out_ref, ncols: int, slice_, index: in
     buffers.release(blocks_only=True)
     stats = IOStats()
     s = _pick(slice_, index)
-    w = None if leaf is None else kern.leaf_solve_weights(leaf[0], s, rows[1] - rows[0])
+    gram = leaf is not None and isinstance(leaf[0], tuple)  # ("gram", R_i): see leaf_r
+    w = None if leaf is None else kern.leaf_solve_weights(_r_of(leaf[0]), s, rows[1] - rows[0],
+                                                          trusted=gram)
+    if gram and w is None:  # pragma: no cover - leaf_r's checks imply the solve's
+        raise RuntimeError(f"TSQR leaf rows {rows}: a Gram R without its solve weights")
     # gemm takes the block as read; the reflectors want it F-ordered
     block = _block(specs, rows, widths, deps, stats, order="F" if w is None else "C")
     _hint(specs, widths, ahead)

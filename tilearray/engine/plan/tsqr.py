@@ -106,9 +106,13 @@ def lower_tsqr(node, specs, widths, deps: list, budget: Budget, out=None, out_gr
     up, costs = Tasks(), _costs(specs, widths, row_edges)
     leaves, tot = [], layout.ReadTotals()
     spans = intervals(row_edges)
+    # the down leaves may use their up leaf's R (X_i R_i^-1): those stay in
+    # worker memory until then, so only while they are a small share of it;
+    # then the up leaves may take R from the Gram matrix (graphs.tsqr.leaf_r)
+    keep_r = big and len(spans) * w * w * max(itemsize, 8) <= budget.task_memory // 4
     for i, rows in enumerate(spans):
         leaves.append(up.add((name + "-leaf", i), gts.leaf_r, tuple(specs), rows,
-                             tuple(widths), deps, ahead(spans, i, budget)))
+                             tuple(widths), deps, ahead(spans, i, budget), keep_r))
         tot.add(*(c.at(i, 0) for c in costs))
     top, levels = _tree(up, name, leaves, fan_in, keep_q=big)
     held = _check_pieces_fit(node, spans, levels, w, itemsize, budget) if big else 0
@@ -130,9 +134,6 @@ def lower_tsqr(node, specs, widths, deps: list, budget: Budget, out=None, out_gr
         {"factors": Output("value", (root,))})
     if not big:
         return [first]
-    # the down leaves may use their up leaf's R (X_i R_i^-1): those stay in
-    # worker memory until then, so only while they are a small share of it
-    keep_r = len(leaves) * w * w * max(itemsize, 8) <= budget.task_memory // 4
     return [first, _down_stage(node, name, specs, widths, deps, row_edges, levels, root,
                                costs, peak, out, out_grid, skip, budget, keep_r)]
 
