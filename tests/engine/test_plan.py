@@ -216,5 +216,5 @@ def test_tasks_hint_the_block_the_next_wave_reads():
                         mode="r").plan(budget=ta.Budget(2**20 * 64, 2, 1, baseline=2**20))
     leaves = [t for s in plan.stages for t in s.work if "leaf" in str(t.key)]
     assert len(leaves) > 2
-    hinted = [t.args[5] for t in leaves]  # leaf_r(specs, rows, widths, deps, ahead, gram)
+    hinted = [t.args[4] for t in leaves]  # leaf_r(specs, rows, widths, deps, ahead, gram)
     assert hinted[:-2] == [t.args[1] for t in leaves][2:] and hinted[-2:] == [None, None]
