@@ -1,0 +1,318 @@
+"""NumPy's joins, gathers, reshapes, diagonals and scans on TiledArrays:
+``np.concatenate`` / ``stack`` / ``hstack``, ``np.flip``, ``np.reshape`` /
+``ravel``, ``np.pad`` / ``roll`` / ``tile`` / ``repeat``, ``np.take``,
+``np.diagonal`` / ``trace`` / ``triu``, ``np.cumsum`` and the other scans:
+lazy, each read only where a block meets it (see the README's table)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import routines, selection
+from .lazy import LazyArray
+from .nodes import Elemwise, Full
+from .npbase import implements, small_values
+from .ops import HANDLED, wrap_like
+
+
+@implements(np.concatenate)
+def concatenate(arrays, axis=0, out=None, dtype=None, casting="same_kind"):
+    if out is not None:
+        raise TypeError("np.concatenate: out= is not supported on TiledArrays")
+    return routines.concatenate(arrays, axis, dtype)
+
+
+@implements(np.hstack)
+def hstack(tup, *, dtype=None, casting="same_kind"):
+    tup = list(tup)
+    res = routines.join_small("hstack", tup, dtype)
+    return res if res is not None else routines.concatenate(tup, 1, dtype)
+
+
+@implements(np.vstack)
+def vstack(tup, *, dtype=None, casting="same_kind"):
+    tup = list(tup)
+    res = routines.join_small("vstack", tup, dtype)
+    return res if res is not None else routines.concatenate(tup, 0, dtype)
+
+
+@implements(np.stack)
+def stack(arrays, axis=0, out=None, *, dtype=None, casting="same_kind"):
+    """Small results (vectors) stack in memory into a matrix; 2-D TiledArrays
+    would make a 3-D array: refused."""
+    if out is not None:
+        raise TypeError("np.stack: out= is not supported on TiledArrays")
+    res = routines.join_small("stack", arrays, dtype, axis=axis)
+    if res is None:
+        raise TypeError("np.stack of 2-D TiledArrays makes a 3-D array; " + routines.NOT_3D)
+    if res.ndim > 2:
+        raise TypeError(f"np.stack gives shape {res.shape}; tilearray arrays are 1-D or 2-D")
+    return res
+
+
+@implements(np.column_stack)
+def column_stack(tup):
+    """1-D arrays as columns, 2-D ones as they are, joined along axis 1."""
+    tup = list(tup)
+    if tup and all(np.ndim(a) == 1 for a in tup):
+        res = routines.join_small("stack", tup, axis=1)
+        if res is not None:
+            return res
+    return routines.concatenate([a[:, None] if np.ndim(a) == 1 else a for a in tup], 1)
+
+
+@implements(np.flip)
+def flip(m, axis=None):
+    """Reversed along ``axis`` (None: every axis): ``m[::-1]`` and the like."""
+    nd = np.ndim(m)
+    axes = range(nd) if axis is None else (axis,) if np.ndim(axis) == 0 else axis
+    key = [slice(None)] * nd
+    for ax in axes:
+        key[routines.axis_index(ax, "np.flip", nd)] = slice(None, None, -1)
+    return m[tuple(key)]
+
+
+@implements(np.flipud)
+def flipud(m):
+    return flip(m, 0)
+
+
+@implements(np.fliplr)
+def fliplr(m):
+    if np.ndim(m) < 2:
+        raise ValueError("Input must be >= 2-d.")
+    return flip(m, 1)
+
+
+@implements(np.swapaxes)
+def swapaxes(a, axis1, axis2):
+    nd = np.ndim(a)
+    same = routines.axis_index(axis1, "np.swapaxes", nd) == \
+        routines.axis_index(axis2, "np.swapaxes", nd)
+    return a if same else a.T
+
+
+@implements(np.moveaxis)
+def moveaxis(a, source, destination):
+    nd = np.ndim(a)
+    src, dst = (np.atleast_1d(x).tolist() for x in (source, destination))
+    if len(src) != len(dst):
+        raise ValueError("`source` and `destination` arguments must have the same number "
+                         "of elements")
+    order = [n for n in range(nd) if n not in
+             [routines.axis_index(s, "np.moveaxis", nd) for s in src]]
+    for d, s in sorted(zip((routines.axis_index(d, "np.moveaxis", nd) for d in dst),
+                           (routines.axis_index(s, "np.moveaxis", nd) for s in src),
+                           strict=True)):
+        order.insert(d, s)
+    return a if order == list(range(nd)) else a.T
+
+
+@implements(np.reshape)
+def reshape(a, shape=None, order="C", *, newshape=None, copy=None):
+    """See :meth:`TiledArray.reshape`."""
+    return a.reshape(shape if shape is not None else newshape, order=order)
+
+
+@implements(np.ravel)
+def ravel(a, order="C"):
+    return a.reshape(-1, order=order)
+
+
+@implements(np.squeeze)
+def squeeze(a, axis=None):
+    """Drops axes of length 1 (a matrix's single column or row: a 1-D result)."""
+    nd, shape = np.ndim(a), np.shape(a)
+    axes = [n for n in range(nd) if shape[n] == 1] if axis is None else \
+        [routines.axis_index(x, "np.squeeze", nd) for x in np.atleast_1d(axis).tolist()]
+    if any(shape[x] != 1 for x in axes):
+        raise ValueError("cannot select an axis to squeeze out which has size not equal to one")
+    if not axes:
+        return a
+    if nd == 1 or len(axes) == 2:
+        raise TypeError(f"np.squeeze of shape {shape} gives a 0-d result: compute it first "
+                        "(float(a[0, 0]))")
+    return a[0] if axes == [0] else a[:, 0]
+
+
+@implements(np.expand_dims)
+def expand_dims(a, axis):
+    """A 1-D array as a column (``axis=1``) or a row (``axis=0``)."""
+    if np.ndim(a) != 1:
+        raise TypeError(f"np.expand_dims of shape {np.shape(a)} makes a 3-D array; "
+                        + routines.NOT_3D)
+    return a[None, :] if routines.axis_index(axis, "np.expand_dims", 2) == 0 else a[:, None]
+
+
+@implements(np.array_equal)
+def array_equal(a1, a2, equal_nan=False):
+    """Same shape and elements (one pass, computed now: a bool as NumPy's)."""
+    if np.shape(a1) != np.shape(a2):
+        return False
+    if isinstance(a1, np.ndarray) or isinstance(a2, np.ndarray):  # one is in memory already
+        return np.array_equal(np.asarray(a1), np.asarray(a2), equal_nan=equal_nan)
+    same = a1 == a2
+    if equal_nan:
+        same = same | (np.isnan(a1) & np.isnan(a2))
+    return bool(same.all())
+
+
+@implements(np.real)
+def real(val):
+    if np.dtype(val.dtype).kind == "c":
+        raise TypeError("np.real: complex TiledArrays are not supported")
+    return val
+
+
+@implements(np.roll)
+def roll(a, shift, axis=None):
+    """Rolled along ``axis`` (0 or 1; a tuple rolls each): the two slices
+    joined, nothing copied until stored. ``axis=None`` (the flattened
+    array) is refused for matrices."""
+    if axis is None:
+        if np.ndim(a) != 1:
+            raise TypeError("np.roll: axis=None (the flattened matrix) is not supported on "
+                            "TiledArrays; give axis=0 or axis=1")
+        axis = 0
+    shifts, axes = np.broadcast_arrays(np.asarray(shift), np.asarray(axis))
+    for s, ax in zip(shifts.reshape(-1).tolist(), axes.reshape(-1).tolist(), strict=True):
+        ax = routines.axis_index(ax, "np.roll", np.ndim(a))
+        size = np.shape(a)[ax]
+        k = s % size if size else 0
+        if k:
+            key = [slice(None)] * np.ndim(a)
+            head, tail = list(key), list(key)
+            head[ax], tail[ax] = slice(size - k, None), slice(None, size - k)
+            a = concatenate([a[tuple(head)], a[tuple(tail)]], axis=ax)
+    return a
+
+
+@implements(np.tile)
+def tile(A, reps):
+    """``A`` repeated ``reps`` times along each axis (a join of itself: each
+    copy read where a block meets it)."""
+    reps = tuple(np.atleast_1d(reps).tolist())
+    if np.ndim(A) != 2 or len(reps) > 2 or any(r < 1 for r in reps):
+        raise TypeError(f"np.tile: reps={reps!r} of shape {np.shape(A)}: tilearray tiles a "
+                        "matrix by at most 2 positive counts")
+    reps = (1,) * (2 - len(reps)) + reps
+    for ax, r in enumerate(reps):
+        if r > 1:
+            A = concatenate([A] * r, axis=ax)
+    return A
+
+
+PAD_GATHERS = ("edge", "reflect", "symmetric", "wrap")
+"""np.pad modes that only repeat existing elements: one gather per axis."""
+
+
+@implements(np.pad)
+def pad(array, pad_width, mode="constant", **kwargs):
+    """:func:`numpy.pad` of a matrix, lazy: ``constant`` joins constant
+    blocks (nothing read for them); ``edge``, ``reflect``, ``symmetric`` and
+    ``wrap`` gather, along each axis, the positions NumPy's own pad gives
+    ``np.arange(n)`` (each block reads the units its positions meet). A small result: NumPy's pad in
+    memory. Other modes (statistics, ramps) are refused with a message."""
+    a = array
+    if not isinstance(a, LazyArray):
+        raise TypeError(f"np.pad: expected a TiledArray, got {type(a).__name__}")
+    if a._node.small or a.ndim == 1:
+        values = small_values(a, "pad", "")
+        return selection.held(a, np.pad(values, pad_width, mode, **kwargs))
+    widths = np.broadcast_to(np.asarray(pad_width, dtype=np.int64), (2, 2))
+    if (widths < 0).any():
+        raise ValueError(f"index can't contain negative values: pad_width={pad_width!r}")
+    if mode == "constant":
+        extra = set(kwargs) - {"constant_values"}
+        values = np.broadcast_to(np.asarray(kwargs.get("constant_values", 0)), (2, 2))
+    elif mode in PAD_GATHERS:
+        extra = set(kwargs) - ({"reflect_type"} if mode in ("reflect", "symmetric") else set())
+        if kwargs.get("reflect_type", "even") != "even":
+            raise TypeError(f"np.pad(mode={mode!r}, reflect_type='odd') is not supported on "
+                            "TiledArrays (it computes new values): use reflect_type='even'")
+    else:
+        raise TypeError(f"np.pad(mode={mode!r}) is not supported on TiledArrays: modes "
+                        f"'constant', {', '.join(repr(m) for m in PAD_GATHERS)}")
+    if extra:
+        raise TypeError(f"np.pad: unsupported keyword arguments for mode {mode!r}: "
+                        f"{sorted(extra)}")
+    for ax in (0, 1):  # NumPy's order: axis 0 first (the corners take axis 1's)
+        before, after = (int(w) for w in widths[ax])
+        if before == after == 0:
+            continue
+        size = a.shape[ax]
+        if mode != "constant":
+            if size == 0:
+                raise ValueError(f"can't extend empty axis {ax} using modes other than "
+                                 "'constant' or 'empty'")
+            positions = np.pad(np.arange(size), (before, after), mode, **kwargs)
+            a = routines.take(a, positions, ax)
+            continue
+        parts = []
+        for width, fill in ((before, values[ax][0]), (after, values[ax][1])):
+            shape = (width, a.shape[1]) if ax == 0 else (a.shape[0], width)
+            fill = np.asarray(fill).astype(a.dtype)[()]  # NumPy casts the value
+            parts.append(wrap_like(a, Full(shape, a.dtype, fill)))
+        a = concatenate([p for p in (parts[0], a, parts[1]) if 0 not in p.shape] or [a], axis=ax)
+    return a
+
+
+@implements(np.repeat)
+def repeat(a, repeats, axis=None):
+    """Each row (``axis=0``) or column (``axis=1``) repeated: a gather of the
+    positions ``np.repeat(np.arange(n), repeats)``."""
+    if np.ndim(a) == 1 and a._node.small:  # a small vector: in memory (lazy), as NumPy
+        reps = repeats if np.ndim(repeats) == 0 else tuple(np.asarray(repeats).tolist())
+        shape = np.repeat(np.empty(a.shape, bool), reps, axis).shape  # NumPy's checks
+        return wrap_like(a, Elemwise(shape, a.dtype, "repeat", (a._node,),
+                                     (("axis", axis), ("repeats", reps))))
+    if np.ndim(a) == 1:  # a blocked product (x @ w): computed first
+        return np.repeat(small_values(a, "repeat", ""), repeats, axis)
+    if axis is None:
+        raise TypeError("np.repeat: axis=None (the flattened array) is not supported on "
+                        "TiledArrays; give axis=0 or axis=1")
+    ax = routines.axis_index(axis, "np.repeat", np.ndim(a))
+    return routines.take(a, np.repeat(np.arange(np.shape(a)[ax]), repeats), ax)
+
+
+@implements(np.take)
+def take(a, indices, axis=None, out=None, mode="raise"):
+    if out is not None or mode != "raise":
+        raise TypeError("np.take: out= and mode= are not supported on TiledArrays")
+    return routines.take(a, indices, axis)
+
+
+implements(np.diagonal)(routines.diagonal)
+implements(np.diag)(routines.diag)
+
+
+@implements(np.triu)
+def triu(m, k=0):
+    return routines.tri(m, k, upper=True)
+
+
+@implements(np.tril)
+def tril(m, k=0):
+    return routines.tri(m, k, upper=False)
+
+
+@implements(np.trace)
+def trace(a, offset=0, axis1=0, axis2=1, dtype=None, out=None):
+    if out is not None:
+        raise TypeError("np.trace: out= is not supported on TiledArrays")
+    return routines.trace(a, offset, axis1, axis2, dtype)
+
+
+
+
+def _scan(op):
+    def impl(a, axis=None, dtype=None, out=None):
+        if out is not None:
+            raise TypeError(f"np.{op}: out= is not supported on TiledArrays")
+        return routines.scan(op, a, axis, dtype)
+
+    impl.__name__ = op
+    return impl
+
+
+HANDLED[np.cumsum], HANDLED[np.cumprod] = _scan("cumsum"), _scan("cumprod")
