@@ -440,6 +440,31 @@ def test_from_dask_numpy_and_unknown_chunks(thread_engine, tmp_path):
     assert_close(np.asarray(ta.from_dask(u, tmp_path / "u.zarr")), x[x[:, 0] > 10])
 
 
+def test_arrays_written_without_a_path_are_temporary(tmp_path):
+    """``ta.from_numpy(x)``, ``ta.random(shape)``, ``ta.from_dask(d)`` with no
+    path: a fresh directory under tilearray.temporary-directory, removed when
+    the process exits."""
+    import subprocess
+    import sys
+
+    script = (
+        "import numpy as np, dask.array as da, tilearray as ta\n"
+        "if __name__ == '__main__':\n"
+        "    with ta.Engine(n_workers=1, processes=False):\n"
+        "        x = ta.from_numpy(np.arange(12.0).reshape(4, 3))\n"
+        "        r = ta.random((5, 4), seed=1)\n"
+        "        d = ta.from_dask(da.ones((6, 5), chunks=3))\n"
+        "        assert float(x.sum()) == 66.0 and float(d.sum()) == 30.0\n"
+        "        assert np.asarray(r).shape == (5, 4)\n"
+        "        print(len(list(__import__('os').scandir(%r))))\n" % str(tmp_path))
+    env = {**os.environ, "DASK_TILEARRAY__TEMPORARY_DIRECTORY": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "3"  # one directory each while running
+    assert list(tmp_path.iterdir()) == []  # gone at exit
+
+
 # -- the small API items ----------------------------------------------------------------
 
 

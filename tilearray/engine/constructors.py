@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import math
 import numbers
 import os
+import shutil
+import tempfile
 
 import numpy as np
 from dask.base import tokenize
 
+from .. import _config
 from ..errors import ArgumentError, StorageArgumentError, StorageError
 from ..graphs import elemwise as gel
 from ..storage import ArrayRef, create, grid_of, int_pair, locks, mark_complete
@@ -84,6 +88,27 @@ def open(store=None, name: str = "", *, path: str | None = None,  # noqa: A001
     return TiledArray(source(ref, allow_incomplete))
 
 
+_scratch: list[str] = []
+
+
+def _remove_scratch() -> None:
+    for d in _scratch:
+        shutil.rmtree(d, ignore_errors=True)
+    _scratch.clear()
+
+
+def scratch_path(kind: str) -> str:
+    """A fresh local path for an array written without one
+    (``ta.from_numpy(x)``): under ``tilearray.temporary-directory`` (default:
+    the system's temporary directory), removed when this process exits."""
+    base = _config.get("temporary-directory") or tempfile.gettempdir()
+    d = tempfile.mkdtemp(prefix=f"tilearray-{kind}-", dir=base)
+    if not _scratch:
+        atexit.register(_remove_scratch)
+    _scratch.append(d)
+    return os.path.join(d, f"{kind}.zarr")
+
+
 @contextlib.contextmanager
 def _new_array(path, name, shape, dtype, tile, shard, overwrite, dims, storage_options=None):
     """``with _new_array(...) as (ref, z):`` create an output array (refusing to
@@ -132,11 +157,12 @@ VECTOR_TILE = 2**20
 """Default chunk of a 1-D array written by :func:`from_numpy`, in elements."""
 
 
-def from_numpy(arr, path, *, name="", dims=None, tile=(1024, 1024), shard=None,
+def from_numpy(arr, path=None, *, name="", dims=None, tile=(1024, 1024), shard=None,
                overwrite=False, storage_options=None) -> TiledArray:
     arr = np.asarray(arr)
     if arr.ndim not in (1, 2):
         raise StorageArgumentError(f"from_numpy needs a 1-D or 2-D array, got shape {arr.shape}")
+    path = scratch_path("from_numpy") if path is None else path
     from ..storage import write_block
 
     if arr.ndim == 1 and tile == (1024, 1024):
@@ -160,8 +186,11 @@ from_numpy.__doc__ = f"""Write a 1-D or 2-D NumPy array to Zarr v3 and return it
     arr : array_like
         1-D or 2-D, bool / integer / float (1-D: ``tile`` and ``shard`` are
         an int or ``(t,)``; default chunk {VECTOR_TILE} elements).
-    path : str, os.PathLike or zarr Store
-        The array, or (with ``name``) the group that holds it.
+    path : str, os.PathLike or zarr Store, optional
+        The array, or (with ``name``) the group that holds it. Without one,
+        a fresh local directory under ``tilearray.temporary-directory``,
+        removed when this Python process exits (for a cluster on other
+        machines, give a path they can all read).
     {_WRITE_PARAMS}
 
     Returns
@@ -188,10 +217,11 @@ def _check_seed(seed) -> int:
     return int(seed)
 
 
-def random(shape, path, *, name="", dims=None, tile=(1024, 1024), shard=None,
+def random(shape, path=None, *, name="", dims=None, tile=(1024, 1024), shard=None,
            dtype="float64", seed=0, overwrite=False, engine=None,
            storage_options=None) -> TiledArray:
     seed = _check_seed(seed)  # before anything is created
+    path = scratch_path("random") if path is None else path
     engine = engine or runtime.current_engine(start=False)
     if engine is not None:  # its workers write the units: not into this process's memory
         check_task_writable(ArrayRef.from_location(path, name, storage_options))
@@ -225,8 +255,11 @@ random.__doc__ = f"""Write a reproducible random matrix (standard normal for flo
     Parameters
     ----------
     shape : tuple of int
-    path : str, os.PathLike or zarr Store
-        The array, or (with ``name``) the group that holds it.
+    path : str, os.PathLike or zarr Store, optional
+        The array, or (with ``name``) the group that holds it. Without one,
+        a fresh local directory under ``tilearray.temporary-directory``,
+        removed when this Python process exits (for a cluster on other
+        machines, give a path they can all read).
     {_WRITE_PARAMS}
     dtype : dtype-like
         Floats: standard normal; integers: uniform in [-100, 100] (clipped to the
@@ -253,7 +286,7 @@ random.__doc__ = f"""Write a reproducible random matrix (standard normal for flo
     """
 
 
-def from_dask(x, path, *, name="", dims=None, overwrite=False, shard=None,
+def from_dask(x, path=None, *, name="", dims=None, overwrite=False, shard=None,
               storage_options=None) -> TiledArray:
     """Store a 2-D dask array as Zarr v3 (its largest chunk becomes the tile).
 
@@ -261,8 +294,11 @@ def from_dask(x, path, *, name="", dims=None, overwrite=False, shard=None,
     ----------
     x : dask.array.Array
         2-D, bool / integer / float.
-    path : str, os.PathLike or zarr Store
-        The array, or (with ``name``) the group that holds it.
+    path : str, os.PathLike or zarr Store, optional
+        The array, or (with ``name``) the group that holds it. Without one,
+        a fresh local directory under ``tilearray.temporary-directory``,
+        removed when this Python process exits (for a cluster on other
+        machines, give a path they can all read).
     name, dims, overwrite, storage_options
         As for :func:`from_numpy`.
     shard : tuple of int, optional
@@ -294,6 +330,7 @@ def from_dask(x, path, *, name="", dims=None, overwrite=False, shard=None,
             "boolean indexing); call x.compute_chunk_sizes() first (it computes x once), then "
             "pass it again")
     tile = tuple(max(c) if c else 1 for c in x.chunks)
+    path = scratch_path("from_dask") if path is None else path
     from ..storage.array import mark_unit_done
 
     with _new_array(path, name, x.shape, x.dtype, tile, shard, overwrite, dims,
