@@ -456,7 +456,7 @@ def test_arrays_written_without_a_path_are_temporary(tmp_path):
         "        d = ta.from_dask(da.ones((6, 5), chunks=3))\n"
         "        assert float(x.sum()) == 66.0 and float(d.sum()) == 30.0\n"
         "        assert np.asarray(r).shape == (5, 4)\n"
-        "        print(len(list(__import__('os').scandir(%r))))\n" % str(tmp_path))
+        f"        print(len(list(__import__('os').scandir({str(tmp_path)!r}))))\n")
     env = {**os.environ, "DASK_TILEARRAY__TEMPORARY_DIRECTORY": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                          text=True, timeout=300)
