@@ -223,6 +223,10 @@ def test_scalar_conversions(engine, small):
         bool(a > 0)
     with pytest.raises(TypeError, match="integer"):
         [0][a.sum()]
+    rows = [r for _, r in zip(range(3), a, strict=False)]  # iteration: the rows, lazily
+    assert [r.shape for r in rows] == [(x.shape[1],)] * 3
+    np.testing.assert_array_equal(np.stack([np.asarray(r) for r in rows]), x[:3])
+    assert_close(np.array(list(a.sum(axis=1))), x.sum(axis=1))  # a vector: its values
 
 
 def test_complex_values_refused(small):

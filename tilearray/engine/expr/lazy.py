@@ -131,6 +131,16 @@ class LazyArray(ExprBase):
     def __len__(self) -> int:
         return self.shape[0]
 
+    def __iter__(self):
+        """The rows ``a[0], a[1], ...`` (lazy, as dask's arrays; each computed
+        on its own when used: slow for many rows -- prefer a whole-matrix
+        expression); the elements of a 1-D array, computed once."""
+        if self.ndim == 1:
+            yield from np.asarray(self.compute())
+            return
+        for i in range(self.shape[0]):
+            yield self[i]
+
     # -- operators -------------------------------------------------------------------
     __add__, __radd__ = _binary("add")
     __sub__, __rsub__ = _binary("subtract")
