@@ -466,12 +466,18 @@ def test_quantiles(thread_engine, mats, dtype):
         np.quantile(a, 1.5, axis=0)
 
 
-def test_quantile_refused_when_a_column_does_not_fit(tmp_path):
+@pytest.fixture
+def tall(tmp_path):
+    """A 200,000,000 x 4 float64 array (6 GiB) with only its metadata written."""
     import zarr
 
     zarr.create_array(str(tmp_path / "big.zarr"), shape=(200_000_000, 4), chunks=(1_000_000, 4),
                       dtype="float64")
-    a = ta.open(tmp_path / "big.zarr")
+    return ta.open(tmp_path / "big.zarr")
+
+
+def test_quantile_refused_when_a_column_does_not_fit(tall):
+    a = tall
     budget = ta.Budget(memory_per_worker="1GiB", threads_per_worker=1)
     with pytest.raises(ta.PlanningError, match="whole lines along axis 0"):
         np.median(a, axis=0).plan(budget=budget)
@@ -523,23 +529,15 @@ def test_sort_hypothesis(thread_engine, tmp_path_factory, m, n, tile, axis, op, 
               getattr(np, op)(x, axis=axis, kind="stable"), exact=True)
 
 
-def test_flattening_refused_when_it_does_not_fit(thread_engine, tmp_path):
-    import zarr
-
-    zarr.create_array(str(tmp_path / "big.zarr"), shape=(200_000_000, 4), chunks=(1_000_000, 4),
-                      dtype="float64")  # nothing written: refused before any read
-    a = ta.open(tmp_path / "big.zarr")
+def test_flattening_refused_when_it_does_not_fit(thread_engine, tall):
+    a = tall  # nothing written: refused before any read
     for flatten in [lambda: a.ravel(), lambda: a.reshape(4, -1), lambda: np.sort(a, axis=None)]:
         with pytest.raises(ta.PlanningError, match="800000000"):  # the compute limit
             flatten()
 
 
-def test_sort_refused_when_a_line_does_not_fit(tmp_path):
-    import zarr
-
-    zarr.create_array(str(tmp_path / "big.zarr"), shape=(200_000_000, 4), chunks=(1_000_000, 4),
-                      dtype="float64")
-    a = ta.open(tmp_path / "big.zarr")
+def test_sort_refused_when_a_line_does_not_fit(tall, tmp_path):
+    a = tall
     budget = ta.Budget(memory_per_worker="1GiB", threads_per_worker=1)
     with pytest.raises(ta.PlanningError, match="whole lines along axis 0"):
         np.sort(a, axis=0).plan(budget=budget)
