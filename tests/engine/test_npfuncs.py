@@ -941,8 +941,16 @@ def test_searchsorted_and_positions_of_small_results(thread_engine, mats):
         for g, w in zip(np.atleast_1d(got) if name != "nonzero" else got,
                         np.atleast_1d(want) if name != "nonzero" else want, strict=True):
             np.testing.assert_array_equal(g, w)
-    with pytest.raises(TypeError, match="np.nonzero of a stored 45 x 13 matrix"):
-        np.nonzero(b > 0)
+    x, a = mats["float64"]  # of a matrix: flat indices gathered now (NaN is nonzero)
+    with dask.config.set(SMALL_BLOCKS):
+        for e, y in [(a, x), (a.T > 0, x.T > 0), (a[:0], x[:0]), (a * 0, x * 0)]:
+            for f in (np.flatnonzero, np.argwhere):
+                got, want = f(e), f(y)
+                assert got.dtype == want.dtype and got.shape == want.shape
+                np.testing.assert_array_equal(got, want)
+            for g, w in zip(np.nonzero(e), np.nonzero(y), strict=True):
+                assert g.dtype == w.dtype
+                np.testing.assert_array_equal(g, w)
 
 
 def test_reshape_ravel(thread_engine, mats):

@@ -236,17 +236,20 @@ def unique_merge(equal_nan: bool, limit: int, *parts):
 # -- x[mask] of a 2-D mask: the selected elements in C order
 
 
-def select_block(x_spec, mask_spec, rows, cols, deps, ncols: int):
+def select_block(x_spec, mask_spec, rows, cols, deps, ncols: int, positions: bool = False):
     """The elements of block ``rows x cols`` of ``x_spec`` where ``mask_spec``
-    is True, with their flat (C order) indices in the whole array; a stored
-    array both read is read once."""
+    is True (with ``positions``: their flat indices as the values), with
+    their flat (C order) indices in the whole array; a stored array both
+    read is read once."""
     buffers.release(blocks_only=True)
     stats, seen = IOStats(), {}
     shape = (rows[1] - rows[0], cols[1] - cols[0])
     mask = np.broadcast_to(evaluate(mask_spec, rows, cols, list(deps), stats, seen), shape)
-    x = np.broadcast_to(evaluate(x_spec, rows, cols, list(deps), stats, seen), shape)
     r, c = np.nonzero(mask)
-    flat = (r.astype(np.int64) + rows[0]) * ncols + (c.astype(np.int64) + cols[0])
+    flat = (r.astype(np.intp) + rows[0]) * ncols + (c.astype(np.intp) + cols[0])
+    if positions:
+        return _done((flat, flat), stats)
+    x = np.broadcast_to(evaluate(x_spec, rows, cols, list(deps), stats, seen), shape)
     return _done((np.ascontiguousarray(x[r, c]), flat), stats)
 
 

@@ -402,10 +402,12 @@ class Unique(Node):
 @dataclass(frozen=True, eq=False)
 class Select(Node):
     """``x[mask]`` for a boolean ``mask`` of ``x``'s shape: the selected
-    elements in C order (shape: their count, known from a pass before)."""
+    elements in C order (shape: their count, known from a pass before); with
+    ``positions``, their flat (C order) indices instead (``np.flatnonzero``)."""
 
     x: Node = None
     mask: Node = None
+    positions: bool = False
 
     @property
     def small(self) -> bool:

@@ -150,11 +150,19 @@ def searchsorted(a, v, side="left", sorter=None):
 
 
 def _positions(name: str):
+    """np.nonzero / np.flatnonzero / np.argwhere: of a matrix, its nonzero
+    elements' flat indices gathered now (:func:`.selection.flat_positions`);
+    of a small result, NumPy's in memory."""
     np_func = getattr(np, name)
 
     def impl(a):
-        return np_func(small_values(a, name, "take the positions of a column "
-                                     f"(np.{name}(a[:, j] > 0)) or mask rows with a[mask]"))
+        if isinstance(a, LazyArray) and not a._node.small and a.ndim == 2:
+            flat = selection.flat_positions(a)
+            if name == "flatnonzero":
+                return flat
+            rows, cols = np.divmod(flat, a.shape[1])
+            return (rows, cols) if name == "nonzero" else np.stack([rows, cols], axis=1)
+        return np_func(small_values(a, name, ""))
 
     impl.__name__ = name
     return impl

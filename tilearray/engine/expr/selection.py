@@ -252,3 +252,18 @@ def flat(a) -> ExprBase:
         return held(a, np.empty(0, n.dtype))
     every = Full(tuple(n.shape), np.dtype(bool), True)
     return held(a, _compute(wrap_like(a, Select((a.size,), n.dtype, n, every))))
+
+
+def flat_positions(a) -> np.ndarray:
+    """``np.flatnonzero(a)`` of a matrix, computed now: a pass counting the
+    nonzero (True) elements, then one gathering their flat indices in C
+    order (refused by the planner when they do not fit a task)."""
+    n = as_node(a)
+    mask = a if n.dtype == np.bool_ else a != 0
+    if 0 in n.shape:
+        return np.empty(0, np.intp)
+    count = int(_compute(mask.sum()))
+    if count == 0:
+        return np.empty(0, np.intp)
+    m = as_node(mask)
+    return _compute(wrap_like(a, Select((count,), np.dtype(np.intp), m, m, True)))

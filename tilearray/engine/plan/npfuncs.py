@@ -242,13 +242,14 @@ def lower_select(node, x_spec, mask_spec, deps: list, budget: Budget) -> Stage:
     join_peak = as_rss(count * 2 * (item + 8) + count * 8)  # parts, joined, order
     check_fits("select", join_peak, f"{node}: joining the {count} selected elements in C "
                "order in one task", budget)
-    token = tokenize("select", joint, costs.row_edges, costs.col_edges, deps, count)
+    token = tokenize("select", joint, costs.row_edges, costs.col_edges, deps, count,
+                     node.positions)
     work, keys, tot = Tasks(), [], layout.ReadTotals()
     for i, rows in enumerate(intervals(costs.row_edges)):
         for j, cols in enumerate(intervals(costs.col_edges)):
             tot.add(costs.at(i, j))
             keys.append(work.add(("select-" + token, i, j), gnp.select_block, x_spec, mask_spec,
-                                 rows, cols, deps, node.x.shape[1]))
+                                 rows, cols, deps, node.x.shape[1], node.positions))
     key = work.add("select-join-" + token, gnp.join_selected, count, *keys)
     return Stage("reduce", f"{short(node)}: the selected elements of {len(keys)} blocks, "
                  "joined in C order", len(work), max(peak, join_peak), tot.nbytes,
