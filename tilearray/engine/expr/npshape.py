@@ -168,11 +168,11 @@ def real(val):
 def roll(a, shift, axis=None):
     """Rolled along ``axis`` (0 or 1; a tuple rolls each): the two slices
     joined, nothing copied until stored. ``axis=None`` (the flattened
-    array) is refused for matrices."""
+    array): of a matrix, a small result (its elements gathered now, when
+    they fit a task)."""
     if axis is None:
-        if np.ndim(a) != 1:
-            raise TypeError("np.roll: axis=None (the flattened matrix) is not supported on "
-                            "TiledArrays; give axis=0 or axis=1")
+        if np.ndim(a) != 1:  # the flattened matrix (gathered now, if it fits), reshaped back
+            return roll(a.reshape(-1), shift, 0).reshape(a.shape)
         axis = 0
     shifts, axes = np.broadcast_arrays(np.asarray(shift), np.asarray(axis))
     for s, ax in zip(shifts.reshape(-1).tolist(), axes.reshape(-1).tolist(), strict=True):
@@ -268,9 +268,8 @@ def repeat(a, repeats, axis=None):
                                      (("axis", axis), ("repeats", reps))))
     if np.ndim(a) == 1:  # a blocked product (x @ w): computed first
         return np.repeat(small_values(a, "repeat", ""), repeats, axis)
-    if axis is None:
-        raise TypeError("np.repeat: axis=None (the flattened array) is not supported on "
-                        "TiledArrays; give axis=0 or axis=1")
+    if axis is None:  # the flattened matrix: gathered now (if it fits), then in memory
+        return repeat(a.reshape(-1), repeats, 0)
     ax = routines.axis_index(axis, "np.repeat", np.ndim(a))
     return routines.take(a, np.repeat(np.arange(np.shape(a)[ax]), repeats), ax)
 

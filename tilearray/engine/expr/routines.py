@@ -206,11 +206,12 @@ def scan(op: str, a, axis=None, dtype=None) -> ExprBase:
     :data:`~tilearray.graphs.spec.SCANS` (``cummax``: ``np.maximum.accumulate``).
     Two passes over the input: each block's total along the axis
     (the last band of blocks needs none), then every block scanned with the
-    carry of the blocks before it; the result is a lazy matrix."""
+    carry of the blocks before it; the result is a lazy matrix. ``axis=None``
+    (NumPy's default): the scan of the flattened array, a small result (see
+    ``LazyArray.reshape``: a matrix's elements are gathered now)."""
     n = _operand(a, op)
-    if axis is None and n.ndim > 1:
-        raise TypeError(f"{op}: axis=None (a scan of the flattened array) is not supported; "
-                        "give axis=0 or axis=1")
+    if axis is None and n.ndim > 1:  # the flattened array (a matrix's gathered now, if it fits)
+        return scan(op, a.reshape(-1), 0, dtype)
     x = wrap_like(a, n) if dtype is None else wrap_like(a, n).astype(dtype)
     n = as_node(x)
     axis = axis_index(0 if axis is None else axis, op, n.ndim)
