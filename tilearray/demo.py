@@ -36,7 +36,8 @@ def _sampled_matmul_check(a, b, c, rng, samples=3, width=256):
 
 
 def _tall_skinny(n: int, d: str, rng) -> None:
-    """QR, singular values and least squares of a tall-skinny X by TSQR."""
+    """QR, singular values, the thin SVD (U stored) and least squares of a
+    tall-skinny X by TSQR."""
     x = ta.random((32 * n, 64), f"{d}/X.zarr", tile=(4 * n, 64), seed=3, overwrite=True)
     x_np = x.compute()
     beta = np.linspace(-1, 1, 64)
@@ -50,6 +51,14 @@ def _tall_skinny(n: int, d: str, rng) -> None:
     s = ta.linalg.svd(x, compute_uv=False).compute()
     np.testing.assert_allclose(s, np.linalg.svd(x_np, compute_uv=False), rtol=1e-9)
     print(f"singular values of X: {np.array2string(s[:4], precision=4)} ... verified\n")
+    u, s_u, vt = ta.linalg.svd(x)  # thin SVD: U written to Zarr, row block by row block
+    print(u.plan(f"{d}/U.zarr"), flush=True)
+    u_np = np.asarray(u.to_zarr(f"{d}/U.zarr", overwrite=True))
+    orth = np.abs(u_np.T @ u_np - np.eye(u_np.shape[1])).max()
+    recon = np.abs((u_np * s_u.compute()) @ vt.compute() - x_np).max()
+    assert orth < 1e-12 and recon < 1e-9, (orth, recon)
+    print(f"U of the thin SVD: {u_np.shape} stored, |U^T U - I| {orth:.1e}, "
+          f"|U s Vt - X| {recon:.1e}  [{u.stats}] verified\n")
     print(ta.linalg.lstsq_plan(x, y).plan(), flush=True)
     sol, res, rank, _ = ta.linalg.lstsq(x, y)
     np.testing.assert_allclose(sol, np.linalg.lstsq(x_np, y, rcond=None)[0], atol=1e-9)
