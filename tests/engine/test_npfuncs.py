@@ -175,6 +175,17 @@ def test_pad(thread_engine, mats, tmp_path, dtype):
             if len(args) == 1:  # constant: the matrix read once, nothing for the pads
                 assert plan.bytes_read == a.nbytes, str(plan)
     check(np.pad(a.sum(axis=0), 2, "edge"), np.pad(x.sum(axis=0), 2, "edge"))  # small
+    z = ta.from_numpy(np.zeros((5, 0), x.dtype), tile=(3, 3))  # nothing along the other axis
+    for w in [((2, 3), (0, 0)), ((2, 3), (1, 0))]:
+        assert np.asarray(np.pad(z, w)).shape == np.pad(np.zeros((5, 0)), w).shape
+    if dtype == "int32":  # NumPy's cast of the value: 7.6 -> 7, NaN refused
+        check(np.pad(a, 1, constant_values=7.6), np.pad(x, 1, constant_values=7.6), exact=True)
+        with pytest.raises(ValueError):
+            np.pad(a, 1, constant_values=np.nan)
+    with pytest.raises(TypeError, match="integral"):
+        np.pad(a, 1.5)
+    with pytest.raises(ValueError, match="unsupported keyword"):
+        np.pad(a, 1, reflect_type="even")
     with pytest.raises(TypeError, match="mode='mean'"):
         np.pad(a, 1, "mean")
     with pytest.raises(TypeError, match="reflect_type"):
@@ -234,6 +245,11 @@ def test_2d_masks(thread_engine, mats, dtype):
         many.plan(budget=budget)  # more selected than a task holds: refused before running
     with pytest.raises(IndexError, match="did not match"):
         a[b[:, :5] > 0]
+    with pytest.raises(IndexError, match="axis 1"):  # a column mask of a matrix: NumPy's error
+        b[b[:, :1] > 0]
+    np.testing.assert_array_equal(np.asarray(b[y > 0.5]), y[y > 0.5])  # a NumPy 2-D mask
+    with pytest.raises(IndexError, match="boolean mask"):
+        b[np.ones(y.shape, int)]
     with pytest.raises(IndexError, match="boolean mask"):
         b[b.astype("int64")]
 
@@ -387,6 +403,12 @@ def test_running_max_min(thread_engine, mats, tmp_path, dtype):
                   np.maximum.accumulate(x, axis=1, dtype="float64"), exact=True)
     check(np.maximum.accumulate(a.max(axis=1)), np.maximum.accumulate(x.max(axis=1)),
           exact=True)  # small: in memory
+    if dtype == "int32":  # dtype= is the accumulator's, as NumPy's (int8 wraps around)
+        with dask.config.set(SMALL_BLOCKS):
+            for kw in [{"dtype": np.int8}, {"dtype": bool}, {"dtype": np.uint8}, {}]:
+                check(np.add.accumulate(a * 7, axis=0, **kw), np.add.accumulate(x * 7, axis=0, **kw),
+                      exact=True)
+                check(np.cumprod(a % 3, axis=1, **kw), np.cumprod(x % 3, axis=1, **kw), exact=True)
 
 
 # -- cov / corrcoef ----------------------------------------------------------------------------
@@ -573,12 +595,27 @@ def test_unique_of_a_matrix(thread_engine, tmp_path, dtype):
         np.testing.assert_array_equal(np.bincount(col, weights=w, minlength=9),
                                       np.bincount((x[:, 2] + 3).astype("int64"),
                                                   weights=x[:, 4] * 0.5, minlength=9))
-        with pytest.raises(TypeError, match="np.bincount"):
+        with pytest.raises(ValueError, match="too deep"):
             np.bincount(a)
     with pytest.raises(TypeError, match="return_inverse"):
         np.unique(a, return_inverse=True)
     with pytest.raises(TypeError, match="axis"):
         np.unique(a, axis=0)
+
+
+def test_unique_first_positions_and_signed_zeros_across_blocks(thread_engine):
+    """Merged by value then first flat position, as NumPy's stable sort: NaNs
+    (equal_nan=False) in flat order, and of -0.0 / 0.0 the first one kept."""
+    x = np.array([[1.0, 1.0, np.nan, 5.0], [np.nan, 2.0, 3.0, 4.0]])
+    z = np.array([[1.0, 1.0, 0.0, 5.0], [-0.0, 2.0, 3.0, 4.0]])
+    with dask.config.set({"tilearray.map.block-bytes": 32}):  # 2 x 2 blocks
+        for y, kw in [(x, {"equal_nan": False}), (x, {}), (z, {}), (z[::-1], {})]:
+            a = ta.from_numpy(y, tile=(2, 2))
+            for g, w in zip(np.unique(a, return_index=True, return_counts=True, **kw),
+                            np.unique(y, return_index=True, return_counts=True, **kw),
+                            strict=True):
+                np.testing.assert_array_equal(g, w)
+                assert np.array_equal(np.signbit(g), np.signbit(w))
 
 
 def test_unique_stops_on_too_many_values(thread_engine, tmp_path, monkeypatch):
@@ -970,6 +1007,8 @@ def test_reshape_ravel(thread_engine, mats):
                   lambda u: u.flatten(), lambda u: u.reshape(5, -1, order="F"),
                   lambda u: (u * 2).reshape(-1, 5)]:
             np.testing.assert_array_equal(np.asarray(f(b)), f(y))
+    w = np.arange(13.0)  # a blocked product (b @ w): computed first, then any shape
+    np.testing.assert_array_equal(np.asarray((b @ w).reshape(5, 9)), (y @ w).reshape(5, 9))
     for bad, err in [(lambda: b.reshape(-1, -1), "one unknown"),
                      (lambda: b.reshape(4, -1), "cannot reshape array of size 585"),
                      (lambda: b.reshape(45, 13, order="K"), "order")]:

@@ -201,6 +201,12 @@ def test_gram_leaf_r_only_where_its_q_stays_orthogonal(shape):
         zero = x.copy()
         zero[:, 0] = 0.0
         assert la.gram_leaf_r(zero) is None
+    if k >= 48:  # kappa_1 of R ~65 but kappa_2 ~n * 30: refused (X R^-1 would lose ~1e-12)
+        q, _ = np.linalg.qr(x)
+        r = np.eye(k)
+        r[0] += 32.0
+        assert np.linalg.cond(r, 1) < 70 < np.linalg.cond(r)
+        assert la.gram_leaf_r(q @ r) is None
 
 
 def test_qr_combine_splits_q_per_child():

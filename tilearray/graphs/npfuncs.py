@@ -193,7 +193,7 @@ class TooManyValues(ValueError):
 def _distinct(values, counts, first, equal_nan: bool, limit: int, where: str):
     """Merge ``(values, counts, first flat index)`` whose values may repeat:
     sorted distinct values, their summed counts, their smallest first index."""
-    order = np.argsort(values, kind="stable")
+    order = np.lexsort((first, values))  # by value, then first position: NumPy's stable order
     v, c, f = values[order], counts[order], first[order]
     new = np.ones(len(v), dtype=bool)
     if len(v) > 1:

@@ -14,7 +14,7 @@ applies it to its slice (``gemqrt``, ``Q_i`` never formed) and writes its
 rows of Q; or, when its R from the way up is well conditioned (float64,
 ``kappa_1(R_i) <= ~4500``), multiplies its block by ``R_i^-1`` times the
 slice (one gemm, a quarter of the time). For such jobs a leaf whose Gram
-matrix is well conditioned (``kappa_1(R_i) <= ~67``) takes R on the way up
+matrix is well conditioned (``kappa_2(R_i) <= ~67``) takes R on the way up
 from the Cholesky factor of ``X_i^T X_i`` (one syrk, no copy of the block)
 instead of a Householder QR. Nothing of size ``m`` is ever
 held whole.
@@ -75,7 +75,9 @@ def leaf_r(specs, rows, widths, deps=(), ahead=None, gram: bool = False):
     r = kern.gram_leaf_r(block) if gram else None
     if r is not None:
         return ("gram", r), counted(stats.as_dict())
-    r = kern.qr_leaf_r(block, overwrite_block=True)
+    # a block read as is (the Gram path's C order) may be a view of shared data: not
+    # overwritten; the F-ordered copy is this task's own
+    r = kern.qr_leaf_r(block, overwrite_block=not gram)
     del block
     return r, counted(stats.as_dict())
 

@@ -269,9 +269,8 @@ class LazyArray(ExprBase):
         if n.ndim != 2:
             raise PlanningError(f"indexing is supported on 1-D and 2-D arrays, not shape "
                                 f"{n.shape}")
-        if isinstance(key, ExprBase) and key.ndim == 2 and \
-                (1 not in key.shape or tuple(key.shape) == tuple(n.shape)):
-            return selection.masked(self, key)  # a 2-D mask: its elements, in C order
+        if isinstance(key, ExprBase | np.ndarray) and np.ndim(key) == 2:
+            return self._masked(key)
         if not isinstance(key, tuple):
             key = (key,)
         if sum(k is Ellipsis for k in key) > 1:
@@ -304,6 +303,22 @@ class LazyArray(ExprBase):
             steps.append(step)
             shape.append(len(range(start, stop, step)))
         return type(self)(SliceNode(tuple(shape), n.dtype, n, tuple(starts), tuple(steps)))
+
+    def _masked(self, mask) -> LazyArray:
+        """``a[mask]`` of a 2-D boolean mask (lazy or NumPy) of ``a``'s shape:
+        its elements in C order (:func:`~.selection.masked`); NumPy's
+        IndexError for any other shape."""
+        if isinstance(mask, np.ndarray) and mask.dtype != np.bool_:
+            raise IndexError(f"a 2-D index must be a boolean mask, got dtype {mask.dtype} "
+                             "(integer positions: index one axis at a time, a[rows][:, cols])")
+        for ax, (size, msize) in enumerate(zip(self.shape, np.shape(mask), strict=True)):
+            if size != msize:
+                raise IndexError(f"boolean index did not match indexed array along axis {ax}; "
+                                 f"size of axis is {size} but size of corresponding boolean "
+                                 f"axis is {msize}")
+        if isinstance(mask, np.ndarray):  # in memory: an operand of the pass, as a Constant
+            mask = selection.held(self, mask)
+        return selection.masked(self, mask)
 
     def __setitem__(self, key, value):
         raise TypeError("TiledArrays are not modified in place: build the new array "
@@ -403,6 +418,9 @@ class LazyArray(ExprBase):
             return self[:, None] if new[1] == 1 else self[None, :]
         # any other shape: the elements gathered now (in F order: the transpose's C
         # order), refused by the planner when they do not fit a task, then in memory
+        if n.ndim == 1:  # a blocked product (x @ w): computed first
+            values = selection.held(self, np.asarray(self.compute()))
+            return values.reshape(new, order=order)
         values = selection.flat(self.T if order == "F" else self)
         return values if len(new) == 1 else values.reshape(new, order=order)
 

@@ -78,6 +78,9 @@ def bincount(x, weights=None, minlength=0):
     reduction's result), computed now; NumPy's 1-D rule for matrices."""
     hint = ("count a column (np.bincount(a[:, j])), or all elements with "
             "np.unique(a, return_counts=True)")
+    if isinstance(x, LazyArray) and x.ndim != 1:
+        raise ValueError(f"np.bincount: object too deep for desired array (a {x.ndim}-D "
+                         f"TiledArray of shape {x.shape}): {hint}")
     x = small_values(x, "bincount", hint)
     if isinstance(weights, LazyArray):
         weights = small_values(weights, "bincount", hint)

@@ -206,6 +206,10 @@ PAD_GATHERS = ("edge", "reflect", "symmetric", "wrap")
 """np.pad modes that only repeat existing elements: one gather per axis."""
 
 
+def _grown(shape, ax: int, by: int) -> tuple:
+    return (shape[0] + by, shape[1]) if ax == 0 else (shape[0], shape[1] + by)
+
+
 @implements(np.pad)
 def pad(array, pad_width, mode="constant", **kwargs):
     """:func:`numpy.pad` of a matrix, lazy: ``constant`` joins constant
@@ -219,7 +223,10 @@ def pad(array, pad_width, mode="constant", **kwargs):
     if a._node.small or a.ndim == 1:
         values = small_values(a, "pad", "")
         return selection.held(a, np.pad(values, pad_width, mode, **kwargs))
-    widths = np.broadcast_to(np.asarray(pad_width, dtype=np.int64), (2, 2))
+    widths = np.asarray(pad_width)
+    if widths.dtype.kind not in "iu":
+        raise TypeError("`pad_width` must be of integral type.")
+    widths = np.broadcast_to(widths.astype(np.int64), (2, 2))
     if (widths < 0).any():
         raise ValueError(f"index can't contain negative values: pad_width={pad_width!r}")
     if mode == "constant":
@@ -234,8 +241,7 @@ def pad(array, pad_width, mode="constant", **kwargs):
         raise TypeError(f"np.pad(mode={mode!r}) is not supported on TiledArrays: modes "
                         f"'constant', {', '.join(repr(m) for m in PAD_GATHERS)}")
     if extra:
-        raise TypeError(f"np.pad: unsupported keyword arguments for mode {mode!r}: "
-                        f"{sorted(extra)}")
+        raise ValueError(f"unsupported keyword arguments for mode {mode!r}: {sorted(extra)}")
     for ax in (0, 1):  # NumPy's order: axis 0 first (the corners take axis 1's)
         before, after = (int(w) for w in widths[ax])
         if before == after == 0:
@@ -251,9 +257,13 @@ def pad(array, pad_width, mode="constant", **kwargs):
         parts = []
         for width, fill in ((before, values[ax][0]), (after, values[ax][1])):
             shape = (width, a.shape[1]) if ax == 0 else (a.shape[0], width)
-            fill = np.asarray(fill).astype(a.dtype)[()]  # NumPy casts the value
+            if np.dtype(a.dtype).kind in "biu" and not np.isfinite(np.asarray(fill, float)):
+                raise ValueError(f"cannot convert float {fill} to integer")  # NumPy's error
+            fill = np.full((), fill, a.dtype)[()]  # NumPy's cast (7.6 -> 7 for integers)
             parts.append(wrap_like(a, Full(shape, a.dtype, fill)))
-        a = concatenate([p for p in (parts[0], a, parts[1]) if 0 not in p.shape] or [a], axis=ax)
+        a = concatenate([p for p in (parts[0], a, parts[1]) if p.shape[ax]], axis=ax) \
+            if a.shape[1 - ax] else wrap_like(a, Full(_grown(a.shape, ax, before + after),
+                                                      a.dtype, 0))
     return a
 
 

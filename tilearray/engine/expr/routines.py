@@ -216,8 +216,9 @@ def scan(op: str, a, axis=None, dtype=None) -> ExprBase:
     n = as_node(x)
     axis = axis_index(0 if axis is None else axis, op, n.ndim)
     one = np.ones((1,) * n.ndim, n.dtype)
-    out_dtype = (getattr(np, op)(one, axis=axis) if op in ("cumsum", "cumprod") else
-                 SCANS[op].accumulate(one, axis=axis)).dtype
+    out_dtype = np.dtype(dtype) if dtype is not None else \
+        (getattr(np, op)(one, axis=axis) if op in ("cumsum", "cumprod") else
+         SCANS[op].accumulate(one, axis=axis)).dtype  # NumPy's (int8's cumsum: int64)
     if n.small:
         return wrap_like(a, Elemwise(n.shape, out_dtype, op, (n,), (("axis", axis),)))
     return wrap_like(a, Scan(n.shape, out_dtype, op, n, axis))
@@ -278,7 +279,7 @@ def ufunc_method(ufunc, method: str, a, axis=0, dtype=None, out=None, keepdims=F
     """``np.add.reduce(a, axis=0)`` and the like (:data:`UFUNC_REDUCE`: the
     reductions they are) and ``np.add.accumulate`` / ``np.multiply.accumulate``
     (cumsum / cumprod; the running max / min of ``np.maximum.accumulate`` and
-    the like), in NumPy's default dtype: the input's; ``axis=0`` by default."""
+    the like), in NumPy's dtypes; ``axis=0`` by default."""
     name = f"np.{ufunc.__name__}.{method}"
     table = UFUNC_REDUCE if method == "reduce" else UFUNC_ACCUMULATE if \
         method == "accumulate" else {}
@@ -295,7 +296,5 @@ def ufunc_method(ufunc, method: str, a, axis=0, dtype=None, out=None, keepdims=F
             raise ValueError(f"{name}: axis=None is not valid for accumulate (NumPy's rule)")
         if keepdims:
             raise TypeError(f"{name}: keepdims= is not an argument")
-        # ufunc.accumulate keeps the input's dtype (np.add.accumulate of int8 is int8)
-        return scan(table[ufunc.__name__], a, axis_index(axis, name, as_node(a).ndim),
-                    dtype if dtype is not None else as_node(a).dtype)
+        return scan(table[ufunc.__name__], a, axis_index(axis, name, as_node(a).ndim), dtype)
     return reduce_as(table[ufunc.__name__], a, axis, keepdims, 0, dtype)

@@ -447,7 +447,9 @@ class Planner:
             key = self._lines(node)
         elif isinstance(node, nd.Select):
             deps: list = []
-            x_spec, mask_spec = self.spec(node.x, deps), self.spec(node.mask, deps)
+            x_spec = self.spec(node.x, deps)
+            mask_spec = self.spec(node.mask, deps) if not node.mask.small else \
+                Dep(self._depend(self.small(node.mask), deps), "block")  # a NumPy mask
             stage = lower_select(node, x_spec, mask_spec, deps, self.budget)
             key = self.add(stage, Op("fused", (x_spec, mask_spec)), deps).outputs["0"].keys[0]
         else:

@@ -207,8 +207,9 @@ def lower_unique(node, spec, deps: list, budget: Budget) -> Stage:
     item = np.dtype(node.x.dtype).itemsize
     per_value = item + 16  # the value, its count, its first index
     fan = int(_config.get("reduction.split-every"))
-    # a merge holds its children, their concatenation and its sorted copy
-    limit = int(max(min(UNIQUE_LIMIT, budget.task_memory // (3 * (fan + 1) * per_value)), 1))
+    # a merge holds its children, their concatenation, its sorted copy, the order and flags
+    merge_per_value = 3 * per_value + 16
+    limit = int(max(min(UNIQUE_LIMIT, budget.task_memory // ((fan + 1) * merge_per_value)), 1))
     temps = (op_temporaries(spec) + 1) * max(item, 8) + 3 * (per_value + 8)
     costs, peak = fit_blocks(spec, node.x.shape, None, temps, budget)
     check_fits("unique", peak, str(node), budget)
@@ -222,7 +223,7 @@ def lower_unique(node, spec, deps: list, budget: Budget) -> Stage:
                                  deps, n, node.equal_nan, limit))
     root = tree(keys, fan, lambda level, k: ("unique-merge-" + token, level, k),
                 lambda children: (gnp.unique_merge, node.equal_nan, limit, *children), work)
-    peak = max(peak, as_rss(3 * (fan + 1) * per_value * limit))
+    peak = max(peak, as_rss((fan + 1) * merge_per_value * limit))
     return Stage("reduce", f"{short(node)}: the distinct values of {len(keys)} blocks, merged "
                  f"with fan-in {fan} (at most {limit} a task)", len(work), peak, tot.nbytes,
                  reads=tot.reads, store_gets=tot.gets, work=work.freeze(),
@@ -239,7 +240,7 @@ def lower_select(node, x_spec, mask_spec, deps: list, budget: Budget) -> Stage:
     costs, peak = fit_blocks(joint, node.x.shape, None, temps, budget)
     check_fits("select", peak, str(node), budget)
     count = int(node.shape[0])
-    join_peak = as_rss(count * 2 * (item + 8) + count * 8)  # parts, joined, order
+    join_peak = as_rss(count * (3 * item + 24))  # parts, joined, order, the ordered values
     check_fits("select", join_peak, f"{node}: joining the {count} selected elements in C "
                "order in one task", budget)
     token = tokenize("select", joint, costs.row_edges, costs.col_edges, deps, count,
