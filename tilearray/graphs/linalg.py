@@ -158,7 +158,7 @@ def qr_leaf_apply(block, parent_slice, *, overwrite_block: bool = False) -> np.n
 SOLVE_MAX_LOSS = 1e-12
 """Orthogonality the leaf's ``X_i R_i^-1`` may lose at most: about ``eps
 kappa(R_i)`` (R_i from the Householder QR of X_i, so ``X_i R_i^-1 = Q_i +
-E R_i^-1`` with ``||E|| ~ eps ||X_i||``). float64 leaves with ``kappa_1(R_i)
+E R_i^-1`` with ``||E|| ~ eps ||X_i||``). float64 leaves with ``kappa_2(R_i)
 <= 1e-12 / eps`` (about 4500) take it; float32 and worse-conditioned leaves
 apply their reflectors (:func:`qr_leaf_apply`), whose loss does not grow
 with kappa."""
@@ -217,9 +217,10 @@ def leaf_solve_weights(r, parent_slice, rows: int, trusted: bool = False) -> np.
         return None
     dtype = result_dtype(r.dtype)
     if not trusted:  # (a Gram leaf's R was checked when made, more strictly)
-        trcon = lapack.get_lapack_funcs("trcon", (r,))
-        rcond, info = trcon(r, norm="1", uplo="U", diag="N")
-        if info != 0 or not rcond > np.finfo(dtype).eps / SOLVE_MAX_LOSS:
+        if dtype != np.float64 or not np.isfinite(r).all():
+            return None
+        sv = sla.svdvals(r, check_finite=False)  # kappa_2 (a 1-norm estimate can be n x off)
+        if not sv[-1] > sv[0] * np.finfo(dtype).eps / SOLVE_MAX_LOSS:
             return None
     return sla.solve_triangular(r, np.asarray(parent_slice, dtype), check_finite=False)
 

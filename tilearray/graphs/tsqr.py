@@ -12,7 +12,7 @@ its parent handed down, and each leaf recomputes its block's QR -- the same
 LAPACK call (blocked ``geqrt``) on the same data, so the same ``Q_i`` --
 applies it to its slice (``gemqrt``, ``Q_i`` never formed) and writes its
 rows of Q; or, when its R from the way up is well conditioned (float64,
-``kappa_1(R_i) <= ~4500``), multiplies its block by ``R_i^-1`` times the
+``kappa_2(R_i) <= ~4500``), multiplies its block by ``R_i^-1`` times the
 slice (one gemm, a quarter of the time). For such jobs a leaf whose Gram
 matrix is well conditioned (``kappa_2(R_i) <= ~67``) takes R on the way up
 from the Cholesky factor of ``X_i^T X_i`` (one syrk, no copy of the block)
