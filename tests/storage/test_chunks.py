@@ -124,7 +124,10 @@ def test_damaged_compressed_chunk_is_corrupt_not_stale_bytes(tmp_path, layout, d
     f.write_bytes({"truncated": data[: len(data) // 2], "empty": b"",
                    "short frame": bytes(codec.encode(np.ones(150 * 64))),
                    "long frame": bytes(codec.encode(np.ones(300 * 128)))}[damage])
-    assert _zarr_error(zarr.open_array(str(tmp_path / "a.zarr"), mode="r")) is not None
+    zarr_error = _zarr_error(zarr.open_array(str(tmp_path / "a.zarr"), mode="r"))
+    # blosc decoding a truncated frame reads past the bytes given: Zarr's outcome depends on
+    # the memory that follows (it once read without an error in make test); ours may not
+    assert zarr_error is not None or (layout.endswith("blosc") and damage == "truncated")
     r = direct_reader(z, "a.zarr", z.store, "")
     assert r is not None
     with pytest.raises(CorruptChunkError) as e:
