@@ -597,8 +597,17 @@ def test_unique_of_a_matrix(thread_engine, tmp_path, dtype):
                                                   weights=x[:, 4] * 0.5, minlength=9))
         with pytest.raises(ValueError, match="too deep"):
             np.bincount(a)
-    with pytest.raises(TypeError, match="return_inverse"):
-        np.unique(a, return_inverse=True)
+    with dask.config.set(SMALL_BLOCKS):  # the inverse: a lazy matrix of codes, as NumPy's
+        for e, y in [(a, x), (a.T[3:], x.T[3:])]:
+            got = np.unique(e, return_index=True, return_inverse=True, return_counts=True)
+            want = np.unique(y, return_index=True, return_inverse=True, return_counts=True)
+            for g, w in zip(got, want, strict=True):
+                g = np.asarray(g)
+                assert g.dtype == w.dtype and g.shape == w.shape
+                np.testing.assert_array_equal(g, w)
+    if dtype == "float64":
+        with pytest.raises(TypeError, match="equal_nan=True"):
+            np.unique(a, return_inverse=True, equal_nan=False)
     with pytest.raises(TypeError, match="axis"):
         np.unique(a, axis=0)
 

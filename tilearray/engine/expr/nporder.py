@@ -60,16 +60,34 @@ def unique(ar, return_index=False, return_inverse=False, return_counts=False, ax
     """:func:`numpy.unique`, computed now (its size depends on the data): of
     a small result in memory; of a matrix (``axis=None``: all its elements)
     in one pass, each block's distinct values merged up a tree, with
-    ``return_counts`` and ``return_index`` (flat, C order) as NumPy's. Meant
-    for few distinct values (labels, codes): a task that would hold more than
-    its memory allows stops the run with a clear error."""
+    ``return_counts`` and ``return_index`` (flat, C order) as NumPy's, and
+    ``return_inverse``: the lazy matrix of each element's code (the index of
+    its value), fused into the reads like ``np.digitize``. Meant for few
+    distinct values (labels, codes): a task that would hold more than its
+    memory allows stops the run with a clear error."""
     if isinstance(ar, LazyArray) and not ar._node.small and ar.ndim == 2:
-        return statistics.unique(ar, return_index, return_inverse, return_counts, axis,
-                                 equal_nan)
+        values, first, counts = statistics.unique(ar, axis, equal_nan)
+        out = [values] + [first] * bool(return_index)
+        if return_inverse:
+            out.append(_codes(ar, values))
+        out += [counts] * bool(return_counts)
+        return out[0] if len(out) == 1 else tuple(out)
     ar = small_values(ar, "unique", "take the unique values of a column (np.unique(a[:, j]))")
     return np.unique(ar, return_index=return_index, return_inverse=return_inverse,
                      return_counts=return_counts, axis=axis, equal_nan=equal_nan,
                      **given(sorted=sorted))
+
+
+def _codes(ar, values: np.ndarray):
+    """Each element's index in the sorted distinct ``values`` (a lazy matrix
+    of intp): ``np.digitize(x, values, right=True)``, the left search; NaN
+    finds the first NaN, which is NumPy's code when NaNs are one value."""
+    if np.isnan(values[-2:].astype(float)).all() and len(values) > 1:
+        raise TypeError("np.unique(..., return_inverse=True, equal_nan=False) of a matrix with "
+                        "several NaNs is not supported on TiledArrays (each NaN would get its "
+                        "own code, in flat order): use equal_nan=True")
+    return elemwise("digitize", ar, bins=_table(values, "unique", "distinct values"),
+                    right=True).astype(np.intp)
 
 
 @implements(np.bincount)

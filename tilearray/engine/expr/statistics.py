@@ -178,27 +178,15 @@ def quantile(op: str, a, q, axis=None, method="linear", keepdims=False,
     return wrap_like(a, node)
 
 
-def unique(a, return_index=False, return_inverse=False, return_counts=False, axis=None,
-           equal_nan=True):
-    """``np.unique`` of all the elements of a matrix, computed now: the
-    sorted distinct values (NaNs as NumPy's ``equal_nan``), with the flat
-    index of each one's first occurrence and its count when asked."""
+def unique(a, axis=None, equal_nan=True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``np.unique`` of all the elements of a matrix, computed now: ``(the
+    sorted distinct values (NaNs as NumPy's equal_nan), the flat index of
+    each one's first occurrence, its count)``."""
     if axis is not None:
         raise TypeError("np.unique of a matrix along an axis (unique rows or columns) is not "
                         "supported on TiledArrays; axis=None gives its distinct elements")
-    if return_inverse:
-        raise TypeError("np.unique(..., return_inverse=True) of a matrix is not supported on "
-                        "TiledArrays (the inverse is as large as the matrix): take the unique "
-                        "values u, then np.searchsorted(u, a[:, j]) column by column")
     n = as_node(a)
     if 0 in n.shape:
-        values, counts, first = np.empty(0, n.dtype), np.empty(0, np.intp), np.empty(0, np.intp)
-    else:
-        node = Unique((a.size,), n.dtype, n, bool(equal_nan))
-        values, counts, first = wrap_like(a, node).compute()
-    out = [values]
-    if return_index:
-        out.append(first.astype(np.intp))
-    if return_counts:
-        out.append(counts.astype(np.intp))
-    return out[0] if len(out) == 1 else tuple(out)
+        return np.empty(0, n.dtype), np.empty(0, np.intp), np.empty(0, np.intp)
+    values, counts, first = wrap_like(a, Unique((a.size,), n.dtype, n, bool(equal_nan))).compute()
+    return values, first.astype(np.intp), counts.astype(np.intp)
