@@ -178,6 +178,8 @@ def test_pad(thread_engine, mats, tmp_path, dtype):
     z = ta.from_numpy(np.zeros((5, 0), x.dtype), tile=(3, 3))  # nothing along the other axis
     for w in [((2, 3), (0, 0)), ((2, 3), (1, 0))]:
         assert np.asarray(np.pad(z, w)).shape == np.pad(np.zeros((5, 0)), w).shape
+    xb, ab = mats["bool"]  # NaN into bool: True, as NumPy's cast
+    check(np.pad(ab, 1, constant_values=np.nan), np.pad(xb, 1, constant_values=np.nan), exact=True)
     if dtype == "int32":  # NumPy's cast of the value: 7.6 -> 7, NaN refused
         check(np.pad(a, 1, constant_values=7.6), np.pad(x, 1, constant_values=7.6), exact=True)
         with pytest.raises(ValueError):
@@ -403,6 +405,10 @@ def test_running_max_min(thread_engine, mats, tmp_path, dtype):
                   np.maximum.accumulate(x, axis=1, dtype="float64"), exact=True)
     check(np.maximum.accumulate(a.max(axis=1)), np.maximum.accumulate(x.max(axis=1)),
           exact=True)  # small: in memory
+    if dtype != "float64":  # dtype= in memory too: int8 wraps, bool stays bool
+        for kw in [{"dtype": np.int8}, {"dtype": bool}]:
+            check(np.cumsum(a.max(axis=1) * 9, **kw), np.cumsum(x.max(axis=1) * 9, **kw),
+                  exact=True)
     if dtype == "int32":  # dtype= is the accumulator's, as NumPy's (int8 wraps around)
         with dask.config.set(SMALL_BLOCKS):
             for kw in [{"dtype": np.int8}, {"dtype": bool}, {"dtype": np.uint8}, {}]:
@@ -625,6 +631,21 @@ def test_unique_first_positions_and_signed_zeros_across_blocks(thread_engine):
                             strict=True):
                 np.testing.assert_array_equal(g, w)
                 assert np.array_equal(np.signbit(g), np.signbit(w))
+
+
+def test_unique_inverse_codes_in_the_values_dtype(thread_engine):
+    """The inverse searches the distinct values in their own dtype: one value
+    and NaN (NaN last), uint64 beyond 2**63 (no float64 rounding), bool."""
+    for x in [np.array([[1.0, np.nan], [1.0, 1.0]]),
+              np.array([[7, 2**60], [2**60 + 1, 2**60 + 2]], np.uint64),
+              np.array([[0, 2**64 - 2], [2**64 - 1, 5]], np.uint64),
+              np.array([[True, False], [True, True]])]:
+        got = np.unique(ta.from_numpy(x, tile=(1, 1)), return_inverse=True)
+        want = np.unique(x, return_inverse=True)
+        for g, w in zip(got, want, strict=True):
+            g = np.asarray(g)
+            assert g.dtype == w.dtype
+            np.testing.assert_array_equal(g, w)
 
 
 def test_unique_stops_on_too_many_values(thread_engine, tmp_path, monkeypatch):

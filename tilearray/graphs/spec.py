@@ -226,6 +226,9 @@ _FUNCS = {
     "tri": lambda x, r, c, k, upper: np.where(c - r >= k if upper else c - r <= k, x,
                                               np.zeros((), x.dtype)),
     "clip": np.clip,
+    # each element's index among sorted distinct values (np.unique's inverse): the table
+    # rebuilt in its own dtype (uint64 beyond 2**63 exact), NaN sorted last as np.unique
+    "codes": lambda x, values, dtype: np.searchsorted(np.asarray(values, dtype=dtype), x),
     "slice2d": lambda x, start, step, shape: x[
         start[0] : start[0] + shape[0] * step[0] : step[0],
         start[1] : start[1] + shape[1] * step[1] : step[1],

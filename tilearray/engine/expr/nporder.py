@@ -62,7 +62,7 @@ def unique(ar, return_index=False, return_inverse=False, return_counts=False, ax
     in one pass, each block's distinct values merged up a tree, with
     ``return_counts`` and ``return_index`` (flat, C order) as NumPy's, and
     ``return_inverse``: the lazy matrix of each element's code (the index of
-    its value), fused into the reads like ``np.digitize``. Meant for few
+    its value: a search in them), fused into the reads like ``np.digitize``. Meant for few
     distinct values (labels, codes): a task that would hold more than its
     memory allows stops the run with a clear error."""
     if isinstance(ar, LazyArray) and not ar._node.small and ar.ndim == 2:
@@ -80,14 +80,14 @@ def unique(ar, return_index=False, return_inverse=False, return_counts=False, ax
 
 def _codes(ar, values: np.ndarray):
     """Each element's index in the sorted distinct ``values`` (a lazy matrix
-    of intp): ``np.digitize(x, values, right=True)``, the left search; NaN
-    finds the first NaN, which is NumPy's code when NaNs are one value."""
-    if np.isnan(values[-2:].astype(float)).all() and len(values) > 1:
+    of intp): ``np.searchsorted(values, x)`` against the values in their own
+    dtype; NaN finds the first NaN, NumPy's code when NaNs are one value."""
+    if len(values) > 1 and np.isnan(values[-2:].astype(float)).all():
         raise TypeError("np.unique(..., return_inverse=True, equal_nan=False) of a matrix with "
                         "several NaNs is not supported on TiledArrays (each NaN would get its "
                         "own code, in flat order): use equal_nan=True")
-    return elemwise("digitize", ar, bins=_table(values, "unique", "distinct values"),
-                    right=True).astype(np.intp)
+    table = _table(values, "unique", "distinct values")
+    return elemwise("codes", ar, values=table, dtype=str(values.dtype)).astype(np.intp)
 
 
 @implements(np.bincount)

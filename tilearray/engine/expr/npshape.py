@@ -257,7 +257,7 @@ def pad(array, pad_width, mode="constant", **kwargs):
         parts = []
         for width, fill in ((before, values[ax][0]), (after, values[ax][1])):
             shape = (width, a.shape[1]) if ax == 0 else (a.shape[0], width)
-            if np.dtype(a.dtype).kind in "biu" and not np.isfinite(np.asarray(fill, float)):
+            if np.dtype(a.dtype).kind in "iu" and not np.isfinite(np.asarray(fill, float)):
                 raise ValueError(f"cannot convert float {fill} to integer")  # NumPy's error
             fill = np.full((), fill, a.dtype)[()]  # NumPy's cast (7.6 -> 7 for integers)
             parts.append(wrap_like(a, Full(shape, a.dtype, fill)))

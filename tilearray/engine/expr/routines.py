@@ -219,8 +219,9 @@ def scan(op: str, a, axis=None, dtype=None) -> ExprBase:
     out_dtype = np.dtype(dtype) if dtype is not None else \
         (getattr(np, op)(one, axis=axis) if op in ("cumsum", "cumprod") else
          SCANS[op].accumulate(one, axis=axis)).dtype  # NumPy's (int8's cumsum: int64)
-    if n.small:
-        return wrap_like(a, Elemwise(n.shape, out_dtype, op, (n,), (("axis", axis),)))
+    if n.small:  # NumPy's scan in memory, accumulating in out_dtype (int8 wraps as NumPy's)
+        return wrap_like(a, Elemwise(n.shape, out_dtype, op, (n,),
+                                     (("axis", axis), ("dtype", out_dtype))))
     return wrap_like(a, Scan(n.shape, out_dtype, op, n, axis))
 
 
