@@ -250,6 +250,8 @@ def test_2d_masks(thread_engine, mats, dtype):
     with pytest.raises(IndexError, match="axis 1"):  # a column mask of a matrix: NumPy's error
         b[b[:, :1] > 0]
     np.testing.assert_array_equal(np.asarray(b[y > 0.5]), y[y > 0.5])  # a NumPy 2-D mask
+    for key in [(b > 0, ...), (b > 0,)]:  # a[mask, ...] and a[(mask,)] are a[mask]
+        np.testing.assert_array_equal(np.asarray(b[key]), y[y > 0])
     with pytest.raises(IndexError, match="boolean mask"):
         b[np.ones(y.shape, int)]
     with pytest.raises(IndexError, match="boolean mask"):

@@ -269,6 +269,9 @@ class LazyArray(ExprBase):
         if n.ndim != 2:
             raise PlanningError(f"indexing is supported on 1-D and 2-D arrays, not shape "
                                 f"{n.shape}")
+        if isinstance(key, tuple) and key and all(k is Ellipsis for k in key[1:]):
+            key = key[0] if isinstance(key[0], ExprBase | np.ndarray) and np.ndim(key[0]) == 2 \
+                else key  # a[mask, ...] and a[(mask,)] are a[mask]
         if isinstance(key, ExprBase | np.ndarray) and np.ndim(key) == 2:
             return self._masked(key)
         if not isinstance(key, tuple):
