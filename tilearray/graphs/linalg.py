@@ -197,10 +197,14 @@ def gram_leaf_r(block) -> np.ndarray | None:
     c, info = lapack.dpotrf(g, lower=0, clean=1, overwrite_a=1)
     if info != 0 or not np.isfinite(c).all():
         return None
-    sv = sla.svdvals(c, check_finite=False)
-    if not sv[-1] >= GRAM_MIN_RCOND * sv[0]:
-        return None
-    return c
+    return c if _rcond_2(c) >= GRAM_MIN_RCOND else None
+
+
+def _rcond_2(r: np.ndarray) -> float:
+    """``1 / kappa_2(r)`` of a finite square ``r``, from its singular values
+    (LAPACK's 1-norm estimate can be ``n`` times off the 2-norm's)."""
+    sv = sla.svdvals(r, check_finite=False)
+    return float(sv[-1] / sv[0]) if sv[0] > 0 else 0.0
 
 
 @single_threaded
@@ -217,10 +221,8 @@ def leaf_solve_weights(r, parent_slice, rows: int, trusted: bool = False) -> np.
         return None
     dtype = result_dtype(r.dtype)
     if not trusted:  # (a Gram leaf's R was checked when made, more strictly)
-        if dtype != np.float64 or not np.isfinite(r).all():
-            return None
-        sv = sla.svdvals(r, check_finite=False)  # kappa_2 (a 1-norm estimate can be n x off)
-        if not sv[-1] > sv[0] * np.finfo(dtype).eps / SOLVE_MAX_LOSS:
+        if dtype != np.float64 or not np.isfinite(r).all() or \
+                not _rcond_2(r) > np.finfo(dtype).eps / SOLVE_MAX_LOSS:
             return None
     return sla.solve_triangular(r, np.asarray(parent_slice, dtype), check_finite=False)
 

@@ -86,7 +86,7 @@ def combine(keep_q: bool, *children):
     """QR of the children's stacked R factors: ``((Q pieces or None, R), stats)``."""
     rs, stats = [], {}
     for value, st in children:
-        rs.append(value if isinstance(value, np.ndarray) else value[1])
+        rs.append(_r_of(value))  # a leaf's R, ("gram", R) or a combine's (pieces, R)
         stats = merge_stats(stats, st)
     if not keep_q:  # R alone: geqrf, no Q formed
         return (None, kern.qr_combine(rs, mode="r")), counted(stats)

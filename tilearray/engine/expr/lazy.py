@@ -273,7 +273,7 @@ class LazyArray(ExprBase):
             key = key[0] if isinstance(key[0], ExprBase | np.ndarray) and np.ndim(key[0]) == 2 \
                 else key  # a[mask, ...] and a[(mask,)] are a[mask]
         if isinstance(key, ExprBase | np.ndarray) and np.ndim(key) == 2:
-            return self._masked(key)
+            return selection.masked(self, key)  # its elements, in C order
         if not isinstance(key, tuple):
             key = (key,)
         if sum(k is Ellipsis for k in key) > 1:
@@ -306,22 +306,6 @@ class LazyArray(ExprBase):
             steps.append(step)
             shape.append(len(range(start, stop, step)))
         return type(self)(SliceNode(tuple(shape), n.dtype, n, tuple(starts), tuple(steps)))
-
-    def _masked(self, mask) -> LazyArray:
-        """``a[mask]`` of a 2-D boolean mask (lazy or NumPy) of ``a``'s shape:
-        its elements in C order (:func:`~.selection.masked`); NumPy's
-        IndexError for any other shape."""
-        if isinstance(mask, np.ndarray) and mask.dtype != np.bool_:
-            raise IndexError(f"a 2-D index must be a boolean mask, got dtype {mask.dtype} "
-                             "(integer positions: index one axis at a time, a[rows][:, cols])")
-        for ax, (size, msize) in enumerate(zip(self.shape, np.shape(mask), strict=True)):
-            if size != msize:
-                raise IndexError(f"boolean index did not match indexed array along axis {ax}; "
-                                 f"size of axis is {size} but size of corresponding boolean "
-                                 f"axis is {msize}")
-        if isinstance(mask, np.ndarray):  # in memory: an operand of the pass, as a Constant
-            mask = selection.held(self, mask)
-        return selection.masked(self, mask)
 
     def __setitem__(self, key, value):
         raise TypeError("TiledArrays are not modified in place: build the new array "

@@ -222,25 +222,36 @@ def histogram(a, bins=10, range=None, density=None):  # noqa: A002
 
 
 def masked(a, mask) -> ExprBase:
-    """``a[mask]`` for a lazy boolean ``mask`` of ``a``'s shape, computed now:
-    a pass counting the selected elements, then one reading both (a stored
-    array read by both, once) and gathering them in C order. A small 1-D
-    result (refused by the planner when it does not fit in a task)."""
-    n, m = as_node(a), as_node(mask)
-    if m.dtype != np.bool_:
-        raise IndexError(f"a 2-D index must be a boolean mask, got dtype {m.dtype} (integer "
+    """``a[mask]`` for a boolean ``mask`` (lazy, or a NumPy array sent to
+    the tasks) of ``a``'s shape, computed now: a pass counting the selected
+    elements, then one reading both (a stored array read by both, once) and
+    gathering them in C order. A small 1-D result (refused by the planner
+    when it does not fit in a task); NumPy's IndexError for another shape
+    or dtype."""
+    if np.dtype(getattr(mask, "dtype", None)) != np.bool_:
+        raise IndexError(f"a 2-D index must be a boolean mask, got dtype {mask.dtype} (integer "
                          "positions: index one axis at a time, a[rows][:, cols])")
-    for ax, (size, msize) in enumerate(zip(n.shape, m.shape, strict=True)):
+    for ax, (size, msize) in enumerate(zip(a.shape, np.shape(mask), strict=True)):
         if size != msize:
             raise IndexError(f"boolean index did not match indexed array along axis {ax}; "
                              f"size of axis is {size} but size of corresponding boolean axis "
                              f"is {msize}")
-    if 0 in n.shape:
-        return held(a, np.empty(0, n.dtype))
+    if isinstance(mask, np.ndarray):  # in memory: an operand of the pass, as a Constant
+        mask = held(a, mask)
+    return held(a, _selected(a, mask, as_node(a).dtype))
+
+
+def _selected(a, mask, dtype, positions: bool = False) -> np.ndarray:
+    """The elements of ``a`` where the boolean ``mask`` (of its shape) is
+    True in C order, or with ``positions`` their flat indices: a pass
+    counting them, then the :class:`Select` pass (none for an empty one)."""
+    if 0 in a.shape:
+        return np.empty(0, dtype)
     count = int(_compute(mask.sum()))
     if count == 0:
-        return held(a, np.empty(0, n.dtype))
-    return held(a, _compute(wrap_like(a, Select((count,), n.dtype, n, m))))
+        return np.empty(0, dtype)
+    return _compute(wrap_like(a, Select((count,), np.dtype(dtype), as_node(a), as_node(mask),
+                                        positions)))
 
 
 def flat(a) -> ExprBase:
@@ -250,7 +261,7 @@ def flat(a) -> ExprBase:
     n = as_node(a)
     if 0 in n.shape:
         return held(a, np.empty(0, n.dtype))
-    every = Full(tuple(n.shape), np.dtype(bool), True)
+    every = Full(tuple(n.shape), np.dtype(bool), True)  # every element: no count pass
     return held(a, _compute(wrap_like(a, Select((a.size,), n.dtype, n, every))))
 
 
@@ -258,12 +269,5 @@ def flat_positions(a) -> np.ndarray:
     """``np.flatnonzero(a)`` of a matrix, computed now: a pass counting the
     nonzero (True) elements, then one gathering their flat indices in C
     order (refused by the planner when they do not fit a task)."""
-    n = as_node(a)
-    mask = a if n.dtype == np.bool_ else a != 0
-    if 0 in n.shape:
-        return np.empty(0, np.intp)
-    count = int(_compute(mask.sum()))
-    if count == 0:
-        return np.empty(0, np.intp)
-    m = as_node(mask)
-    return _compute(wrap_like(a, Select((count,), np.dtype(np.intp), m, m, True)))
+    mask = a if as_node(a).dtype == np.bool_ else a != 0
+    return _selected(mask, mask, np.intp, positions=True)
