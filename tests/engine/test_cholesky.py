@@ -75,6 +75,30 @@ def test_cholesky_matches_numpy(eng, tmp_path, rng, dtype, n, in_tile, out_tile)
     close(np.linalg.cholesky(a).compute(), want, dtype)  # NumPy dispatch
 
 
+def test_stored_factor_codec(eng, tmp_path, rng):
+    """The factor, read back by its own job, is stored without compression
+    unless tilearray.storage.factor-compressor says otherwise; other outputs
+    keep tilearray.storage.compressor."""
+    import dask
+
+    x = spd(rng, 150)
+    a = stored(tmp_path, "a.zarr", x, (64, 64))
+    want = np.linalg.cholesky(x)
+    codecs = {}
+    for name, conf in [("plain", {}), ("zstd", {"tilearray.storage.factor-compressor": "zstd"}),
+                       ("same", {"tilearray.storage.factor-compressor": "default",
+                                 "tilearray.storage.compressor": "lz4"})]:
+        with dask.config.set(conf):
+            out = ta.linalg.cholesky(a).to_zarr(tmp_path / f"l_{name}.zarr")
+        close(out.compute(), want)
+        codecs[name] = [type(c).__name__ for c in zarr.open_array(out.path).compressors]
+    scaled = (a * 2).to_zarr(tmp_path / "scaled.zarr")
+    assert codecs == {"plain": ["Crc32cCodec"], "zstd": ["ZstdCodec", "Crc32cCodec"],
+                      "same": ["BloscCodec", "Crc32cCodec"]}
+    assert [type(c).__name__ for c in zarr.open_array(scaled.path).compressors] == \
+        ["BloscCodec", "Crc32cCodec"]
+
+
 def test_plan_reports_io_against_the_lower_bound(tmp_path):
     """Planned on metadata alone: the task tile is the largest multiple of the
     output's 2048 unit that fits (4096 at 1 GiB workers: two tiles and a unit

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from dask.base import tokenize
 
+from .. import _config
 from ..errors import IncompleteOutputError, StorageError
 from ..storage import ArrayRef, Grid, create, done_units, grid_of, mark_complete, open_array
 from ..storage import array as sarray
@@ -30,7 +31,7 @@ from ..storage.commit import (
 )
 from ..storage.ref import check_task_writable
 from . import runtime
-from .expr.nodes import TSQR, Source, derive_dims, is_big_vector, sources, structure
+from .expr.nodes import TSQR, Factor, Source, derive_dims, is_big_vector, sources, structure
 from .plan.lower import lower
 from .plan.sizing import output_grid
 from .plan.types import Plan
@@ -285,12 +286,20 @@ class MatrixJob:
             labels = derive_dims(node, lambda src: ("row", "col"))
             dims = sarray.choose_dims(self.ref, node.shape, self.dims, derive_dims(node), labels)
             create(self.ref.store, node.shape, node.dtype, state.grid.tile, shard=self.shard,
-                   overwrite=True, path=self.ref.path, dims=dims,
+                   overwrite=True, path=self.ref.path, dims=dims, compressor=_codec(node),
                    attributes={"tilearray": {"fingerprint": self.fp,
                                              "expression": str(node)}})
 
     def complete(self, state: _State) -> None:
         mark_complete(self.ref, {"fingerprint": self.fp})
+
+
+def _codec(node) -> str:
+    """The compressor of ``node``'s stored output: a Cholesky factor, read
+    back by its own job as it is written, takes ``storage.factor-compressor``."""
+    if isinstance(node, Factor) and node.part == "L":
+        return _config.get("storage.factor-compressor")
+    return "default"
 
 
 class SmallJob:
