@@ -441,6 +441,56 @@ def test_cov_corrcoef_one_pass(thread_engine, tmp_path, dtype):
     check(np.corrcoef(a.T), np.corrcoef(x.T))
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32", "int64"])
+def test_cov_corrcoef_of_vectors_pairs_and_weights(thread_engine, tmp_path, dtype):
+    """NumPy 2.4's cov / corrcoef rules as an analyst uses them: two columns
+    (small results, lazy big vectors, NumPy), a 1-D variable (a 0-d result),
+    a NumPy y beside a TiledArray, fweights / aweights, and NumPy's errors."""
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((61, 5)) * 10).astype(dtype)
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(16, 3))
+    lazy = a * 1  # its columns are lazy vectors over the stored matrix
+    fw = rng.integers(0, 4, 61)
+    aw = rng.uniform(0.1, 2, 61)
+    cases = [
+        lambda m, c: np.cov(m[:, 0], m[:, 1]),
+        lambda m, c: np.corrcoef(m[:, 0], m[:, 1]),
+        lambda m, c: np.cov(m[:, 2]),  # one variable: 0-d
+        lambda m, c: np.corrcoef(m[:, 2]),
+        lambda m, c: np.corrcoef(m[:, 0], c[:, 1]),  # NumPy y
+        lambda m, c: np.cov(m, c[:, :2], rowvar=False),
+        lambda m, c: np.cov(m[:, :1], rowvar=False),  # one column: 0-d
+        lambda m, c: np.cov(m[:1], rowvar=False),  # one row, rowvar=False: 5 variables
+        lambda m, c: np.cov(m.T, m[:, 0]),  # y a 1-D variable
+        lambda m, c: np.corrcoef(m[:, 0], m[:, 1:3], rowvar=False),
+        lambda m, c: np.cov(m, rowvar=False, fweights=fw),
+        lambda m, c: np.cov(m, rowvar=False, aweights=aw, bias=True),
+        lambda m, c: np.cov(m.T, fweights=fw, aweights=aw, ddof=2),
+        lambda m, c: np.cov(m[:, 0], m[:, 3], aweights=aw),
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # NumPy's own, on one observation
+        for i, case in enumerate(cases):
+            want = case(x, x)
+            for m in (a, lazy):
+                got = case(m, x)
+                res = got.compute()
+                assert np.shape(res) == np.shape(want), (i, np.shape(res), np.shape(want))
+                assert_close(res, want, err_msg=f"case {i}")
+    with pytest.raises(TypeError, match="fweights must be integer"):
+        np.cov(a, rowvar=False, fweights=aw)
+    with pytest.raises(ValueError, match="aweights cannot be negative"):
+        np.cov(a, rowvar=False, aweights=-aw)
+    with pytest.raises(RuntimeError, match="incompatible numbers of samples and fweights"):
+        np.cov(a, rowvar=False, fweights=fw[:10])
+    with pytest.raises(TypeError, match="compute"):
+        np.cov(a, rowvar=False, fweights=a[:, 0].astype(int))
+    with pytest.raises(ValueError, match="must match exactly"):
+        np.cov(a[:, 0], x[:10, 1])
+    with pytest.raises(ValueError, match="ddof must be integer"):
+        np.cov(a, ddof=1.5)
+
+
 # -- isclose / allclose / average / outer ------------------------------------------------------
 
 

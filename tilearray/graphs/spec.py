@@ -235,6 +235,9 @@ _FUNCS = {
     ],
     # np.concatenate / stack / hstack / vstack of small in-memory results
     "join": lambda *xs, how, **kw: getattr(np, how)(xs, **kw),
+    # a NumPy function of small in-memory results, passed by keyword (np.cov of vectors)
+    "call": lambda *xs, names, numpy, **kw: getattr(np, numpy)(**dict(zip(names, xs, strict=True)),
+                                                                    **kw),
 }
 
 

@@ -12,56 +12,138 @@ import numpy as np
 
 from ...errors import PlanningError
 from . import routines, selection
-from .nodes import Full, Outer, Quantile, Unique
+from .nodes import Elemwise, Full, Outer, Quantile, Unique
 from .ops import ExprBase, as_constant, as_node, elemwise, wrap_like
 
 
 def cov(m, y=None, rowvar=True, bias=False, ddof=None, fweights=None, aweights=None,
         *, dtype=None) -> ExprBase:
-    """``np.cov``: the covariance of the variables (rows when ``rowvar``,
-    else columns) of a 2-D TiledArray, as a lazy matrix.
+    """``np.cov``: the covariance of the variables of ``m`` (and ``y``): rows
+    of a 2-D array when ``rowvar``, else columns; a 1-D array is one
+    variable. ``fweights`` / ``aweights``: NumPy vectors over the
+    observations. A lazy matrix (a lazy scalar for one variable, as NumPy's
+    squeeze), or NumPy's own ``cov`` on a worker when every operand is a
+    small result or NumPy.
 
     One pass over ``X`` (observations x variables): ``Y = [X - s, 1]``, with
     ``s`` the first observation (a shift against cancellation: it reads only
-    the I/O units of that one observation), and ``G = Y.T @ Y`` by the
-    symmetric matmul, which gives the shifted cross products and, in its last
-    column, the column sums ``c``; then ``cov = (G[:n, :n] - c c^T / N) /
-    (N - ddof)``, a map over the small n x n temporary.
+    the I/O units of that one observation), weighted ``Y * sqrt(w)``, and
+    ``G = Y.T @ Y`` by the symmetric matmul, which gives the shifted cross
+    products and, in its last column, the (weighted) column sums ``c``; then
+    ``cov = (G[:n, :n] - c c^T / sum(w)) / fact``, a map over the small n x n
+    temporary (``fact`` NumPy's degrees of freedom).
     """
-    if fweights is not None or aweights is not None:
-        raise TypeError("np.cov: fweights= and aweights= are not supported on TiledArrays")
-    x = m if not rowvar else _T(m, "cov")
-    if y is not None:
-        x = routines.concatenate([x, y if not rowvar else _T(y, "cov")], axis=1)
+    if ddof is not None and ddof != int(ddof):
+        raise ValueError("ddof must be integer")
+    lazy = [v for v in (m, y) if isinstance(v, ExprBase)]
+    if not lazy:
+        raise TypeError("np.cov: one operand must be a TiledArray")
+    if all(as_node(v).small for v in lazy):
+        return _small_call("cov", dict(m=m, y=y), rowvar=rowvar, bias=bias, ddof=ddof,
+                           fweights=fweights, aweights=aweights, dtype=dtype)
+    pieces = _observations(m, rowvar) + ([] if y is None else _observations(y, rowvar, True))
+    x = pieces[0] if len(pieces) == 1 else routines.concatenate(pieces, axis=1)
     n = as_node(x)
-    if n.ndim != 2 or n.small:
-        raise PlanningError(f"cov: a 2-D TiledArray is needed, got shape {n.shape}")
     obs, nvar = n.shape
     if obs == 0:
         raise ValueError("cov: no observations (an empty array); NumPy gives NaNs")
     if ddof is None:
         ddof = 0 if bias else 1
-    ddof = operator.index(ddof)
+    ddof = operator.index(int(ddof))
+    w, fact = _weights(fweights, aweights, obs, ddof)
     dt = np.result_type(n.dtype, np.float64) if dtype is None else np.dtype(dtype)
     xf = x.astype(dt)
     ones = wrap_like(x, Full((obs, 1), dt, 1))
     y_aug = routines.concatenate([xf - xf[0], ones], axis=1)
+    if w is not None:  # sqrt(w) on both sides of the Gram: sum_i w_i y_i y_i^T
+        y_aug = y_aug * np.sqrt(w).astype(dt)[:, None]
     gram = y_aug.T @ y_aug
+    total = obs if w is None else float(w.sum())
     colsum = gram[:nvar, nvar]  # a small vector: the last column's units only
-    return (gram[:nvar, :nvar] - outer(colsum, colsum) / obs) / (obs - ddof)
+    c = (gram[:nvar, :nvar] - outer(colsum, colsum) / total) / fact
+    return c[0, 0] if nvar == 1 else c
 
 
-def _T(x, fn: str):
-    if not isinstance(x, ExprBase):
-        raise TypeError(f"np.{fn}: operands must be TiledArrays, got {type(x).__name__}")
-    return x.T
+def _observations(v, rowvar: bool, row_is_variable: bool = False) -> list:
+    """``v`` as observations x variables pieces for a join along axis 1: a
+    1-D array is one variable; a 2-D one has its variables in rows when
+    ``rowvar`` (NumPy 2.4's rule for ``y``, ``row_is_variable``: or when it
+    is a single row); a NumPy matrix one column at a time."""
+    nd = np.ndim(v)
+    if nd > 2:
+        raise ValueError("m has more than 2 dimensions")
+    if nd == 0:
+        raise ValueError("np.cov: a variable needs at least one observation, got a scalar")
+    if not isinstance(v, ExprBase):
+        a = np.asarray(v)
+        cols = a.reshape(-1, 1) if nd == 1 else \
+            (a.T if rowvar or (row_is_variable and a.shape[0] == 1) else a)
+        return [np.ascontiguousarray(cols[:, j:j + 1]) for j in range(cols.shape[1])]
+    if nd == 1:
+        return [v[:, None]]
+    return [v.T if rowvar or (row_is_variable and v.shape[0] == 1) else v]
+
+
+def _weights(fweights, aweights, obs: int, ddof: int):
+    """NumPy's checks of ``fweights`` / ``aweights``; ``(w or None, fact)``
+    with ``fact`` the divisor (0 with NumPy's warning when not positive)."""
+    w = None
+    for name, given in (("fweights", fweights), ("aweights", aweights)):
+        if given is None:
+            continue
+        if isinstance(given, ExprBase):
+            raise TypeError(f"np.cov: {name} must be a NumPy vector on TiledArrays; "
+                            "compute() it first")
+        arr = np.asarray(given, dtype=float)
+        if name == "fweights" and not np.all(arr == np.around(arr)):
+            raise TypeError("fweights must be integer")
+        if arr.ndim > 1:
+            raise RuntimeError(f"cannot handle multidimensional {name}")
+        if arr.shape[0] != obs:
+            raise RuntimeError(f"incompatible numbers of samples and {name}")
+        if np.any(arr < 0):
+            raise ValueError(f"{name} cannot be negative")
+        w = arr if w is None else w * arr
+    if w is None:
+        fact = obs - ddof
+    elif ddof == 0:
+        fact = w.sum()
+    elif aweights is None:
+        fact = w.sum() - ddof
+    else:
+        fact = w.sum() - ddof * np.sum(w * np.asarray(aweights, dtype=float)) / w.sum()
+    if fact <= 0:
+        warnings.warn("Degrees of freedom <= 0 for slice", RuntimeWarning, stacklevel=3)
+        fact = 0.0
+    return w, float(fact)
+
+
+def _small_call(name: str, operands: dict, **kw) -> ExprBase:
+    """NumPy's ``name`` on small results (and NumPy operands, carried in the
+    node), in memory on a worker: a lazy small result of NumPy's shape and dtype."""
+    lazy = {k: v for k, v in operands.items() if isinstance(v, ExprBase)}
+    kw = {**kw, **{k: v for k, v in operands.items() if k not in lazy}}
+    nodes = tuple(as_node(v) for v in lazy.values())
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        sample = np.asarray(getattr(np, name)(
+            **{k: np.ones(n.shape, n.dtype) for k, n in zip(lazy, nodes, strict=True)}, **kw))
+    kwargs = (("names", tuple(lazy)), ("numpy", name)) + tuple(sorted(kw.items()))
+    return wrap_like(next(iter(lazy.values())),
+                     Elemwise(sample.shape, sample.dtype, "call", nodes, kwargs))
 
 
 def corrcoef(x, y=None, rowvar=True, *, dtype=None) -> ExprBase:
     """``np.corrcoef``: :func:`cov` (one pass over ``X``) divided by the outer
     product of the standard deviations (its diagonal: only the diagonal's
-    units of the small temporary), clipped to [-1, 1] like NumPy."""
+    units of the small temporary), clipped to [-1, 1] like NumPy (one
+    variable: ``c / c``, as NumPy)."""
+    lazy = [v for v in (x, y) if isinstance(v, ExprBase)]
+    if lazy and all(as_node(v).small for v in lazy):
+        return _small_call("corrcoef", dict(x=x, y=y), rowvar=rowvar, dtype=dtype)
     c = cov(x, y, rowvar, dtype=dtype)
+    if c.ndim == 0:
+        return c / c
     d = np.sqrt(routines.diagonal(c))
     return (c / outer(d, d)).clip(-1, 1)
 
