@@ -419,6 +419,52 @@ def test_running_max_min(thread_engine, mats, tmp_path, dtype):
                 check(np.cumprod(a % 3, axis=1, **kw), np.cumprod(x % 3, axis=1, **kw), exact=True)
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32", "int32", "bool"])
+def test_rot90_delete_append_nan_scans_partition(thread_engine, mats, tmp_path, dtype):
+    """np.rot90 / delete / append / atleast_2d / nancumsum / nancumprod /
+    partition / argpartition and the .nonzero() method, against NumPy on ragged
+    tiles (NaNs in float64); a partition is checked by its kth element and
+    the order around it, which is all NumPy promises."""
+    x, a = mats[dtype]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for k in range(-1, 5):
+            check(np.rot90(a, k), np.rot90(x, k), tmp_path, exact=True)
+        check(np.rot90(a, 1, axes=(1, 0)), np.rot90(x, 1, axes=(1, 0)), exact=True)
+        for obj, axis in [([1, 3, 44], 0), (slice(2, 20, 3), 1), (-1, 1),
+                          (np.arange(45) % 3 == 0, 0), (np.arange(0, 31, 2), 1)]:
+            check(np.delete(a, obj, axis=axis), np.delete(x, obj, axis=axis), tmp_path,
+                  exact=True)
+        check(np.append(a, a[:3], axis=0), np.append(x, x[:3], axis=0), exact=True)
+        check(np.append(a[:, 0], a[:, 1]), np.append(x[:, 0], x[:, 1]), exact=True)
+        check(np.atleast_2d(a[:, 0]), np.atleast_2d(x[:, 0]), exact=True)
+        assert np.atleast_2d(a) is a
+        for got, want in zip(a.nonzero(), x.nonzero(), strict=True):
+            np.testing.assert_array_equal(got, want)
+        if dtype != "bool":
+            for axis in (0, 1, None):
+                check(np.nancumsum(a, axis=axis), np.nancumsum(x, axis=axis))
+            if dtype != "int32":
+                check(np.nancumprod(a / 4, axis=1), np.nancumprod(x / 4, axis=1))
+        for axis, kth in [(0, 5), (1, -2), (1, [0, 30])]:
+            part = np.partition(a, kth, axis=axis).compute()
+            want = np.partition(x, kth, axis=axis)
+            for k in np.atleast_1d(kth):
+                line = [slice(None)] * 2
+                line[axis] = k
+                np.testing.assert_array_equal(part[tuple(line)], want[tuple(line)])
+            idx = np.argpartition(a, kth, axis=axis).compute()
+            np.testing.assert_array_equal(np.take_along_axis(x, idx, axis), part)
+    with pytest.raises(IndexError, match="index 45 is out of bounds for axis 0 with size 45"):
+        np.delete(a, 45, axis=0)
+    with pytest.raises(TypeError, match="axis=0"):
+        np.delete(a, 1)
+    with pytest.raises(ValueError, match=r"kth\(=31\) out of bounds \(31\)"):
+        np.partition(a, 31, axis=1)
+    with pytest.raises(ValueError, match="Axes must be different"):
+        np.rot90(a, axes=(1, 1))
+
+
 # -- cov / corrcoef ----------------------------------------------------------------------------
 
 

@@ -354,6 +354,11 @@ class LazyArray(ExprBase):
         two passes over the input (see :func:`~.routines.scan`)."""
         return routines.scan("cumsum", self, axis, dtype)
 
+    def nonzero(self):
+        """The indices of the nonzero elements, one array per axis, like
+        :func:`numpy.nonzero` (computed now)."""
+        return np.nonzero(self)
+
     def cumprod(self, axis=None, dtype=None) -> LazyArray:
         """Cumulative product along ``axis`` (0 or 1), like :func:`numpy.cumprod`."""
         return routines.scan("cumprod", self, axis, dtype)

@@ -54,6 +54,28 @@ def argsort(a, axis=-1, kind=None, order=None, *, stable=None):
     return _ordering("argsort", a, axis, kind, order, stable)
 
 
+def _partition(name: str):
+    def impl(a, kth, axis=-1, kind="introselect", order=None):
+        if order is not None:
+            raise TypeError(f"np.{name}: order= (structured arrays) is not supported on "
+                            "TiledArrays")
+        size = int(np.prod(a.shape)) if axis is None else \
+            a.shape[routines.axis_index(axis, f"np.{name}", a.ndim)]
+        for k in np.atleast_1d(kth):
+            if not -size <= int(k) < size:
+                raise ValueError(f"kth(={int(k)}) out of bounds ({size})")
+        return _ordering(name.replace("partition", "sort"), a, axis, None, None, None)
+
+    impl.__name__ = name
+    impl.__doc__ = (f"np.{name}: the whole line sorted (one of the arrangements NumPy "
+                    "allows: every element before ``kth`` is no larger); see :func:`sort`.")
+    return impl
+
+
+HANDLED[np.partition], HANDLED[np.argpartition] = _partition("partition"), \
+    _partition("argpartition")
+
+
 @implements(np.unique)
 def unique(ar, return_index=False, return_inverse=False, return_counts=False, axis=None,
            *, equal_nan=True, sorted=None):  # noqa: A002

@@ -1,10 +1,13 @@
 """NumPy's joins, gathers, reshapes, diagonals and scans on TiledArrays:
 ``np.concatenate`` / ``stack`` / ``hstack``, ``np.flip``, ``np.reshape`` /
 ``ravel``, ``np.pad`` / ``roll`` / ``tile`` / ``repeat``, ``np.take``,
-``np.diagonal`` / ``trace`` / ``triu``, ``np.cumsum`` and the other scans:
-lazy, each read only where a block meets it (see the README's table)."""
+``np.diagonal`` / ``trace`` / ``triu``, ``np.cumsum`` and the other scans,
+``np.rot90``, ``np.delete`` / ``np.append``, ``np.atleast_2d``: lazy, each
+read only where a block meets it (see the README's table)."""
 
 from __future__ import annotations
+
+import operator
 
 import numpy as np
 
@@ -12,7 +15,7 @@ from . import routines, selection
 from .lazy import LazyArray
 from .nodes import Elemwise, Full
 from .npbase import implements, small_values
-from .ops import HANDLED, wrap_like
+from .ops import HANDLED, elemwise, wrap_like
 
 
 @implements(np.concatenate)
@@ -325,3 +328,104 @@ def _scan(op):
 
 
 HANDLED[np.cumsum], HANDLED[np.cumprod] = _scan("cumsum"), _scan("cumprod")
+
+
+def _nan_scan(op: str, fill: int):
+    def impl(a, axis=None, dtype=None, out=None):
+        if out is not None:
+            raise TypeError(f"np.nan{op}: out= is not supported on TiledArrays")
+        if np.dtype(a.dtype).kind in "fc":  # NaNs count as 0 (sum) or 1 (product)
+            a = elemwise("where", elemwise("isnan", a), np.asarray(fill, a.dtype)[()], a)
+        return routines.scan(op, a, axis, dtype)
+
+    impl.__name__ = f"nan{op}"
+    return impl
+
+
+HANDLED[np.nancumsum], HANDLED[np.nancumprod] = _nan_scan("cumsum", 0), _nan_scan("cumprod", 1)
+
+
+@implements(np.rot90)
+def rot90(m, k=1, axes=(0, 1)):
+    """Rotated by 90 degrees ``k`` times in the plane of ``axes``: a reversed
+    view, transposed (nothing is copied until stored)."""
+    axes = tuple(axes)
+    if len(axes) != 2:
+        raise ValueError("len(axes) must be 2.")
+    nd = np.ndim(m)
+    ax = tuple(routines.axis_index(a, "np.rot90", nd) for a in axes)
+    if ax[0] == ax[1]:
+        raise ValueError("Axes must be different.")
+    k = operator.index(k) % 4
+    if ax == (1, 0):
+        k = -k % 4
+    return (m[:, :], m[:, ::-1].T, m[::-1, ::-1], m[::-1, :].T)[k]
+
+
+def _positions_of(obj, size: int, axis: int, fn: str) -> np.ndarray:
+    """The positions ``obj`` names along an axis of ``size`` (a slice, integers
+    counting from the end when negative, or a boolean mask), as NumPy checks them."""
+    if isinstance(obj, slice):
+        return np.arange(size)[obj]
+    if isinstance(obj, LazyArray):
+        obj = small_values(obj, fn, "")
+    idx = np.asarray(obj)
+    if idx.dtype == bool:
+        if idx.shape != (size,):
+            raise ValueError(f"boolean array argument obj to {fn} must be one dimensional and "
+                             f"match the axis length of {size}")
+        return np.flatnonzero(idx)
+    if idx.size and idx.dtype.kind not in "iu":
+        raise IndexError("arrays used as indices must be of integer (or boolean) type")
+    idx = idx.reshape(-1).astype(np.int64)
+    bad = (idx < -size) | (idx >= size)
+    if bad.any():
+        raise IndexError(f"index {int(idx[bad][0])} is out of bounds for axis {axis} with "
+                         f"size {size}")
+    return idx % max(size, 1)
+
+
+@implements(np.delete)
+def delete(arr, obj, axis=None):
+    """Without the rows (``axis=0``) or columns (``axis=1``) ``obj`` names: the
+    runs kept, joined lazily (a gather of the kept positions when they are
+    many runs). ``axis=None`` on a matrix (flattening) is refused."""
+    nd = np.ndim(arr)
+    if axis is None and nd != 1:
+        raise TypeError("np.delete: axis=None deletes from the flattened matrix, which is not "
+                        "supported on TiledArrays; give axis=0 (rows) or axis=1 (columns)")
+    ax = routines.axis_index(0 if axis is None else axis, "np.delete", nd)
+    size = arr.shape[ax]
+    keep = np.setdiff1d(np.arange(size), _positions_of(obj, size, ax, "delete"))
+    breaks = np.flatnonzero(np.diff(keep) != 1) + 1
+    runs = [(int(r[0]), int(r[-1]) + 1) for r in np.split(keep, breaks) if r.size]
+    if len(runs) > 16 or not runs:  # many holes: one gather of what is kept
+        return routines.take(arr, keep, ax) if nd == 2 else arr[keep]
+    key = [slice(None)] * nd
+    parts = []
+    for r0, r1 in runs:
+        key[ax] = slice(r0, r1)
+        parts.append(arr[tuple(key)])
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=ax)
+
+
+@implements(np.append)
+def append(arr, values, axis=None):
+    """``values`` joined after ``arr`` along ``axis`` (np.concatenate); with
+    ``axis=None`` both flattened first, as NumPy."""
+    if axis is None:
+        return np.concatenate([np.ravel(arr), np.ravel(values)], axis=0)
+    return np.concatenate([arr, values], axis=axis)
+
+
+@implements(np.atleast_2d)
+def atleast_2d(*arys):
+    """A matrix as it is; a 1-D array as the row ``(1, n)``."""
+    res = [a if np.ndim(a) >= 2 else np.reshape(a, (1, -1)) for a in arys]
+    return res[0] if len(res) == 1 else tuple(res)
+
+
+@implements(np.atleast_1d)
+def atleast_1d(*arys):
+    res = [a if np.ndim(a) >= 1 else np.reshape(a, (1,)) for a in arys]
+    return res[0] if len(res) == 1 else tuple(res)
