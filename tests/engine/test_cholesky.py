@@ -7,6 +7,8 @@ import os
 import numpy as np
 import psutil
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import scipy.linalg as sla
 import zarr
 
@@ -97,6 +99,66 @@ def test_stored_factor_codec(eng, tmp_path, rng):
                       "same": ["BloscCodec", "Crc32cCodec"]}
     assert [type(c).__name__ for c in zarr.open_array(scaled.path).compressors] == \
         ["BloscCodec", "Crc32cCodec"]
+
+
+@given(st.lists(st.integers(1, 50), min_size=1, max_size=9), st.data())
+@settings(max_examples=40, deadline=None)
+def test_priorities_are_the_longest_chains(sizes, data):
+    """critical_paths against a brute-force longest path over the tile DAG
+    (task (p, q) reads (p, k) and (q, k), k < q, and (q, q)), with done tiles."""
+    from tilearray.engine.plan import cholesky as pc
+
+    edges = tuple(zip(np.cumsum([0, *sizes[:-1]]).tolist(), np.cumsum(sizes).tolist(),
+                      strict=True))
+    nt = len(edges)
+    tiles = [(i, j) for j in range(nt) for i in range(j, nt)]
+    done = frozenset(data.draw(st.lists(st.sampled_from(tiles), max_size=3)))
+    got = pc.critical_paths(edges, done)
+    assert set(got) == set(tiles) - done
+
+    def reads(p, q):
+        return {(p, k) for k in range(q)} | {(q, k) for k in range(q)} | \
+            ({(q, q)} if p > q else set())
+
+    own = {}
+    for i, j in tiles:
+        bi, bj, k = (edges[i][1] - edges[i][0], edges[j][1] - edges[j][0], edges[j][0])
+        own[i, j] = (bi * bi * k + bi**3 / 3 if i == j else 2 * bi * bj * k + bi * bj * bj) + \
+            pc.FLOPS_PER_BYTE * 8 * (bi * bj + bi * k + (bj * k + bj * bj if i > j else 0))
+    memo = {}
+
+    def longest(t):
+        if t not in memo:
+            after = [s for s in tiles if t in reads(*s) and s not in done]
+            memo[t] = own[t] + max((longest(s) for s in after), default=0)
+        return memo[t]
+
+    for t in got:
+        assert got[t] == 1 + int(longest(t) // 1e6)
+        # a task's chain is never shorter than a task's it feeds
+        assert all(got[t] >= got[s] for s in got if t in reads(*s))
+
+
+def test_task_priorities_reach_the_scheduler():
+    """Tasks with a priority run before ready tasks with a lower one (dask's
+    priority annotation, set by gather for a plan that has some)."""
+    import time
+    from types import SimpleNamespace
+
+    from tilearray.engine.runtime.gather import _prioritized
+
+    def stamp(i):
+        time.sleep(0.02)
+        return i, time.perf_counter()
+
+    graph = {("t", i): (stamp, i) for i in range(8)}
+    prio = {("t", i): (5 * i) % 8 + 1 for i in range(8)}
+    plan = SimpleNamespace(priorities=lambda: prio)
+    assert _prioritized(graph, SimpleNamespace(priorities=dict)) is graph
+    with ta.Engine(n_workers=1, threads_per_worker=1, processes=False, quiet=True) as e:
+        done = e.client.gather(e.client.get(_prioritized(graph, plan), list(graph), sync=False))
+    ran = [i for i, _ in sorted(done, key=lambda r: r[1])]
+    assert ran == sorted(range(8), key=lambda i: -prio["t", i])
 
 
 def test_plan_reports_io_against_the_lower_bound(tmp_path):

@@ -27,6 +27,9 @@ class Task:
     key: Hashable
     fn: Callable
     args: tuple = ()
+    priority: int = 0
+    """Run before ready tasks of lower priority (dask's ``priority``
+    annotation); 0 leaves the order to dask."""
 
 
 class Tasks:
@@ -37,9 +40,10 @@ class Tasks:
     def __init__(self):
         self._tasks: dict = {}
 
-    def add(self, key, fn: Callable, *args) -> Hashable:
-        """Add ``fn(*args)`` as task ``key``; returns ``key``."""
-        self._tasks[key] = Task(key, fn, args)
+    def add(self, key, fn: Callable, *args, priority: int = 0) -> Hashable:
+        """Add ``fn(*args)`` as task ``key`` (``priority``: see :class:`Task`);
+        returns ``key``."""
+        self._tasks[key] = Task(key, fn, args, priority)
         return key
 
     def __setitem__(self, key, task: tuple) -> None:
@@ -63,6 +67,11 @@ def emit(stages: Iterable) -> dict:
         for t in stage.work:
             graph[t.key] = (t.fn, *t.args)
     return graph
+
+
+def priorities(stages: Iterable) -> dict:
+    """``{key: priority}`` of the tasks of ``stages`` given one (see :class:`Task`)."""
+    return {t.key: t.priority for stage in stages for t in stage.work if t.priority}
 
 
 # -- small worker functions the plan uses between stages ---------------------------------

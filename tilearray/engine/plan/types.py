@@ -233,6 +233,13 @@ class Plan:
 
         return emit(self.stages)
 
+    def priorities(self) -> dict:
+        """``{key: priority}`` of the tasks that carry one (higher runs first
+        among ready tasks; the rest keep dask's order)."""
+        from ...graphs.emit import priorities
+
+        return priorities(self.stages)
+
     @property
     def result(self) -> Output:
         """The plan's (first) named output."""

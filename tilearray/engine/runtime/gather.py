@@ -4,12 +4,27 @@ summed into :class:`~.stats.RunStats`, job events for the scheduler's metrics.""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import time
 import warnings
 
 from .stats import RunStats
+
+
+def _prioritized(graph: dict, plan):
+    """``graph`` as submitted: with the plan's task priorities as dask's
+    ``priority`` annotation (one HighLevelGraph layer; higher runs first among
+    ready tasks, unannotated tasks 0) when it has any, else as it is."""
+    prio = plan.priorities() if plan is not None else {}
+    if not prio:
+        return graph
+    from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+
+    lookup = collections.defaultdict(int, prio).__getitem__  # picklable for the scheduler
+    layer = MaterializedLayer(graph, annotations={"priority": lookup})
+    return HighLevelGraph({"tilearray": layer}, {"tilearray": set()})
 
 
 def gather(client, graph: dict, keys: list, *, description: str, quiet: bool, plan=None,
@@ -37,7 +52,7 @@ def gather(client, graph: dict, keys: list, *, description: str, quiet: bool, pl
     # tasks finished plus running tasks' fractions (progress events from inside tasks)
     bar = Bar(client, graph, description, quiet)
     try:
-        futures = client.get(graph, keys, sync=False)
+        futures = client.get(_prioritized(graph, plan), keys, sync=False)
         keep: set = set()  # keys listed twice must not be released early
         seen: set = set()
         for f in futures:
