@@ -84,12 +84,18 @@ class SingularMatrixError(TilearrayError, LinAlgError):
     """An LU factorisation met an exactly zero pivot: the matrix is singular.
 
     ``column`` is the global column (0-based) with no nonzero pivot candidate;
-    ``panel`` is the index of the column panel being factored.
+    ``panel`` is the index of the column panel being factored. With
+    ``triangular``: a triangular solve met a zero at diagonal ``column``.
     """
 
-    def __init__(self, column: int, panel: int = 0):
+    def __init__(self, column: int, panel: int = 0, triangular: bool = False):
         self.column = int(column)
         self.panel = int(panel)
+        self.triangular = bool(triangular)
+        if triangular:  # SciPy's solve_triangular words it so
+            super().__init__(f"singular matrix: resolution failed at diagonal {self.column} "
+                             "(the triangular matrix has a zero there)")
+            return
         super().__init__(
             f"Singular matrix: column {self.column} (panel {self.panel}) has no "
             "nonzero pivot after eliminating the columns to its left, so it is a "
@@ -98,7 +104,7 @@ class SingularMatrixError(TilearrayError, LinAlgError):
         )
 
     def __reduce__(self):  # survives the trip from a worker process
-        return (type(self), (self.column, self.panel))
+        return (type(self), (self.column, self.panel, self.triangular))
 # -- bad arguments: ValueError / TypeError, as Python's own, and still the error of
 #    their area (``except ClusterError`` keeps catching a bad Engine argument) --------
 

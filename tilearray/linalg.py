@@ -16,6 +16,9 @@ from .engine.expr.ops import HANDLED, build_reduction, elemwise
 from .errors import PlanningArgumentTypeError, PlanningError
 from .graphs.blas import result_dtype
 
+QRResult = type(np.linalg.qr(np.eye(1)))
+SVDResult = type(np.linalg.svd(np.eye(1)))
+
 # -- TSQR: QR, SVD, least squares of tall-skinny matrices -------------------------------------
 
 
@@ -23,8 +26,11 @@ def _tall(x, what: str) -> TiledArray:
     if not isinstance(x, TiledArray):
         raise TypeError(f"{what}: expected a TiledArray, got {type(x).__name__} (NumPy arrays: "
                         f"use numpy.linalg, or store it with ta.from_numpy first)")
-    if x.ndim != 2:
-        raise ValueError(f"{what}: expected a 2-D array, got shape {x.shape}")
+    if x.ndim != 2:  # NumPy's LinAlgError (a ValueError)
+        raise np.linalg.LinAlgError(f"{what}: {x.ndim}-dimensional array given (shape "
+                                    f"{x.shape}). Array must be two-dimensional")
+    if x.size == 0:
+        raise ValueError(f"{what}: the array of shape {x.shape} is empty")
     try:
         result_dtype(x.dtype)
     except TypeError as e:
@@ -65,7 +71,8 @@ def qr(x: TiledArray, mode: str = "reduced"):
     Returns
     -------
     (Q, R) or R : TiledArray
-        ``Q`` (``m x r``, stored by ``to_zarr``) and ``R`` (``r x n``, small:
+        NumPy's ``QRResult`` (``.Q``, ``.R``) or R alone: ``Q`` (``m x r``,
+        stored by ``to_zarr``) and ``R`` (``r x n``, small:
         ``compute()``), ``r = min(m, n)``; float32 stays float32, integers
         are computed in float64.
 
@@ -81,11 +88,11 @@ def qr(x: TiledArray, mode: str = "reduced"):
         raise ValueError(f"qr: mode={mode!r} is not supported (use 'reduced' or 'r')")
     if mode == "r":
         return _part(x, "R")
-    return _part(x, "Q"), _part(x, "R")
+    return QRResult(_part(x, "Q"), _part(x, "R"))
 
 
-def svd(x: TiledArray, full_matrices: bool = False, compute_uv: bool = True, *, k=None,
-        **randomized):
+def svd(x: TiledArray, full_matrices: bool = False, compute_uv: bool = True,
+        hermitian: bool = False, *, k=None, **randomized):
     """Thin SVD of a tall-skinny matrix through TSQR, like :func:`numpy.linalg.svd` (lazy).
 
     ``X = Q R`` by TSQR, then the SVD of the small R: ``s`` and ``Vt`` read
@@ -104,16 +111,19 @@ def svd(x: TiledArray, full_matrices: bool = False, compute_uv: bool = True, *, 
         Must be False (a full ``m x m`` U is never built out of core).
     compute_uv : bool
         False: the singular values alone (one read of X).
+    hermitian : bool
+        Accepted as NumPy does; the SVD is computed the same way.
 
     Returns
     -------
     (U, s, Vt) or s : TiledArray
-        ``U`` (``m x r``, stored by ``to_zarr``), ``s`` (``r``, descending)
+        NumPy's ``SVDResult`` (``.U``, ``.S``, ``.Vh``) or s alone: ``U``
+        (``m x r``, stored by ``to_zarr``), ``s`` (``r``, descending)
         and ``Vt`` (``r x n``) small; ``r = min(m, n)``.
     """
     if k is not None:
         u, s, vt = svd_compressed(x, k, **randomized)
-        return (u, s, vt) if compute_uv else s
+        return SVDResult(u, s, vt) if compute_uv else s
     if randomized:
         raise TypeError(f"svd: {sorted(randomized)} apply with k= (the randomized SVD)")
     x = _tall(x, "svd")
@@ -122,7 +132,7 @@ def svd(x: TiledArray, full_matrices: bool = False, compute_uv: bool = True, *, 
                          "the thin SVD (full_matrices=False)")
     if not compute_uv:
         return _part(x, "s")
-    return _part(x, "U"), _part(x, "s"), _part(x, "Vt")
+    return SVDResult(_part(x, "U"), _part(x, "s"), _part(x, "Vt"))
 
 
 def svd_compressed(x: TiledArray, k: int, *, n_power_iter: int = 0, seed: int = 0,
@@ -255,14 +265,15 @@ def lstsq_plan(x: TiledArray, y, rcond=None) -> TiledArray:
     y = _computed_if_blocked(y)
     if isinstance(y, TiledArray):
         if y.ndim not in (1, 2) or y.shape[0] != m:
-            raise ValueError(f"lstsq: y of shape {y.shape} does not match X of shape {x.shape} "
-                             "(y must be (m,) or (m, k))")
+            raise np.linalg.LinAlgError(f"lstsq: Incompatible dimensions: y of shape {y.shape}, "
+                                        f"X of shape {x.shape} (y must be (m,) or (m, k))")
         ynode = _column(y)
     else:
         arr = np.asarray(y)
         if arr.ndim not in (1, 2) or arr.shape[0] != m:
-            raise ValueError(f"lstsq: y of shape {arr.shape} does not match X of shape "
-                             f"{x.shape} (y must be (m,) or (m, k))")
+            raise np.linalg.LinAlgError(f"lstsq: Incompatible dimensions: y of shape "
+                                        f"{arr.shape}, X of shape {x.shape} (y must be (m,) or "
+                                        "(m, k))")
         if arr.dtype.kind not in "biuf":
             raise TypeError(f"lstsq: y of dtype {arr.dtype} is not supported")
         arr = np.array(arr.reshape(m, -1), copy=True)
@@ -597,7 +608,12 @@ def norm(x: TiledArray, ord=None, axis=None, keepdims=False) -> TiledArray:
                 s = TiledArray(Elemwise((1, 1), s.dtype, "reshape", (s._node, (1, 1))))
             return s
         raise PlanningError(f"norm: invalid norm order {ord!r} for matrices")
-    axis = axes[0]
+    return _vector_norm(x, ord, axes[0], keepdims)
+
+
+def _vector_norm(x: TiledArray, ord, axis, keepdims: bool) -> TiledArray:
+    """The vector norm of order ``ord`` along ``axis`` (None: of all elements)."""
+    a = elemwise("absolute", x)
     if ord in (None, 2):
         return elemwise("sqrt", build_reduction("sum", x * x, axis, keepdims, 0))
     if ord == 1:
@@ -763,3 +779,73 @@ HANDLED[np.linalg.pinv] = pinv
 HANDLED[np.linalg.eig] = eig
 HANDLED[np.linalg.eigvals] = eigvals
 HANDLED[np.linalg.matrix_power] = matrix_power
+
+
+# -- NumPy 2's array-API functions of numpy.linalg ---------------------------------------------
+
+
+def svdvals(x: TiledArray) -> TiledArray:
+    """``np.linalg.svdvals``: the singular values (lazy; one read of X, see :func:`svd`)."""
+    return svd(x, compute_uv=False)
+
+
+def matrix_norm(x: TiledArray, /, *, keepdims: bool = False, ord="fro") -> TiledArray:
+    """``np.linalg.matrix_norm``: :func:`norm` of the matrix."""
+    return norm(_tall(x, "matrix_norm"), ord=ord, keepdims=keepdims)
+
+
+def vector_norm(x: TiledArray, /, *, axis=None, keepdims: bool = False, ord=2) -> TiledArray:
+    """``np.linalg.vector_norm``: the vector norm along ``axis``; ``None`` (or
+    both axes) takes all the elements as one vector (lazy)."""
+    if axis is not None:
+        axes = _norm_axes(axis, x.ndim)
+        axis = None if len(axes) == x.ndim else axes if len(axes) > 1 else axes[0]
+        if isinstance(axis, tuple):
+            raise PlanningError(f"vector_norm: axis {axis!r} must be one axis or all of them")
+    if ord is None or (isinstance(ord, str)):
+        raise ValueError(f"vector_norm: invalid norm order {ord!r} for vectors")
+    return _vector_norm(x, ord, axis, keepdims)
+
+
+def multi_dot(arrays, *, out=None):
+    """``np.linalg.multi_dot``: the chain of products in the cheapest order
+    (NumPy's dynamic programme over the shapes), lazy."""
+    if out is not None:
+        raise TypeError("multi_dot: out= is not supported on TiledArrays")
+    arrays = list(arrays)
+    if len(arrays) < 2:
+        raise ValueError("Expecting at least two arrays.")
+    first_1d, last_1d = np.ndim(arrays[0]) == 1, np.ndim(arrays[-1]) == 1
+    dims = [1 if first_1d else arrays[0].shape[0]] + [a.shape[-1] for a in arrays[:-1]] + \
+        [1 if last_1d else arrays[-1].shape[-1]]
+    n = len(arrays)
+    cost = [[0] * n for _ in range(n)]
+    split = [[0] * n for _ in range(n)]
+    for length in range(1, n):
+        for i in range(n - length):
+            j = i + length
+            cost[i][j] = float("inf")
+            for k in range(i, j):
+                c = cost[i][k] + cost[k + 1][j] + dims[i] * dims[k + 1] * dims[j + 1]
+                if c < cost[i][j]:
+                    cost[i][j], split[i][j] = c, k
+
+    def chain(i, j):
+        if i == j:
+            return arrays[i]
+        k = split[i][j]
+        return chain(i, k) @ chain(k + 1, j)
+
+    return chain(0, n - 1)
+
+
+HANDLED[np.linalg.svdvals] = svdvals
+HANDLED[np.linalg.matrix_norm] = matrix_norm
+HANDLED[np.linalg.vector_norm] = vector_norm
+HANDLED[np.linalg.multi_dot] = multi_dot
+HANDLED[np.linalg.matrix_transpose] = lambda x, /: x.T
+HANDLED[np.linalg.matmul] = lambda x1, x2, /: x1 @ x2
+HANDLED[np.linalg.diagonal] = lambda x, /, *, offset=0: np.diagonal(x, offset)
+HANDLED[np.linalg.trace] = lambda x, /, *, offset=0, dtype=None: np.trace(x, offset, dtype=dtype)
+HANDLED[np.linalg.vecdot] = lambda x1, x2, /, *, axis=-1: (x1 * x2).sum(axis=axis)
+HANDLED[np.linalg.outer] = lambda x1, x2, /: np.outer(x1, x2)

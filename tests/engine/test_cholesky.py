@@ -7,10 +7,10 @@ import os
 import numpy as np
 import psutil
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 import scipy.linalg as sla
 import zarr
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import tilearray as ta
 from tilearray.errors import NotPositiveDefiniteError, SingularMatrixError
@@ -410,6 +410,34 @@ def test_tiled_lu_singular_names_the_column(small_eng, tmp_path, rng):
     with pytest.raises(SingularMatrixError) as err:
         ta.linalg.solve(a, np.ones(n))
     assert err.value.column == 700 and isinstance(err.value, np.linalg.LinAlgError)
+    # a determinant of the same matrix is NumPy's 0 (the LU runs to the end)
+    assert ta.linalg.det(a) == 0.0
+    sign, logabs = np.linalg.slogdet(a)
+    assert sign == 0.0 and logabs == -np.inf
+
+
+def test_big_endian_and_zero_diagonal(small_eng, tmp_path, rng):
+    """Big-endian data (v2 arrays from netCDF) is factored in native order; a
+    zero on a triangular matrix's diagonal is SciPy's LinAlgError, never inf."""
+    n = 300
+    x = spd(rng, n)
+    z = zarr.create_array(tmp_path / "be.zarr", shape=(n, n), chunks=(70, 70), dtype=">f8",
+                          zarr_format=2)
+    z[...] = x
+    a = ta.open(tmp_path / "be.zarr")
+    low = ta.linalg.cholesky(a)
+    assert low.dtype == np.float64
+    close(low.compute(), np.linalg.cholesky(x))
+    close(ta.linalg.solve(a, np.arange(float(n)), assume_a="pos"),
+          np.linalg.solve(x, np.arange(float(n))))
+    t = np.tril(x)
+    t[123, 123] = 0
+    with pytest.raises(SingularMatrixError, match="resolution failed at diagonal 123"):
+        ta.linalg.solve_triangular(stored(tmp_path, "t.zarr", t, (64, 64)), np.ones(n),
+                                   lower=True)
+    got = ta.linalg.solve_triangular(stored(tmp_path, "t1.zarr", t, (64, 64)), np.ones(n),
+                                     lower=True, unit_diagonal=True)
+    close(got, sla.solve_triangular(t, np.ones(n), lower=True, unit_diagonal=True))
 
 
 def test_planning_makes_zero_store_calls(tmp_path, rng):

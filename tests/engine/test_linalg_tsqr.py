@@ -459,3 +459,44 @@ def test_pinv_matches_numpy(thread_engine, tmp_path, rng, dtype, shape, tile):
                  scale=np.abs(want).max() * 10)
     with pytest.raises(ValueError, match="rtol"):
         ta.linalg.pinv(a, rcond=1e-10, rtol=1e-10)
+
+
+def test_numpy_2_results_and_functions(thread_engine, tmp_path, rng):
+    """NumPy 2's named results (QRResult, SVDResult), svdvals, vector_norm,
+    matrix_norm, multi_dot, vecdot and the other array-API functions of
+    numpy.linalg; big-endian input; NumPy's LinAlgError for 1-D input and
+    mismatched y; a NaN in X leaves R upper triangular."""
+    x = _x(rng, m=301, n=7)
+    z = zarr.create_array(tmp_path / "be.zarr", shape=x.shape, chunks=(64, 7), dtype=">f8",
+                          zarr_format=2)
+    z[...] = x
+    a = ta.open(tmp_path / "be.zarr")
+    q = np.linalg.qr(a)
+    assert type(q).__name__ == "QRResult" and q.Q.shape == (301, 7)
+    assert_close(np.abs(q.R.compute()), np.abs(np.linalg.qr(x).R), scale=np.abs(x).max() * 4)
+    s = np.linalg.svd(a, hermitian=False)
+    assert type(s).__name__ == "SVDResult"
+    assert_close(s.S.compute(), np.linalg.svd(x).S)
+    assert_close(np.linalg.svdvals(a).compute(), np.linalg.svdvals(x))
+    for o in (2, 1, np.inf, -np.inf, 0, 3.5):
+        assert_close(np.linalg.vector_norm(a, ord=o).compute(), np.linalg.vector_norm(x, ord=o))
+        assert_close(np.linalg.vector_norm(a, ord=o, axis=1, keepdims=True).compute(),
+                     np.linalg.vector_norm(x, ord=o, axis=1, keepdims=True))
+    for o in ("fro", "nuc", 1, 2, -np.inf):
+        assert_close(np.linalg.matrix_norm(a, ord=o).compute(), np.linalg.matrix_norm(x, ord=o))
+    w, v = rng.standard_normal((7, 40)), rng.standard_normal(40)
+    b = ta.from_numpy(w, tmp_path / "w.zarr", tile=(7, 16))
+    assert_close(np.linalg.multi_dot([a, b, v]).compute(), np.linalg.multi_dot([x, w, v]))
+    assert_close(np.linalg.vecdot(a, a, axis=0).compute(), np.linalg.vecdot(x, x, axis=0))
+    assert_close(np.linalg.matmul(a, w).compute(), x @ w)
+    assert_close(np.linalg.matrix_transpose(a).compute(), x.T)
+    assert_close(np.linalg.trace(a[:7], offset=1).compute(), np.trace(x[:7], offset=1))
+    assert_close(np.linalg.diagonal(a[:7]).compute(), np.diagonal(x[:7]))
+    with pytest.raises(np.linalg.LinAlgError, match="1-dimensional"):
+        np.linalg.qr(a[:, 0])
+    with pytest.raises(np.linalg.LinAlgError, match="Incompatible dimensions"):
+        np.linalg.lstsq(a, np.ones(300))
+    xn = x.copy()
+    xn[5, 1] = np.nan
+    r = np.linalg.qr(ta.from_numpy(xn, tmp_path / "nan.zarr", tile=(64, 7)), mode="r").compute()
+    assert np.all(np.tril(r, -1) == 0)

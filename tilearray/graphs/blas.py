@@ -72,6 +72,8 @@ def single_threaded(func):
 def result_dtype(dtype) -> np.dtype:
     """The dtype ``numpy.linalg`` computes ``dtype`` data in (f32 stays f32)."""
     dtype = np.dtype(dtype)
+    if not dtype.isnative:  # big-endian data ('>f8', v2 arrays from netCDF): computed native
+        dtype = dtype.newbyteorder("=")
     if dtype in (np.float32, np.float64):
         return dtype
     if dtype.kind in "biu":
@@ -284,7 +286,8 @@ def gemm_update(c: np.ndarray, a: np.ndarray, b: np.ndarray, *, trans_a: bool = 
 
 
 @single_threaded
-def getrf_panel(panel: np.ndarray, *, col0: int = 0, index: int = 0):
+def getrf_panel(panel: np.ndarray, *, col0: int = 0, index: int = 0,
+                allow_singular: bool = False):
     """LU with partial pivoting of a column panel (LAPACK ``getrf``).
 
     ``panel`` is the ``h x w`` block of every row from the panel's diagonal
@@ -294,7 +297,9 @@ def getrf_panel(panel: np.ndarray, *, col0: int = 0, index: int = 0):
     and above it); ``perm`` (``h``) permutes the panel's rows, to be applied to
     the same rows of every other column (:func:`permute_rows`). An exactly zero
     pivot raises :class:`~tilearray.errors.SingularMatrixError` naming the
-    global column ``col0 + j`` and panel ``index``. Memory: ``2 h w b``.
+    global column ``col0 + j`` and panel ``index``, unless ``allow_singular``
+    (a determinant: LAPACK finishes the factorization, U's diagonal holds
+    the zero). Memory: ``2 h w b``.
     """
     a = as_float(panel)
     h, w = a.shape
@@ -302,7 +307,7 @@ def getrf_panel(panel: np.ndarray, *, col0: int = 0, index: int = 0):
         raise ValueError(f"an LU panel needs at least as many rows as columns, got {a.shape}")
     getrf_ = lapack.get_lapack_funcs("getrf", (a,))
     lu, piv, info = getrf_(a, overwrite_a=0)
-    if info > 0:
+    if info > 0 and not allow_singular:
         raise SingularMatrixError(col0 + info - 1, index)
     if info < 0:  # pragma: no cover - a bug in the arguments
         raise ValueError(f"getrf: illegal argument {-info}")

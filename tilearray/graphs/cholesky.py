@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import NotPositiveDefiniteError
+from ..errors import NotPositiveDefiniteError, SingularMatrixError
 from ..storage import IOStats, buffers, prefetch_region, read_region, write_block
 from . import blas as kern
 from .matmul import counted, merge_stats
@@ -133,6 +133,10 @@ def substitute(t_spec, t_deps, b_spec, b_deps, edges, i: int, ncols: int, option
         c -= t
         merged = merge_stats(merged, st)
     s_ii = _c(t_spec, rows, rows, t_deps, stats, dtype)
+    if not opts.get("unit"):
+        zero = np.flatnonzero(np.diagonal(s_ii) == 0)
+        if zero.size:  # BLAS trsm would divide by it: inf / nan, as SciPy refuses
+            raise SingularMatrixError(rows[0] + int(zero[0]), triangular=True)
     solve = kern.trsm_left_lower if opts["lower"] else kern.trsm_left_upper
     x = solve(s_ii, c, trans=bool(opts["trans"]), unit_diagonal=bool(opts.get("unit")))
     return np.asarray(x), counted(merge_stats(merged, stats.as_dict()))
@@ -183,8 +187,6 @@ def incore(op: str, options: tuple, x_spec, x_deps, n: int, y_spec=None, y_deps=
             try:
                 value = np.linalg.solve(a, b)
             except np.linalg.LinAlgError:
-                from ..errors import SingularMatrixError
-
                 raise SingularMatrixError(_zero_pivot(a)) from None
             value = value[:, 0] if opts.get("vector") else value
     return value, counted(stats.as_dict())

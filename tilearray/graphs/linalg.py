@@ -273,9 +273,9 @@ def q_apply_down(q_node: np.ndarray, parent_slice: np.ndarray | None) -> np.ndar
 
 
 def diag_signs(r: np.ndarray) -> np.ndarray:
-    """``d`` with ``d * diag(R) >= 0`` (zeros get +1), one entry per row of R."""
+    """``d`` with ``d * diag(R) >= 0`` (zeros and NaNs get +1), one entry per row of R."""
     d = np.sign(np.diagonal(r)).astype(r.dtype)
-    d[d == 0] = 1
+    d[(d == 0) | np.isnan(d)] = 1  # a NaN in X: R's NaNs stay where they are
     return d
 
 

@@ -25,9 +25,11 @@ from .matmul import counted
 from .spec import evaluate
 
 
-def panel(a_spec, a_deps, l_ref, u_ref, edges, j: int, n: int, band: int, dtype, prev=None):
+def panel(a_spec, a_deps, l_ref, u_ref, edges, j: int, n: int, band: int, dtype,
+          allow_singular: bool, prev=None):
     """Column panel ``j`` of ``A[perm] = L U`` (A's panel read ``band`` rows at
-    a time): returns ``((perm, diag of U_jj), stats)``."""
+    a time): returns ``((perm, diag of U_jj), stats)``. ``allow_singular``: a
+    zero pivot is kept (a determinant), not raised."""
     stats = IOStats()
     perm = np.arange(n) if prev is None else prev[0][0].copy()
     c0, c1 = edges[j]
@@ -43,7 +45,7 @@ def panel(a_spec, a_deps, l_ref, u_ref, edges, j: int, n: int, band: int, dtype,
         col[k0:k1] = kern.trsm_left_lower(lk[:k1 - k0], col[k0:k1], unit_diagonal=True)
         col[k1:] = kern.gemm_update(col[k1:], lk[k1 - k0:], col[k0:k1])
         del lk
-    lu, p = kern.getrf_panel(col[c0:], col0=c0, index=j)
+    lu, p = kern.getrf_panel(col[c0:], col0=c0, index=j, allow_singular=allow_singular)
     perm[c0:] = perm[c0:][p]
     out = np.zeros((n, w), dtype)
     out[:c0] = col[:c0]

@@ -69,10 +69,12 @@ def lower_lu(node, spec, deps: list, budget: Budget, b: int, l_ref, u_ref, grid)
     band = band_rows(spec, n)
     a_costs = layout.BlockCosts(spec, [*range(0, n, band), n], cuts)
     l_costs = layout.BlockCosts(Read(l_ref, grid, dtype), [0, n], cuts)
-    name = "lu-" + tokenize(spec, deps, edges, str(l_ref), str(u_ref))
+    singular_ok = dict(node.options).get("op") == "slogdet"  # det 0: NumPy's (0, -inf)
+    name = "lu-" + tokenize(spec, deps, edges, str(l_ref), str(u_ref), singular_ok)
     work, prev, tot = Tasks(), None, layout.ReadTotals()
     for j in range(len(edges)):
-        args = (spec, deps, l_ref, u_ref, edges, j, n, band, dtype) + ((prev,) if prev else ())
+        args = (spec, deps, l_ref, u_ref, edges, j, n, band, dtype, singular_ok) + \
+            ((prev,) if prev else ())
         prev = work.add((name, j), glu.panel, *args)
         a_reads = [a_costs.at(r, j) for r in range(a_costs.shape[0])]
         tot.add(*a_reads, *(l_costs.at(0, k) for k in range(j)))
