@@ -142,7 +142,10 @@ def test_operand_shapes_are_checked_as_numpy(tmp_path):
     with pytest.raises(ta.PlanningError, match=r"not aligned: 4 \(dim 1\) != 5 \(dim 0\)"):
         X @ np.zeros(5)
     with pytest.raises(TypeError, match="operands must be TiledArrays or NumPy arrays"):
-        X @ [1, 2, 3, 4]
+        X @ {"a": 1}
+    with pytest.raises(ValueError, match="Input operand 1 does not have enough dimensions"):
+        X @ 2.0
+    assert (X @ [1, 2, 3, 4]).shape == (10,) and ([0.5] * 10 @ X).shape == (4,)  # as NumPy
     assert (X @ np.zeros((4, 2))).shape == (10, 2) and (np.zeros(10) @ X).shape == (4,)
     assert (X.mean(0) @ X.mean(0)).shape == ()
 

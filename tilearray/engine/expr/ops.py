@@ -237,7 +237,12 @@ def matmul(a, b) -> ExprBase:
         The shapes do not align (the message names both), or an operand is
         not 1-D or 2-D.
     """
-    for x in (a, b):
+    a, b = (np.asarray(x) if isinstance(x, list | tuple) else x for x in (a, b))
+    for i, x in enumerate((a, b)):
+        if isinstance(x, int | float | np.number | np.bool_) or \
+                (isinstance(x, np.ndarray) and x.ndim == 0):  # NumPy's words
+            raise ValueError(f"matmul: Input operand {i} does not have enough dimensions "
+                             "(a scalar: use *)")
         if not isinstance(x, ExprBase | np.ndarray):
             raise TypeError(f"matmul: operands must be TiledArrays or NumPy arrays, got "
                             f"{type(x).__name__}")
