@@ -79,11 +79,13 @@ def test_shape_mismatch_names_both_shapes(tmp_path, rng):
 
 
 def test_matmul_rejects_non_arrays(tmp_path, rng):
-    """A NumPy matrix is an in-memory operand now (issue 30); what is neither
-    a TiledArray nor a NumPy array is refused."""
-    a = _arr(tmp_path, "a.zarr", rng.standard_normal((10, 10)), (5, 5))
+    """A NumPy matrix is an in-memory operand now (issue 30), a nested list
+    too (as NumPy); what is neither a TiledArray nor array-like is refused."""
+    x = rng.standard_normal((10, 10))
+    a = _arr(tmp_path, "a.zarr", x, (5, 5))
     with pytest.raises(TypeError, match="TiledArrays or NumPy arrays"):
-        a @ [[1.0] * 10] * 10
+        a @ "x"
+    np.testing.assert_allclose((a @ ([[1.0] * 10] * 10)).compute(), x @ np.ones((10, 10)))
     plan = (a @ np.ones((10, 10))).plan(budget=ta.Budget("64MiB", 1, 1, baseline=0))
     assert plan.bytes_read == 800
 
