@@ -212,3 +212,47 @@ def test_constructors_take_the_output_lock(tmp_path, make):
     assert not os.path.exists(lock)
     build(path, overwrite=True)  # the lock was released: a second write is not refused
     assert ta.open(path).shape == (8, 8)
+
+
+def test_a_superseded_jobs_task_never_writes(tmp_path):
+    """A task of a job whose lock was taken over (its driver killed, the
+    cluster still running its tasks) refuses to write any unit: the new
+    job's output keeps the new job's data and markers."""
+    import dataclasses
+
+    import numpy as np
+
+    from tilearray.storage.io import write_block
+
+    path = tmp_path / "out.zarr"
+    create(path, (4, 4), "float64", (2, 2))
+    old = dataclasses.replace(ArrayRef.from_location(path), run="a" * 32)
+    new = dataclasses.replace(ArrayRef.from_location(path), run="b" * 32)
+    sarray.acquire_lock(old)
+    write_block(old, (0, 2), (0, 2), np.ones((2, 2)))  # its own lock: writes
+    sarray.release_lock(old)  # the old driver gone; a new job holds the output now
+    sarray.acquire_lock(new)
+    try:
+        write_block(new, (2, 4), (0, 2), np.full((2, 2), 2.0))
+        with pytest.raises(OutputLockedError, match=r"earlier job stopped before writing I/O "
+                                                    r"unit \(0, 1\)"):
+            write_block(old, (0, 2), (2, 4), np.full((2, 2), 7.0))
+        assert sarray.done_units(new) == {(0, 0), (1, 0)}
+        import zarr
+
+        assert not np.any(zarr.open_array(path)[0:2, 2:4] == 7.0)  # never written
+    finally:
+        sarray.release_lock(new)
+    with pytest.raises(OutputLockedError, match="lock is now absent"):
+        write_block(new, (0, 2), (2, 4), np.zeros((2, 2)))  # no job holds it any more
+
+
+def test_home_in_paths(tmp_path, monkeypatch):
+    """~ is the home directory in Python paths, as on the command line."""
+    import numpy as np
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    a = ta.from_numpy(np.arange(6.0).reshape(2, 3), "~/x.zarr")
+    assert (tmp_path / "x.zarr").is_dir()
+    np.testing.assert_array_equal(np.asarray(ta.open("~/x.zarr")), np.arange(6.0).reshape(2, 3))
+    assert a.shape == (2, 3)

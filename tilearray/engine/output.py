@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import uuid
 from dataclasses import dataclass
 
 import numpy as np
@@ -363,8 +364,10 @@ def write(x, path, tile, shard, overwrite, resume, engine, name="", dims=None):
     check_task_writable(ref)  # workers could not write into a MemoryStore of this process
     check_target(ref, node)
     small = node.small or (node.ndim != 2 and not is_big_vector(node))
+    # a matrix job's tasks write only while its lock carries this token (ArrayRef.run)
     job = SmallJob(ref, node, dims, overwrite, resume) if small else \
-        MatrixJob(ref, node, tile, shard, dims, overwrite, resume)
+        MatrixJob(dataclasses.replace(ref, run=uuid.uuid4().hex), node, tile, shard, dims,
+                  overwrite, resume)
     refusing(ref, job.inspect, input_states(node))  # refused before the engine starts
     engine = engine or runtime.current_engine()
     ran = commit(node, engine, job, f"-> {os.path.basename(str(ref))}")

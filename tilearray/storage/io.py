@@ -19,11 +19,11 @@ import numpy as np
 from zarr.storage import WrapperStore
 
 from .. import _config
-from ..errors import CorruptChunkError, StorageError
+from ..errors import CorruptChunkError, OutputLockedError, StorageError
 from .array import ArrayRef, every_unit_stored, grid_of, mark_unit_done, unit_done_key
 from .chunks import DirectReader, direct_reader
 from .geometry import Grid, Range
-from .locks import local_root
+from .locks import check_writer, local_root
 from .stream import RowStreamer, row_streamer
 
 log = logging.getLogger(__name__)
@@ -415,12 +415,15 @@ def write_block(
             for j in grid.units_touching(1, cols):
                 c0, c1 = grid.unit_range(1, j)
                 block = data[r0 - rows[0] : r1 - rows[0], c0 - cols[0] : c1 - cols[0]]
+                check_writer(ref, (i, j))  # still this job's output (one small read)
                 if arr.ndim == 1:  # a vector, written as the column (n, 1)
                     arr[r0:r1] = block[:, 0]
                 else:
                     arr[r0:r1, c0:c1] = block
                 mark_unit_done(ref, i, j)
                 stats.units_written += 1
+    except OutputLockedError:
+        raise
     except OSError as e:
         raise StorageError(f"writing {str(ref)!r} rows {rows} cols {cols} failed: {e}") from e
     stats.bytes_written += data.nbytes

@@ -237,10 +237,10 @@ def _start_time(pid: int) -> float | None:
         return -1.0
 
 
-def _me(what: str) -> dict:
+def _me(what: str, token: str | None = None) -> dict:
     return {"host": _HOST, "pid": os.getpid(), "started": _start_time(os.getpid()),
             "taken": datetime.now(UTC).isoformat(timespec="milliseconds"),
-            "token": uuid.uuid4().hex, "what": what}
+            "token": token or uuid.uuid4().hex, "what": what}
 
 
 def _parse(raw: bytes | None) -> dict | None:
@@ -280,12 +280,12 @@ def describe_holder(owner: dict) -> str:
 
 
 def _acquire(slot: _Slot, what: str, refuse, target: str,
-             unwritable_ok: bool = False) -> str | None:
+             unwritable_ok: bool = False, token: str | None = None) -> str | None:
     """Take ``slot``; returns the token. ``refuse(owner)`` raises for a live holder.
     A lock that cannot be created (read-only store, no permission) is a
     :class:`StorageError` naming ``target``, what is written -- or, with
     ``unwritable_ok``, None."""
-    me = _me(what)
+    me = _me(what, token)
     mine = json.dumps(me).encode()
     claim = _Slot(slot.store, slot.key + ".reclaim",
                   file=None if slot.file is None else slot.file + ".reclaim")
@@ -364,7 +364,23 @@ def acquire_lock(ref) -> None:
         Another live job holds it (the message names it: pid, host, start time).
     """
     slot = _output_slot(ref)
-    _held[str(ref)] = _acquire(slot, "output", _refuse_output(ref, slot), str(ref))
+    _held[str(ref)] = _acquire(slot, "output", _refuse_output(ref, slot), str(ref),
+                               token=getattr(ref, "run", "") or None)
+
+
+def check_writer(ref, unit: tuple) -> None:
+    """In a task, before it writes ``unit`` of a job's output (``ref.run``
+    set): raise :class:`OutputLockedError` unless the output's lock still
+    carries the job's token -- a task of a killed driver's job, still running
+    on a cluster that outlived it, must not write into the output a new job
+    took over (or one no job holds any more)."""
+    if not getattr(ref, "run", ""):
+        return
+    owner = _parse(_output_slot(ref).read()) or {}
+    if owner.get("token") != ref.run:
+        raise OutputLockedError(
+            f"{str(ref)!r}: a task of an earlier job stopped before writing I/O unit {unit}: "
+            f"the output's lock is now {describe_holder(owner) if owner else 'absent'}")
 
 
 def check_unlocked(ref) -> None:

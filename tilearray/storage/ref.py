@@ -68,8 +68,8 @@ def _as_store(where: str | os.PathLike | Store, storage_options: dict | None = N
     if _URL.match(text):
         return _url_store(text, storage_options)
     _no_options(storage_options, f"the local path {text!r}")
-    # absolute: workers (and resume fingerprints) must not depend on a cwd
-    return LocalStore(os.path.abspath(text))
+    # absolute: workers (and resume fingerprints) must not depend on a cwd; ~ is home
+    return LocalStore(os.path.abspath(os.path.expanduser(text)))
 
 
 def _no_options(storage_options: dict | None, what: str) -> None:
@@ -257,6 +257,11 @@ class ArrayRef:
     """The Zarr store holding the array."""
     path: str = ""
     """Path of the array inside the store ("" for the store root)."""
+    run: str = ""
+    """For a job's output: the token of the job's lock. A task writes a unit
+    only while the lock still carries it (a task of a killed job, still
+    running on a cluster that outlived its driver, never writes into the
+    output another job took over); "" for everything else."""
 
     @classmethod
     def from_location(cls, where: str | os.PathLike | Store, path: str = "",
