@@ -51,8 +51,10 @@ def test_np_where_is_elementwise_like_numpy(engine, pair):
         got = expr.compute()
         assert got.dtype == want.dtype, str(expr)
         assert_close(got, want, err_msg=str(expr))
-    with pytest.raises(TypeError, match=r"np.where\(condition, x, y\)"):
-        np.where(a > 0)
+    for got, want in zip(np.where(a > 0), np.where(a.compute() > 0), strict=True):
+        np.testing.assert_array_equal(got, want)  # np.nonzero, as NumPy
+    with pytest.raises(ValueError, match="both or neither"):
+        np.where(a > 0, a)
 
 
 def test_broadcast_centering_and_scaling(engine, pair):

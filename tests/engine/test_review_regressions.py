@@ -92,3 +92,67 @@ def test_input_overwritten_after_open_is_detected(engine, tmp_path, rng):
     assert not (tmp_path / "out.zarr").exists()
     fresh = ta.open(tmp_path / "a.zarr")
     assert (fresh + 1).compute().shape == (5, 6)
+
+
+def test_numpy_surface_review(engine, tmp_path, rng):
+    """A user's review of the NumPy surface (each was wrong or crashed):
+    fractional ddof, empty contractions (uninitialised memory before),
+    nested index lists (silently flattened), np.average(returned=True),
+    NumPy's positional order of reduction methods, ufunc where= / out= and
+    multi-output ufuncs refused clearly, a lazy q, indexing small 1-D
+    results, f-string formatting, np.where(cond), *_like, astype(copy=)."""
+    x = rng.standard_normal((103, 27))
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(20, 8))
+    for ddof in (0.5, 1.5):
+        assert_close(a.std(axis=0, ddof=ddof).compute(), x.std(axis=0, ddof=ddof))
+        assert_close(np.nanvar(a, axis=1, ddof=ddof).compute(), np.nanvar(x, axis=1, ddof=ddof))
+    empty = a[:, a[0] > 100]  # no columns
+    for got, want in [(empty @ np.ones(0), x[:, :0] @ np.ones(0)),
+                      (empty @ np.ones((0, 3)), np.zeros((103, 3))),
+                      (np.ones(0) @ a[:0], np.zeros(27)), (a[0, :0] @ np.ones(0), 0.0)]:
+        np.testing.assert_array_equal(got.compute(), want)
+    stored = (empty @ np.ones((0, 3))).to_zarr(tmp_path / "zeros.zarr")
+    np.testing.assert_array_equal(np.asarray(stored), np.zeros((103, 3)))
+    for bad in (lambda: a[[[0, 1], [2, 3]]], lambda: a[:, [[0, 1]]], lambda: a[3, [[1, 2]]],
+                lambda: np.take(a, [[0, 1]], axis=1), lambda: a[:, np.ones((1, 27), bool)]):
+        with pytest.raises(IndexError):
+            bad()
+    w = np.arange(103.0)
+    got, want = np.average(a, axis=0, weights=w, returned=True), \
+        np.average(x, axis=0, weights=w, returned=True)
+    assert_close(got[0].compute(), want[0])
+    assert got[1].shape == want[1].shape and np.allclose(got[1], want[1])
+    got = np.average(a, axis=1, returned=True)[1]
+    assert got.dtype == np.float64 and got.shape == (103,) and np.all(got == 27)
+    assert_close(a.mean(0, np.float32).compute(), x.mean(0, np.float32))
+    assert_close(a.max(0, None, True).compute(), x.max(0, None, True))
+    assert_close(a.var(0, None, None, 1).compute(), x.var(0, None, None, 1))
+    for bad in (lambda: np.add(a, 1, where=a > 0), lambda: np.sqrt(a, out=np.empty(x.shape)),
+                lambda: np.modf(a), lambda: a.sum(out=np.empty(1)), lambda: a.std(where=x > 0)):
+        with pytest.raises(TypeError):
+            bad()
+    assert_close(np.quantile(a, a.mean(0)[:2] * 0 + 0.5, axis=0).compute(),
+                 np.quantile(x, [0.5, 0.5], axis=0))
+    with pytest.raises(TypeError, match="more than 1-D"):
+        np.quantile(a, [[0.1, 0.2]], axis=0)
+    m, mx = a.sum(0), x.sum(0)
+    for got, want in [(m[3], mx[3]), (a[:, 0][-1], x[-1, 0]), (m[[1, 2]], mx[[1, 2]]),
+                      (m[m > 0], mx[mx > 0]), (m[np.arange(27) % 2 == 0], mx[::2]),
+                      (a[:, np.argsort(a.std(0))[-5:]], x[:, np.argsort(x.std(0))[-5:]]),
+                      (a[:, a.std(0).argsort()[-5:]], x[:, x.std(0).argsort()[-5:]])]:
+        assert_close(got.compute(), want)
+    with pytest.raises(IndexError):
+        m[27]
+    assert f"{a.mean():.4f}" == f"{x.mean():.4f}" and a.mean().item() == pytest.approx(x.mean())
+    with pytest.raises(TypeError, match="only size-1"):
+        f"{a:.3f}"
+    for got, want in zip(np.where(a > 1), np.where(x > 1), strict=True):
+        np.testing.assert_array_equal(got, want)
+    for f in (np.zeros_like, np.ones_like):
+        np.testing.assert_array_equal(f(a).compute(), f(x))
+        np.testing.assert_array_equal(f(m, dtype=np.int8).compute(), f(mx, dtype=np.int8))
+    np.testing.assert_array_equal(np.full_like(a, 7.5).compute(), np.full_like(x, 7.5))
+    assert np.zeros_like(a).plan().bytes_read == 0
+    assert a.astype(np.float32, copy=False).dtype == np.float32 and a.itemsize == 8
+    with pytest.raises(TypeError, match="according to the rule 'safe'"):
+        a.astype(np.int32, casting="safe")

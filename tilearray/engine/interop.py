@@ -38,6 +38,21 @@ class Interop:
             raise TypeError(f"only integer arrays can be used as an index, not {self.dtype}")
         return self._scalar(int)
 
+    def __format__(self, spec: str) -> str:
+        """``f"{a.mean():.3f}"``: a size-1 result computed and formatted as NumPy's scalar."""
+        if not spec:
+            return str(self)
+        if self.size != 1:
+            raise TypeError(f"unsupported format string {spec!r} for a TiledArray of shape "
+                            f"{self.shape} (only size-1 results format as numbers)")
+        return format(np.asarray(self.compute()).reshape(())[()], spec)
+
+    def item(self, *args):
+        """The single element as a Python scalar, like :meth:`numpy.ndarray.item` (computes)."""
+        if args:
+            return np.asarray(self.compute()).item(*args)
+        return self._scalar(lambda v: v.item())
+
     def __bool__(self):
         if self.size != 1:
             raise ValueError(

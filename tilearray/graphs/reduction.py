@@ -163,7 +163,7 @@ def _isnan(v):
     return np.isnan(v) if v.dtype.kind in "fc" else np.zeros(v.shape, dtype=bool)
 
 
-def finalize(op: str, p, out_dtype, ddof: int = 0):
+def finalize(op: str, p, out_dtype, ddof: float = 0):
     """Value of a fully merged partial, cast to NumPy's result dtype."""
     if op in SIMPLE or op == "count_nonzero":
         value = p[0]

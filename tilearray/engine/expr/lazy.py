@@ -36,6 +36,15 @@ def _binary(name):
     return op, rop
 
 
+def _unsupported(op: str, **given) -> None:
+    """Refuse NumPy arguments a lazy reduction has no use for (``out=``,
+    ``where=``, ``mean=``), naming them."""
+    bad = sorted(k for k, v in given.items() if v is not None)
+    if bad:
+        raise TypeError(f"{op}: {', '.join(k + '=' for k in bad)} not supported on TiledArrays "
+                        "(a reduction returns a new lazy array)")
+
+
 def _reduction(op: str, summary: str):
     """A reduction method with a numpydoc docstring (``ddof`` for var/std,
     ``dtype`` where NumPy takes it)."""
@@ -66,16 +75,27 @@ def _reduction(op: str, summary: str):
         dtype_doc = ("\n    dtype : dtype-like, optional (keyword)\n        As NumPy's ``dtype=``: the "
                      "elements are cast to it and the result has it"
                      + (" (floating-point only)" if op in ("var", "std") else "") + ".")
+    # NumPy's positional order: (axis, dtype, out, [ddof,] keepdims) / (axis, out, keepdims)
     if op in ("var", "std"):
-        def method(self, axis=None, ddof=0, keepdims=False, *, dtype=None):
+        def method(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False, *,
+                   where=None, mean=None):
+            _unsupported(op, out=out, where=where, mean=mean)
             return reduce_as(op, self, axis, keepdims, ddof, dtype)
-        ddof_doc = "\n    ddof : int\n        Delta degrees of freedom: divide by ``N - ddof``."
+        ddof_doc = ("\n    ddof : int or float\n        Delta degrees of freedom: divide by "
+                    "``N - ddof``.")
     elif op in DTYPE_OPS:
-        def method(self, axis=None, keepdims=False, *, dtype=None):
+        def method(self, axis=None, dtype=None, out=None, keepdims=False, *, where=None):
+            _unsupported(op, out=out, where=where)
             return reduce_as(op, self, axis, keepdims, 0, dtype)
         ddof_doc = ""
+    elif op in ("argmin", "argmax", "count_nonzero"):
+        def method(self, axis=None, out=None, *, keepdims=False):
+            _unsupported(op, out=out)
+            return self.build_reduction(op, axis, keepdims)
+        ddof_doc = ""
     else:
-        def method(self, axis=None, keepdims=False):
+        def method(self, axis=None, out=None, keepdims=False, *, where=None):
+            _unsupported(op, out=out, where=where)
             return self.build_reduction(op, axis, keepdims)
         ddof_doc = ""
     empty = ", or a zero-size reduction without identity" if op in NO_IDENTITY else ""
@@ -182,8 +202,17 @@ class LazyArray(ExprBase):
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         if method in ("reduce", "accumulate") and len(inputs) == 1:
             return routines.ufunc_method(ufunc, method, *inputs, **kwargs)
-        if method != "__call__" or kwargs.get("out") is not None or ufunc.nout != 1:
+        if method != "__call__":
             return NotImplemented
+        name = ufunc.__name__
+        if kwargs.get("out") is not None or kwargs.get("where", True) is not True:
+            raise TypeError(f"np.{name}: out= and where= are not supported on TiledArrays; build "
+                            f"the result lazily, e.g. np.where(mask, np.{name}(a, ...), a)")
+        kwargs.pop("out", None)
+        kwargs.pop("where", None)
+        if ufunc.nout != 1:
+            raise TypeError(f"np.{name} returns {ufunc.nout} arrays, which TiledArrays do not "
+                            "support; compute each (np.floor_divide and np.mod for np.divmod)")
         if ufunc is np.matmul:
             return matmul(*inputs)
         return elemwise(ufunc.__name__, *inputs, **kwargs)
@@ -194,13 +223,16 @@ class LazyArray(ExprBase):
     def __rmatmul__(self, other) -> LazyArray:
         return matmul(other, self)
 
-    def astype(self, dtype) -> LazyArray:
+    def astype(self, dtype, order="K", casting="unsafe", subok=True, copy=True) -> LazyArray:
         """Cast to ``dtype`` (lazy; fused into the reading tasks).
 
         Parameters
         ----------
         dtype : dtype-like
             A bool, integer or floating-point dtype.
+        order, casting, subok, copy
+            Accepted as NumPy's (a lazy array is never copied; ``casting`` is
+            checked as :func:`numpy.can_cast`).
 
         Returns
         -------
@@ -216,6 +248,9 @@ class LazyArray(ExprBase):
         if dtype.kind not in "biuf":
             raise PlanningError(f"astype: dtype {dtype} is not supported; tilearray handles "
                                 "bool, integer and floating-point matrices")
+        if casting != "unsafe" and not np.can_cast(self.dtype, dtype, casting=casting):
+            raise TypeError(f"Cannot cast array data from dtype({str(self.dtype)!r}) to "
+                            f"dtype({str(dtype)!r}) according to the rule {casting!r}")
         if dtype == self.dtype:
             return self
         n = self._node
@@ -313,18 +348,22 @@ class LazyArray(ExprBase):
                         "with .to_zarr(path)")
 
     def _vector_item(self, key) -> LazyArray:
-        """``v[a:b:c]``, ``v[:, None]`` (a column) or ``v[None, :]`` (a row) of
-        a 1-D array held in memory (a stored vector, a reduction's result)."""
+        """``v[a:b:c]``, ``v[3]``, ``v[[1, 2]]``, ``v[v > 0]``, ``v[:, None]`` (a
+        column) or ``v[None, :]`` (a row) of a 1-D array held in memory (a
+        stored vector, a reduction's result), by NumPy's rules."""
         n = self._node
         key = key if isinstance(key, tuple) else (key,)
         if not n.small:
             raise PlanningError(f"indexing {n}: a 1-D product is not held in memory; "
                                 "store it with .to_zarr(path) and index ta.open(path)")
-        if sum(k is None for k in key) > 1 or len(key) - sum(k is None for k in key) > 1 \
-                or not all(k is None or isinstance(k, slice) for k in key):
-            raise PlanningError(f"a 1-D array takes one slice and at most one None (np.newaxis)"
-                                f", e.g. v[2:10], v[:, None]; got {key!r}")
-        shape = np.empty(n.shape, dtype=bool)[key].shape  # NumPy's own shape rules
+        # a lazy index or mask (small: means[means > 0]) is computed now; lists as NumPy's
+        key = tuple(np.asarray(k.compute()) if isinstance(k, ExprBase) else
+                    np.asarray(k) if isinstance(k, list) else k for k in key)
+        shape = np.empty(n.shape, dtype=bool)[key].shape  # NumPy's own rules and IndexErrors
+        if len(shape) > 2:
+            raise PlanningError(f"indexing {n} with {key!r} makes a {len(shape)}-D array; "
+                                "tilearray arrays are 1-D or 2-D")
+        key = tuple(k.copy() if isinstance(k, np.ndarray) else k for k in key)
         return type(self)(Elemwise(shape, n.dtype, "getitem", (n,), (("key", key),)))
 
     # -- reductions -------------------------------------------------------------------
@@ -353,6 +392,15 @@ class LazyArray(ExprBase):
         """Cumulative sum along ``axis`` (0 or 1), like :func:`numpy.cumsum`;
         two passes over the input (see :func:`~.routines.scan`)."""
         return routines.scan("cumsum", self, axis, dtype)
+
+    def argsort(self, axis=-1, kind=None, order=None, *, stable=None) -> LazyArray:
+        """Indices that sort along ``axis``, like :func:`numpy.argsort`."""
+        return np.argsort(self, axis=axis, kind=kind, order=order, stable=stable)
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes of one element."""
+        return self.dtype.itemsize
 
     def nonzero(self):
         """The indices of the nonzero elements, one array per axis, like

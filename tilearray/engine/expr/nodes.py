@@ -148,7 +148,7 @@ class Reduce(Node):
     x: Node = None
     axis: int | None = None
     keepdims: bool = False
-    ddof: int = 0
+    ddof: int | float = 0
 
     @property
     def small(self) -> bool:

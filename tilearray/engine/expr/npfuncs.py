@@ -155,11 +155,11 @@ def diff(a, n=1, axis=-1, prepend=None, append=None):
 @implements(np.where)
 def where(condition, x=None, y=None):
     """``np.where(cond, x, y)``: elementwise choice, fused into the reads like any
-    ufunc. The one-argument form (indices of non-zeros) is refused: its size
-    is not known before the data is read."""
+    ufunc. ``np.where(cond)``: ``np.nonzero(cond)``, computed now."""
+    if x is None and y is None:  # NumPy: np.nonzero(condition), computed now
+        return np.nonzero(condition)
     if x is None or y is None:
-        raise TypeError("np.where(condition) (the indices of non-zero entries) is not "
-                        "supported on TiledArrays; use np.where(condition, x, y)")
+        raise ValueError("either both or neither of x and y should be given")
     return elemwise("where", condition, x, y)
 
 

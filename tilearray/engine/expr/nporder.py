@@ -221,6 +221,8 @@ def _quantile(name: str, op: str, scale: float):
         if out is not None or weights is not None or interpolation is not None:
             raise TypeError(f"np.{name}: out=, weights= and interpolation= are not supported "
                             "on TiledArrays")
+        if isinstance(q, LazyArray):  # a small result: its values, now
+            q = small_values(q, name, "")
         qv = np.asarray(q, dtype=np.float64) / scale
         # NumPy's result dtype (NEP 50: a Python float q keeps float32 data float32)
         dtype = np.asarray(np_func(np.ones((2, 2), a.dtype), q, axis=0, method=method)).dtype

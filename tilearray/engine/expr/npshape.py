@@ -429,3 +429,26 @@ def atleast_2d(*arys):
 def atleast_1d(*arys):
     res = [a if np.ndim(a) >= 1 else np.reshape(a, (1,)) for a in arys]
     return res[0] if len(res) == 1 else tuple(res)
+
+
+def _like(fill_of):
+    def impl(a, *args, dtype=None, order="K", subok=True, shape=None, **kw):
+        fill = fill_of(args, kw)
+        if shape is not None and tuple(np.atleast_1d(shape)) != tuple(a.shape):
+            raise TypeError(f"np.{impl.__name__}: shape= other than the array's is not "
+                            "supported on TiledArrays")
+        dt = np.dtype(dtype) if dtype is not None else a.dtype
+        if a.ndim == 2 and not a._node.small:  # a lazy matrix of one value: nothing is read
+            return wrap_like(a, Full(tuple(a.shape), dt, dt.type(fill)))
+        return wrap_like(a, Elemwise(tuple(a.shape), dt, "full", (),
+                                     (("shape", tuple(a.shape)), ("fill_value", dt.type(fill)),
+                                      ("dtype", dt))))
+
+    return impl
+
+
+for _f, _fill in [(np.zeros_like, lambda args, kw: 0), (np.ones_like, lambda args, kw: 1),
+                  (np.empty_like, lambda args, kw: 0),
+                  (np.full_like, lambda args, kw: args[0] if args else kw.pop("fill_value"))]:
+    HANDLED[_f] = _like(_fill)
+    HANDLED[_f].__name__ = _f.__name__

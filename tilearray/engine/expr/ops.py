@@ -14,7 +14,7 @@ from dask.base import tokenize
 from ...errors import PlanningAxisError, PlanningError
 from ...graphs.reduction import NO_IDENTITY, OPS, VARIANCES
 from ...graphs.spec import func
-from .nodes import Constant, Elemwise, MatMul, MatVec, Node, Reduce
+from .nodes import Constant, Elemwise, Full, MatMul, MatVec, Node, Reduce
 
 
 class ExprBase:
@@ -201,7 +201,8 @@ def build_reduction(op, x, axis, keepdims, ddof) -> ExprBase:
     else:
         shape = tuple(1 if i == axis else s for i, s in enumerate(n.shape)) if keepdims else \
             tuple(s for i, s in enumerate(n.shape) if i != axis)
-    return wrap_like(x, Reduce(shape, res.dtype, op, n, axis, bool(keepdims), int(ddof)))
+    ddof = int(ddof) if float(ddof).is_integer() else float(ddof)  # NumPy takes ddof=0.5
+    return wrap_like(x, Reduce(shape, res.dtype, op, n, axis, bool(keepdims), ddof))
 
 
 def matmul(a, b) -> ExprBase:
@@ -258,6 +259,11 @@ def matmul(a, b) -> ExprBase:
         )
     shape = na.shape[:-1] + nb.shape[1:]
     dtype = np.matmul(np.ones((1, 1), na.dtype), np.ones((1, 1), nb.dtype)).dtype
+    if ka == 0:  # an empty contraction: NumPy's zeros, nothing read
+        if len(shape) == 2:
+            return _wrap((a, b), Full(shape, dtype, 0))
+        return _wrap((a, b), Elemwise(shape, dtype, "zeros", (), (("shape", shape),
+                                                                   ("dtype", dtype))))
     if na.small and nb.small:  # both in memory: one small task
         return _wrap((a, b), Elemwise(shape, dtype, "matmul", (na, nb)))
     if na.ndim == 2 and nb.ndim == 2 and not na.small and not nb.small \

@@ -107,6 +107,10 @@ def take(a, indices, axis=None) -> ExprBase:
     if n.ndim != 2:
         raise PlanningError(f"take: a 2-D TiledArray is needed, got shape {n.shape}")
     scalar = np.ndim(indices) == 0
+    if np.ndim(indices) > 1:  # NumPy would add axes: a 3-D result
+        raise IndexError(f"take: an index of shape {np.shape(indices)} makes a "
+                         f"{n.ndim - 1 + np.ndim(indices)}-D array; tilearray arrays are 1-D or "
+                         "2-D (index with a flat list)")
     idx = np.asarray(indices).reshape(-1)
     if idx.dtype.kind == "b":
         raise TypeError("take: indices must be integers (for a boolean mask, index with it)")
@@ -250,11 +254,18 @@ def index(a, key: tuple) -> ExprBase:
         if isinstance(k, ExprBase) and as_node(k).dtype.kind != "b":
             k = np.asarray(k.compute())
         if isinstance(k, ExprBase) or np.asarray(k).dtype.kind == "b":
+            if np.ndim(k) != 1:
+                raise IndexError(f"a boolean index of shape {np.shape(k)} on axis {ax} of a "
+                                 f"{a.shape} array: it must be 1-D, of the axis' length")
             lists.append((ax, mask_positions(k, x.shape[ax], ax)))
         elif np.ndim(k) == 0 and not isinstance(k, np.ndarray | list | tuple) or \
                 isinstance(k, np.ndarray) and k.ndim == 0:
             scalars.append((ax, k))
         else:
+            if np.ndim(k) > 1:  # NumPy would add axes
+                raise IndexError(f"an index of shape {np.shape(k)} on axis {ax} adds axes to "
+                                 "the result; tilearray arrays are 1-D or 2-D (index with a "
+                                 "flat list)")
             lists.append((ax, k))
     if len(lists) == 2:
         raise PlanningError("indexing both axes with lists (NumPy's pointwise indexing) is not "

@@ -200,7 +200,7 @@ def average(a, axis=None, weights=None, returned=False, *, keepdims=False):
     / w.sum()`` fused in one pass over ``a``."""
     if weights is None:
         avg = a.mean(axis=axis, keepdims=keepdims)
-        scl = a.size // max(avg.size, 1)
+        scl = avg.dtype.type(a.size / max(avg.size, 1))
     else:
         w = np.asarray(weights)
         if axis is None or w.ndim != 1:
@@ -215,7 +215,9 @@ def average(a, axis=None, weights=None, returned=False, *, keepdims=False):
         wb = w.reshape(-1, 1) if ax == 0 else w.reshape(1, -1)
         avg = (a * wb).sum(axis=ax, keepdims=keepdims) / wsum
         scl = wsum
-    return (avg, scl) if returned else avg
+    if not returned:
+        return avg
+    return avg, np.full(avg.shape, scl, dtype=np.result_type(avg.dtype, np.asarray(scl).dtype))
 
 
 def quantile(op: str, a, q, axis=None, method="linear", keepdims=False,
@@ -230,7 +232,10 @@ def quantile(op: str, a, q, axis=None, method="linear", keepdims=False,
     if keepdims:
         raise TypeError(f"np.{op}: keepdims=True is not supported on TiledArrays")
     qa = np.asarray(q, dtype=np.float64)
-    if qa.ndim > 1 or np.any((qa < 0) | (qa > 1)) or np.any(np.isnan(qa)):
+    if qa.ndim > 1:
+        raise TypeError(f"np.{op}: q of shape {qa.shape} (more than 1-D) is not supported on "
+                        "TiledArrays; pass a scalar or a 1-D sequence")
+    if np.any((qa < 0) | (qa > 1)) or np.any(np.isnan(qa)):
         raise ValueError("Quantiles must be in the range [0, 1]")
     if 0 in n.shape and op.endswith("median") and axis is None:  # NumPy: nan, warned
         warnings.warn("Mean of empty slice.", RuntimeWarning, stacklevel=3)
