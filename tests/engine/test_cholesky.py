@@ -77,6 +77,27 @@ def test_cholesky_matches_numpy(eng, tmp_path, rng, dtype, n, in_tile, out_tile)
     close(np.linalg.cholesky(a).compute(), want, dtype)  # NumPy dispatch
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_split_tail_tiles_match_numpy(eng, tmp_path, rng, dtype):
+    """n = 1100 in 256 x 256 tiles (5 x 5, the last 76 wide): the last
+    SPLIT_COLUMNS columns' tiles run as an early update (held in memory)
+    and the rest; the factor is NumPy's and the figures are the plan's."""
+    from tilearray.engine.plan import cholesky as pc
+
+    n = 1100
+    x = spd(rng, n, dtype)
+    a = stored(tmp_path, "a.zarr", x, (100, 100))
+    low = ta.linalg.cholesky(a)
+    plan = low.plan(tmp_path / "l.zarr", tile=(64, 64))
+    assert "by 256 x 256 tiles (5 x 5" in plan.stages[0].description
+    assert "in two tasks" in plan.stages[0].description
+    updates = sum(1 for t in plan.stages[0].work if "update" in t.key)
+    assert updates == sum(range(1, pc.SPLIT_COLUMNS + 1))  # columns 3 and 4: 2 + 1 tiles
+    out = low.to_zarr(tmp_path / "l.zarr", tile=(64, 64))
+    same_figures(plan, out.stats)
+    close(out.compute(), np.linalg.cholesky(x.astype(np.float64)).astype(dtype), dtype)
+
+
 def test_stored_factor_codec(eng, tmp_path, rng):
     """The factor, read back by its own job, is stored without compression
     unless tilearray.storage.factor-compressor says otherwise; other outputs
@@ -312,7 +333,9 @@ def test_resume_recomputes_only_missing_tiles(eng, tmp_path, rng):
     plan = low.plan(out, tile=(u, u))
     assert f"by {b} x {b} tiles" in plan.stages[0].description
     first = low.to_zarr(out, tile=(u, u))
-    assert first.stats.tasks == 6 + 2  # lower tiles + a zeros task per row but the last
+    # lower tiles + a zeros task per row but the last + the early update of (2, 2),
+    # a tile of the last SPLIT_COLUMNS columns (its column 0 part: ready before (2, 1))
+    assert first.stats.tasks == 6 + 2 + 1
     same_figures(plan, first.stats)
     # as if killed: not complete, and the units of tiles (0, 0), (2, 1), (2, 2)
     # and the upper (0, 1) lost -- one unit each
@@ -327,7 +350,7 @@ def test_resume_recomputes_only_missing_tiles(eng, tmp_path, rng):
         os.remove(out / unit_done_key(i, j))  # a local store: the marker is a file
     assert len(done_units(ref)) == 15 * 15 - 4
     again = low.to_zarr(out, resume=True)
-    assert again.stats.tasks == 3 + 1  # three lower tiles, one zeros task (row 0)
+    assert again.stats.tasks == 3 + 1 + 1  # three lower tiles, zeros of row 0, (2, 2)'s update
     assert again.stats.bytes_written == (b * b + 120 * b + 120 * 120 + b * b) * 8
     assert_close(again.compute(), np.linalg.cholesky(x))
 

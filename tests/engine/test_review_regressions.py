@@ -156,3 +156,25 @@ def test_numpy_surface_review(engine, tmp_path, rng):
     assert a.astype(np.float32, copy=False).dtype == np.float32 and a.itemsize == 8
     with pytest.raises(TypeError, match="according to the rule 'safe'"):
         a.astype(np.int32, casting="safe")
+
+
+def test_numpy_surface_review_rows_and_initial(engine, tmp_path, rng):
+    """np.vstack of a matrix and 1-D rows, np.nanprod, initial= of reductions,
+    a[None, i] / a[i, None] / a[:, j, None] (rows and columns, as NumPy)."""
+    x = rng.standard_normal((41, 13))
+    x[3, 4] = np.nan
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(10, 5))
+    y = np.nan_to_num(x)
+    b = ta.from_numpy(y, tmp_path / "y.zarr", tile=(10, 5))
+    assert_close(np.vstack([b, b.mean(0), np.ones(13)]).compute(),
+                 np.vstack([y, y.mean(0), np.ones(13)]))
+    for axis in (None, 0, 1):
+        assert_close(np.nanprod(a / 2 + 1, axis=axis).compute(), np.nanprod(x / 2 + 1, axis=axis))
+    for f, init in [(np.max, 0.5), (np.min, -0.25), (np.sum, 10.0), (np.prod, 2.0)]:
+        assert_close(f(b, axis=0, initial=init).compute(), f(y, axis=0, initial=init))
+    assert_close(np.nanmax(a, axis=1, initial=1.0).compute(), np.nanmax(x, axis=1, initial=1.0))
+    for key in [(None, 3), (3, None), (slice(None), 4, None), (slice(None), None, -1),
+                (None, -2, slice(2, 9))]:
+        assert_close(b[key].compute(), y[key])
+    with pytest.raises(IndexError, match="out of bounds"):
+        b[None, 41]

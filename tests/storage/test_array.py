@@ -233,6 +233,7 @@ def test_corrupt_chunk_names_path_and_tile(tmp_path, rng, damage):
         read_region(a._node.ref, (0, 30), (0, 30))
     assert e.value.tile == (1, 2)
     assert "a.zarr" in str(e.value) and "(1, 2)" in str(e.value)
+    assert "chunk file 'c/1/2'" in str(e.value)
     # untouched tiles still read fine
     np.testing.assert_array_equal(read_region(a._node.ref, (0, 10), (0, 30)), x[:10])
 
@@ -479,3 +480,30 @@ def test_tile_larger_than_the_array_is_clipped_to_it(tmp_path):
     assert z.chunks == (1024, 1024)
     e = create(tmp_path / "e.zarr", (0, 5), "f8", (16, 16))
     assert e.chunks == (1, 5)
+
+
+def test_corrupt_shard_and_directory_chunk_name_the_file(tmp_path, rng):
+    """A damaged shard is named by its file (tile index and shard key); a chunk
+    path that is a directory fails at once, not after retries as if transient."""
+    from tilearray.storage import IOStats
+
+    x = rng.standard_normal((64, 50))
+    z = zarr.create_array(tmp_path / "s.zarr", shape=x.shape, chunks=(8, 10), shards=(32, 20),
+                          dtype="f8")
+    z[...] = x
+    victim = tmp_path / "s.zarr" / "c" / "1" / "1"
+    victim.write_bytes(victim.read_bytes()[:-7])  # the shard index cut: always detected
+    ref = ta.open(tmp_path / "s.zarr")._node.ref
+    with pytest.raises(ta.CorruptChunkError) as e:
+        read_region(ref, (32, 64), (20, 40))
+    assert "chunk file 'c/1/1'" in str(e.value)
+    y = rng.standard_normal((20, 20))
+    zarr.create_array(tmp_path / "d.zarr", shape=y.shape, chunks=(10, 10), dtype="f8")[...] = y
+    chunk = tmp_path / "d.zarr" / "c" / "1" / "0"
+    chunk.unlink()
+    chunk.mkdir()
+    stats = IOStats()
+    with pytest.raises(ta.StorageError, match="Is a directory") as e:
+        read_region(ta.open(tmp_path / "d.zarr")._node.ref, (0, 20), (0, 20), stats)
+    assert "after" not in str(e.value) and stats.read_retries == 0
+    shutil.rmtree(chunk)

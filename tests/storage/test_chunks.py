@@ -75,6 +75,7 @@ def test_corrupt_chunk_names_the_tile(tmp_path, layout):
     with pytest.raises(CorruptChunkError) as e:
         r.read((600, 900), (0, 700))
     assert e.value.tile == (2, 1) and "a.zarr" in str(e.value)
+    assert f"chunk file {key!r}" in str(e.value)  # the file to look at, in its key format
 
 
 def test_truncated_raw_chunk_is_corrupt(tmp_path):

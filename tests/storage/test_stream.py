@@ -143,6 +143,7 @@ def test_flipped_byte_is_corrupt_chunk(tmp_path, layout):
     with pytest.raises(CorruptChunkError) as e:
         _streamed(r, (0, 1000), (0, 70), 50)
     assert e.value.tile == (1, 0) and e.value.path == "a"
+    assert f"chunk file {key!r}" in str(e.value)
 
 
 @pytest.mark.parametrize("layout", ["v3-zstd-default", "v2-zstd"])

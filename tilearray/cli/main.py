@@ -102,11 +102,17 @@ def _logging(debug: bool):
     saved = {k: os.environ.get(k) for k in _QUIET_ENV}
     for k, v in _QUIET_ENV.items():
         os.environ.setdefault(k, v)
+    # the event loop's callback errors (Ctrl-C cancelling distributed's sync() logs a
+    # NameError traceback there before our one-line "interrupted")
+    tornado_log = logging.getLogger("tornado.application")
+    level = tornado_log.level
+    tornado_log.setLevel(logging.CRITICAL)
     try:
         # this process: applies if distributed is first imported below
         with dask.config.set({"logging.distributed": os.environ["DASK_LOGGING__DISTRIBUTED"]}):
             yield
     finally:
+        tornado_log.setLevel(level)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)

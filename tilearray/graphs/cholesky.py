@@ -37,21 +37,10 @@ def _c(spec, rows, cols, deps, stats, dtype) -> np.ndarray:
     return kern.as_fortran(evaluate(spec, rows, cols, list(deps), stats), dtype)
 
 
-def tile(a_spec, a_deps, l_ref, edges, strips: tuple, panel: int, i: int, j: int, dtype,
-         *after):
-    """``L_ij`` of the Cholesky factor, written into ``l_ref`` unit by unit.
-
-    ``A_ij`` is read strip by strip (rows cut at ``strips``, global row
+def _read_a(a_spec, a_deps, rows, cols, strips, dtype, stats) -> np.ndarray:
+    """``A_ij`` read strip by strip (rows cut at ``strips``, global row
     positions: each strip inside one I/O unit row of every input) into one
-    F-ordered tile; the L tiles to its left are streamed back from the output
-    in column panels ``panel`` wide (its I/O unit), one pair at a time. The
-    tile is factored (``potrf``) or solved against ``L_jj`` (``trsm``) in
-    place. Returns the diagonal of ``L_jj`` (``i == j``) or None: results
-    stay small, as every later task of its row and column receives them.
-    ``after``: the tasks that wrote the L tiles it reads (their results unused)."""
-    buffers.release(blocks_only=True)
-    stats = IOStats()
-    rows, cols = edges[i], edges[j]
+    F-ordered tile of the computing dtype."""
     c = np.empty((rows[1] - rows[0], cols[1] - cols[0]), dtype=kern.result_dtype(dtype),
                  order="F")
     prefetch(a_spec, rows, cols)  # the OS loads later strips while the first are copied
@@ -59,20 +48,67 @@ def tile(a_spec, a_deps, l_ref, edges, strips: tuple, panel: int, i: int, j: int
     for s0, s1 in zip(cuts, cuts[1:], strict=False):
         kern.copy_rows(c[s0 - rows[0]:s1 - rows[0]],
                        evaluate(a_spec, (s0, s1), cols, list(a_deps), stats))
-    for k0 in range(0, cols[0], panel):
-        k = (k0, min(k0 + panel, cols[0]))
+    return c
+
+
+def _subtract_panels(c, l_ref, rows, cols, k_range: tuple, panel: int, diagonal: bool,
+                     stats) -> np.ndarray:
+    """``c - sum_k L_ik L_jk^T`` over the L column panels ``panel`` wide in
+    ``k_range``, streamed back from the output one pair at a time (the next
+    pair loads while this one multiplies)."""
+    for k0 in range(k_range[0], k_range[1], panel):
+        k = (k0, min(k0 + panel, k_range[1]))
         lik = read_region(l_ref, rows, k, stats)
-        if k[1] < cols[0]:  # the next pair loads while this one multiplies
-            nxt = (k[1], min(k[1] + panel, cols[0]))
+        if k[1] < k_range[1]:
+            nxt = (k[1], min(k[1] + panel, k_range[1]))
             for r in {rows, cols}:
                 prefetch_region(l_ref, r, nxt)
-        if i == j:
+        if diagonal:
             c = kern.syrk_update(c, lik)
         else:
             ljk = read_region(l_ref, cols, k, stats)
             c = kern.gemm_update(c, lik, ljk, trans_b=True)
             del ljk
         del lik
+    return c
+
+
+def update(a_spec, a_deps, l_ref, edges, strips: tuple, panel: int, i: int, j: int,
+           k_stop: int, dtype, *after):
+    """The first part of a split tile task: ``A_ij - sum_k L_ik L_jk^T`` for the
+    L columns left of ``k_stop`` (those whose tiles are finished early), as
+    ``(F-ordered partial tile, stats, k_stop)`` in worker memory; :func:`tile` adds
+    the rest. ``after``: the tasks that wrote the L tiles it reads."""
+    buffers.release(blocks_only=True)
+    stats = IOStats()
+    rows, cols = edges[i], edges[j]
+    c = _read_a(a_spec, a_deps, rows, cols, strips, dtype, stats)
+    c = _subtract_panels(c, l_ref, rows, cols, (0, k_stop), panel, i == j, stats)
+    return c, counted(stats.as_dict()), k_stop
+
+
+def tile(a_spec, a_deps, l_ref, edges, strips: tuple, panel: int, i: int, j: int, dtype,
+         partial, *after):
+    """``L_ij`` of the Cholesky factor, written into ``l_ref`` unit by unit.
+
+    ``A_ij`` is read strip by strip into one F-ordered tile (or ``partial``,
+    the result of :func:`update` for the L columns left of its ``k_stop``,
+    is copied); the L tiles to its left (from there) are streamed back from
+    the output in column panels ``panel`` wide (its I/O unit), one pair at a
+    time. The tile is factored (``potrf``) or solved against ``L_jj``
+    (``trsm``) in place. Returns the diagonal of ``L_jj`` (``i == j``) or
+    None: results stay small, as every later task of its row and column
+    receives them. ``after``: the tasks that wrote the L tiles it reads
+    (their results unused)."""
+    buffers.release(blocks_only=True)
+    stats = IOStats()
+    rows, cols = edges[i], edges[j]
+    merged: dict = {}
+    if partial is None:
+        c, k0 = _read_a(a_spec, a_deps, rows, cols, strips, dtype, stats), 0
+    else:  # never the dependency's own array: a retry must find it unchanged
+        (c, merged), k0 = (np.array(partial[0], order="F"), partial[1]), partial[2]
+    c = _subtract_panels(c, l_ref, rows, cols, (k0, cols[0]), panel, i == j, stats)
     if i == j:
         try:
             c = kern.potrf(c, col0=cols[0], overwrite=True)
@@ -82,7 +118,8 @@ def tile(a_spec, a_deps, l_ref, edges, strips: tuple, panel: int, i: int, j: int
         c = kern.trsm(read_region(l_ref, cols, cols, stats), c)
     write_block(l_ref, rows, cols, c if c.dtype == dtype else c.astype(dtype), stats)
     value = np.diagonal(c).copy() if i == j else None
-    return value, counted(stats.as_dict())
+    own = counted(stats.as_dict())
+    return value, (merge_stats(merged, own) if merged else own)
 
 
 def zeros(l_ref, edges, i: int, cols: tuple, dtype):

@@ -162,8 +162,9 @@ class DirectReader:
         finally:
             os.close(fd)
         data = view[:got]
+        key = self.meta.encode_chunk_key((i, j))
         if self.crc32c:
-            data = self._checked(i, j, data)
+            data = self._checked(i, j, data, key)
         flat = target.reshape(-1).view(np.uint8)
         try:
             if self.codec is None:
@@ -173,17 +174,20 @@ class DirectReader:
             else:
                 _decode(self.codec, data, flat)
         except Exception as e:
-            raise CorruptChunkError(self.name, (i, j), f"{type(e).__name__}: {e}") from e
+            raise CorruptChunkError(self.name, (i, j),
+                                    f"{type(e).__name__}: {e} (chunk file {key!r})") from e
         return True
 
-    def _checked(self, i, j, data: memoryview) -> memoryview:
+    def _checked(self, i, j, data: memoryview, key: str) -> memoryview:
         from crc32c import crc32c  # reads any buffer, without a copy
 
         if len(data) < 4:
-            raise CorruptChunkError(self.name, (i, j), "chunk shorter than its crc32c")
+            raise CorruptChunkError(self.name, (i, j),
+                                    f"chunk shorter than its crc32c (chunk file {key!r})")
         want = int.from_bytes(data[-4:], "little")
         if crc32c(data[:-4]) != want:
-            raise CorruptChunkError(self.name, (i, j), "crc32c checksum mismatch")
+            raise CorruptChunkError(self.name, (i, j),
+                                    f"crc32c checksum mismatch (chunk file {key!r})")
         return data[:-4]
 
 

@@ -203,6 +203,9 @@ def _read_request(arr, ref: ArrayRef, grid: Grid, req: ReadRequest, stats: IOSta
         except StorageError:  # a corrupt chunk found by the direct reader: no retry
             raise
         except OSError as e:  # transient store errors: retry with backoff
+            if isinstance(e, PERMANENT_OS_ERRORS):  # a directory / no permission: as it is
+                raise StorageError(f"reading {str(ref)!r} rows {req.rows} cols {req.cols} "
+                                   f"failed: {e}") from e
             if attempt == retries:
                 raise StorageError(
                     f"reading {str(ref)!r} rows {req.rows} cols {req.cols} failed after "
@@ -263,8 +266,24 @@ def _locate_corruption(arr, ref, grid: Grid, req: ReadRequest, err: Exception) -
             try:
                 arr[t0:t1, u0:u1]
             except Exception as e:
-                return CorruptChunkError(str(ref), (ti, tj), f"{type(e).__name__}: {e}")
+                return CorruptChunkError(str(ref), (ti, tj), f"{type(e).__name__}: {e}"
+                                         + _chunk_file(arr, grid, ti, tj))
     return CorruptChunkError(str(ref), (-1, -1), f"{type(err).__name__}: {err}")
+
+
+PERMANENT_OS_ERRORS = (IsADirectoryError, NotADirectoryError, PermissionError)
+"""Store errors a retry cannot cure: reported at once, naming the path."""
+
+
+def _chunk_file(arr, grid: Grid, ti: int, tj: int) -> str:
+    """`` (chunk file 'c/1/0')``: the store key holding tile ``(ti, tj)`` (its
+    shard's, for a sharded array), or "" if zarr cannot name it."""
+    try:
+        per = (grid.unit[0] // grid.tile[0], grid.unit[1] // grid.tile[1]) if grid.sharded \
+            else (1, 1)
+        return f" (chunk file {arr.metadata.encode_chunk_key((ti // per[0], tj // per[1]))!r})"
+    except Exception:  # a message detail only
+        return ""
 
 
 def read_region(

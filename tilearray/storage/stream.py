@@ -290,6 +290,9 @@ class _ChunkStream:
             except (FileNotFoundError, StorageError):
                 raise
             except OSError as e:
+                if isinstance(e, (IsADirectoryError, NotADirectoryError, PermissionError)):
+                    raise StorageError(f"{what} of chunk {self.tile} of {self.owner.name!r} "
+                                       f"failed: {e}") from e
                 if attempt == retries:
                     raise StorageError(
                         f"{what} of chunk {self.tile} of {self.owner.name!r} failed after "
@@ -316,7 +319,8 @@ class _ChunkStream:
         return data
 
     def _corrupt(self, reason: str):
-        raise CorruptChunkError(self.owner.name, self.tile, reason)
+        key = self.owner.meta.encode_chunk_key(self.tile)
+        raise CorruptChunkError(self.owner.name, self.tile, f"{reason} (chunk file {key!r})")
 
     def read_rows(self, buf: np.ndarray) -> None:
         """Fill ``buf`` (C-ordered rows of the chunk's width) with the next rows."""

@@ -36,6 +36,23 @@ def _binary(name):
     return op, rop
 
 
+def _row_or_column(key: tuple, shape: tuple) -> tuple:
+    """``a[None, 3]``, ``a[3, None]`` (the row ``(1, n)``) and ``a[:, 3, None]``
+    (the column ``(m, 1)``): one integer and one None keep two axes, as the
+    slice ``i:i+1`` does; any other key as it is."""
+    ints = [k for k in key if isinstance(k, int | np.integer) and not isinstance(k, bool)]
+    if sum(k is None for k in key) != 1 or len(ints) != 1 or \
+            not all(k is None or isinstance(k, slice) or k is ints[0] for k in key):
+        return key
+    rest = [k for k in key if k is not None]
+    ax = next(i for i, k in enumerate(rest) if k is ints[0])
+    i = operator.index(ints[0])
+    if not -shape[ax] <= i < shape[ax]:
+        raise IndexError(f"index {i} is out of bounds for axis {ax} with size {shape[ax]}")
+    rest[ax] = slice(i % shape[ax], i % shape[ax] + 1)
+    return tuple(rest)
+
+
 def _unsupported(op: str, **given) -> None:
     """Refuse NumPy arguments a lazy reduction has no use for (``out=``,
     ``where=``, ``mean=``), naming them."""
@@ -317,6 +334,7 @@ class LazyArray(ExprBase):
             i = next(i for i, k in enumerate(key) if k is Ellipsis)
             fill = (slice(None),) * max(n.ndim - (len(key) - 1), 0)
             key = key[:i] + fill + key[i + 1:]
+        key = _row_or_column(key, n.shape)
         if any(k is None for k in key):
             raise PlanningError(f"indexing a matrix with None (np.newaxis) makes a 3-D array: "
                                 f"{key!r}; tilearray arrays are 1-D or 2-D")

@@ -20,6 +20,10 @@ from .lazy import LazyArray
 from .npbase import implements
 from .ops import HANDLED, elemwise, matmul, reduce_as
 
+_INITIAL = {"sum": "add", "prod": "multiply", "max": "maximum", "min": "minimum",
+            "nansum": "add", "nanmax": "fmax", "nanmin": "fmin"}
+"""``initial=``: the reduction's value combined with it elementwise."""
+
 
 def _reduction(np_func, op: str):
     sig = inspect.signature(np_func)
@@ -31,13 +35,17 @@ def _reduction(np_func, op: str):
         keepdims = bool(bound.pop("keepdims", False))
         dtype = bound.pop("dtype", None)
         ddof = bound.pop("ddof", bound.pop("correction", 0))
+        initial = bound.pop("initial", None) if op in _INITIAL else None
         for name, value in bound.items():
             if not (name == "out" and value is None) and not (name == "where" and value is True):
                 raise TypeError(f"np.{np_func.__name__}: argument {name}= is not supported "
                                 "on TiledArrays")
         if not isinstance(a, LazyArray):
             raise TypeError(f"np.{np_func.__name__}: expected a TiledArray, got {type(a).__name__}")
-        return reduce_as(op, a, axis, keepdims, ddof, dtype)
+        res = reduce_as(op, a, axis, keepdims, ddof, dtype)
+        if initial is None:
+            return res
+        return elemwise(_INITIAL[op], res, np.asarray(initial).astype(res.dtype)[()])
 
     impl.__name__ = np_func.__name__
     return impl
@@ -52,6 +60,16 @@ _REDUCTIONS = {
 }
 for _f, _op in _REDUCTIONS.items():
     HANDLED[_f] = _reduction(_f, _op)
+
+
+@implements(np.nanprod)
+def nanprod(a, axis=None, dtype=None, out=None, keepdims=False, initial=None, where=None):
+    """The product with NaNs taken as 1, as :func:`numpy.nanprod` (one pass)."""
+    if out is not None or initial is not None or where is not None:
+        raise TypeError("np.nanprod: out=, initial= and where= are not supported on TiledArrays")
+    if np.dtype(a.dtype).kind in "fc":
+        a = elemwise("where", elemwise("isnan", a), np.asarray(1, a.dtype)[()], a)
+    return np.prod(a, axis=axis, dtype=dtype, keepdims=keepdims)
 
 
 @implements(np.dot)

@@ -34,9 +34,13 @@ def hstack(tup, *, dtype=None, casting="same_kind"):
 
 @implements(np.vstack)
 def vstack(tup, *, dtype=None, casting="same_kind"):
+    """1-D operands are rows ``(1, n)``, as NumPy (``np.vstack([a, a.mean(0)])``)."""
     tup = list(tup)
     res = routines.join_small("vstack", tup, dtype)
-    return res if res is not None else routines.concatenate(tup, 0, dtype)
+    if res is not None:
+        return res
+    return routines.concatenate([np.reshape(a, (1, -1)) if np.ndim(a) == 1 else a
+                                 for a in tup], 0, dtype)
 
 
 @implements(np.stack)
