@@ -79,9 +79,10 @@ def test_cholesky_matches_numpy(eng, tmp_path, rng, dtype, n, in_tile, out_tile)
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_split_tail_tiles_match_numpy(eng, tmp_path, rng, dtype):
-    """n = 1100 in 256 x 256 tiles (5 x 5, the last 76 wide): the last
-    SPLIT_COLUMNS columns' tiles run as an early update (held in memory)
-    and the rest; the factor is NumPy's and the figures are the plan's."""
+    """n = 1100 in 256 x 256 tiles (5 x 5, the last 76 wide): the closing
+    tiles (4, 4), (4, 3), (3, 3) run as an early update (held in memory) and
+    the rest; the factor is NumPy's and the figures are the plan's. A budget
+    with room for one partial tile splits (4, 4) alone."""
     from tilearray.engine.plan import cholesky as pc
 
     n = 1100
@@ -91,8 +92,14 @@ def test_split_tail_tiles_match_numpy(eng, tmp_path, rng, dtype):
     plan = low.plan(tmp_path / "l.zarr", tile=(64, 64))
     assert "by 256 x 256 tiles (5 x 5" in plan.stages[0].description
     assert "in two tasks" in plan.stages[0].description
-    updates = sum(1 for t in plan.stages[0].work if "update" in t.key)
-    assert updates == sum(range(1, pc.SPLIT_COLUMNS + 1))  # columns 3 and 4: 2 + 1 tiles
+    updates = sorted(t.key[2:] for t in plan.stages[0].work if "update" in t.key)
+    assert updates == [(3, 3), (4, 3), (4, 4)]
+    assert pc.split_tiles(5, 10, 4, ta.Budget.from_config("1GiB", 1, 1)) == \
+        {(4, 4), (4, 3), (3, 3)}
+    tight = ta.Budget.from_config("1GiB", 1, 1)
+    assert pc.split_tiles(5, tight.task_memory - 5, 4, tight) == {(4, 4)}
+    assert pc.split_tiles(5, tight.task_memory - 3, 4, tight) == set()
+    assert pc.split_tiles(3, 0, 4, tight) == {(2, 2)}  # (2, 1), (1, 1): no early columns
     out = low.to_zarr(tmp_path / "l.zarr", tile=(64, 64))
     same_figures(plan, out.stats)
     close(out.compute(), np.linalg.cholesky(x.astype(np.float64)).astype(dtype), dtype)

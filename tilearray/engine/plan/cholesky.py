@@ -47,16 +47,26 @@ cache), though they read 6.38 GiB instead of 3.75 GiB: along the diagonal
 chain a 4 x 4 grid leaves one thread idle for whole tile tasks."""
 
 
-SPLIT_COLUMNS = 2
-"""The tiles of the last this many tile columns are two tasks each: the
-updates by the L columns left of column ``j - 1`` (ready while column ``j - 1``
-is still being factored), then the rest. The chain ``(j, j) -> (j + 1, j) ->
-(j + 1, j + 1)`` at the end otherwise runs alone on one thread: measured at
-32768² in 4096² tiles on 2 threads, one worker idled 30.7 s of 132.7 s
-behind ``(6, 6), (7, 6), (7, 7)`` (7.7 + 15.4 + 8.6 s)."""
-SPLIT_HELD = 2
-"""Partial tiles a worker may hold while the split tasks run (each ``b x b``
-of the computing dtype): a split plan must fit them beside a task's peak."""
+SPLIT_ORDER = ((-1, -1), (-1, -2), (-2, -2))
+"""Tiles (from the end) that may run as two tasks, in this order as the
+budget allows: the updates by the L columns left of column ``j - 1`` (ready
+while column ``j - 1`` is being factored, held in worker memory), then the
+rest. The closing chain ``(j, j) -> (j + 1, j) -> (j + 1, j + 1)`` otherwise
+runs alone on one thread: at 32768² in 4096² tiles on 2 threads a task
+stream showed one worker idle 30.7 s of 132.7 s behind ``(6, 6), (7, 6),
+(7, 7)`` (7.7 + 15.4 + 8.6 s); simulated, splitting ``(7, 7)`` saves 8 s,
+with ``(7, 6)`` 12 s, all three 13 s."""
+
+
+def split_tiles(nt: int, peak: int, tile_bytes: int, budget: Budget) -> set:
+    """The tiles of :data:`SPLIT_ORDER` whose partial results fit the budget
+    beside a task's ``peak``, all held at once in the worst case (tiles in
+    the first two columns have no early updates)."""
+    room = max(budget.task_memory - peak, 0) // max(tile_bytes, 1)
+    tiles = [(nt + i, nt + j) for i, j in SPLIT_ORDER if nt + j >= 2]
+    return set(tiles[:room])
+
+
 FLOPS_PER_BYTE = 20
 """Task work model of the priorities: a byte read costs about the time of
 this many flops (2-core host: 53 GFLOP/s dgemm a thread, 0.9 GB/s zstd
@@ -206,8 +216,7 @@ def lower_cholesky(node, spec, deps: list, budget: Budget, b: int, out, l_grid,
     l_tiles = layout.BlockCosts(lread, cuts, cuts)
     work, keys, tot, written = Tasks(), [], layout.ReadTotals(), 0
     priority = critical_paths(edges, done, dtype.itemsize)
-    held = SPLIT_HELD * b * b * np.dtype(result_dtype(dtype)).itemsize
-    split = nt >= 3 and peak + held <= budget.task_memory
+    split = split_tiles(nt, peak, b * b * np.dtype(result_dtype(dtype)).itemsize, budget)
     for j in range(nt):
         for i in range(j, nt):
             if (i, j) in done:
@@ -216,7 +225,7 @@ def lower_cholesky(node, spec, deps: list, budget: Budget, b: int, out, l_grid,
             reads += [(j, j)] if i > j else []
             after = [(name, r, c) for r, c in reads if (r, c) not in done]
             partial = None
-            if split and j >= max(2, nt - SPLIT_COLUMNS):  # the early updates as their own task
+            if (i, j) in split:  # the early updates as their own task
                 early = [a for a in after if a[2] < j - 1]
                 after = [a for a in after if a[2] >= j - 1]
                 partial = work.add((name, "update", i, j), gch.update, spec, deps, out, edges,
@@ -254,8 +263,8 @@ def lower_cholesky(node, spec, deps: list, budget: Budget, b: int, out, l_grid,
         "cholesky", f"{short(node)}: left-looking by {b} x {b} tiles ({nt} x {nt}; "
         f"{len(keys)} tasks, each writing its {u} x {u} units whole); each task reads its A "
         f"tile strip by strip and streams the L panels to its left back from the output"
-        + (f" (the last {SPLIT_COLUMNS} tile columns' tiles in two tasks: the updates known "
-           "early, held in memory, then the rest)" if split else "") + "; "
+        + (f" (tiles {sorted(split)} in two tasks: the updates known early, held in "
+           "memory, then the rest)" if split else "") + "; "
         f"reads {format_bytes(tot.nbytes)} vs the I/O lower bound n^3/(3 sqrt(M)) = "
         f"{format_bytes(bound)} ({tot.nbytes / max(bound, 1):.2f}x)"
         + back, len(work), peak, tot.nbytes, written, flops=n**3 // 3, io_lower_bound=bound,
