@@ -408,9 +408,11 @@ def prefetch_region(ref: ArrayRef, rows: Range, cols: Range) -> None:
 
 def write_block(
     ref: ArrayRef, rows: Range, cols: Range, data: np.ndarray, stats: IOStats | None = None,
-    *, arr=None,
+    *, arr=None, mark: bool = True,
 ) -> IOStats:
-    """Write a unit-aligned block whole, then mark each of its units done.
+    """Write a unit-aligned block whole, then mark each of its units done
+    (``mark=False``: an intermediate value the job overwrites and marks later,
+    e.g. a split Cholesky tile's early updates).
 
     Idempotent: writing the same block twice leaves the same bytes.
     """
@@ -439,8 +441,9 @@ def write_block(
                     arr[r0:r1] = block[:, 0]
                 else:
                     arr[r0:r1, c0:c1] = block
-                mark_unit_done(ref, i, j)
-                stats.units_written += 1
+                if mark:
+                    mark_unit_done(ref, i, j)
+                    stats.units_written += 1
     except OutputLockedError:
         raise
     except OSError as e:
