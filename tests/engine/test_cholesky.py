@@ -129,7 +129,8 @@ def test_stored_factor_codec(eng, tmp_path, rng):
 @settings(max_examples=40, deadline=None)
 def test_priorities_are_the_longest_chains(sizes, data):
     """critical_paths against a brute-force longest path over the tile DAG
-    (task (p, q) reads (p, k) and (q, k), k < q, and (q, q)), with done tiles."""
+    (task (p, q) reads (p, k) and (q, k), k < q, and (q, q)), with done
+    tiles and split tiles (an early update before the tile task)."""
     from tilearray.engine.plan import cholesky as pc
 
     edges = tuple(zip(np.cumsum([0, *sizes[:-1]]).tolist(), np.cumsum(sizes).tolist(),
@@ -137,18 +138,28 @@ def test_priorities_are_the_longest_chains(sizes, data):
     nt = len(edges)
     tiles = [(i, j) for j in range(nt) for i in range(j, nt)]
     done = frozenset(data.draw(st.lists(st.sampled_from(tiles), max_size=3)))
-    got = pc.critical_paths(edges, done)
-    assert set(got) == set(tiles) - done
+    late = [t for t in tiles if t[1] >= 2 and t not in done]
+    split = frozenset(data.draw(st.lists(st.sampled_from(late), max_size=3))) if late else set()
+    got = pc.critical_paths(edges, done, 8, split)
+    assert set(got) == (set(tiles) - done) | {("update", *t) for t in split}
 
     def reads(p, q):
         return {(p, k) for k in range(q)} | {(q, k) for k in range(q)} | \
             ({(q, q)} if p > q else set())
 
-    own = {}
+    def cost(i, j, k0, k1):  # updates by L columns [k0, k1), flops + bytes of panels
+        bi, bj = edges[i][1] - edges[i][0], edges[j][1] - edges[j][0]
+        w = k1 - k0
+        return (bi * bi * w if i == j else 2 * bi * bj * w) + \
+            pc.FLOPS_PER_BYTE * 8 * (bi * w + (0 if i == j else bj * w))
+
+    own, early = {}, {}
     for i, j in tiles:
-        bi, bj, k = (edges[i][1] - edges[i][0], edges[j][1] - edges[j][0], edges[j][0])
-        own[i, j] = (bi * bi * k + bi**3 / 3 if i == j else 2 * bi * bj * k + bi * bj * bj) + \
-            pc.FLOPS_PER_BYTE * 8 * (bi * bj + bi * k + (bj * k + bj * bj if i > j else 0))
+        bi, bj = edges[i][1] - edges[i][0], edges[j][1] - edges[j][0]
+        k_stop = edges[j - 1][0] if (i, j) in split else 0
+        own[i, j] = (bi**3 / 3 if i == j else bi * bj * bj) + cost(i, j, k_stop, edges[j][0]) + \
+            pc.FLOPS_PER_BYTE * 8 * (bi * bj + (0 if i == j else bj * bj))
+        early[i, j] = cost(i, j, 0, k_stop) + pc.FLOPS_PER_BYTE * 8 * bi * bj
     memo = {}
 
     def longest(t):
@@ -158,9 +169,12 @@ def test_priorities_are_the_longest_chains(sizes, data):
         return memo[t]
 
     for t in got:
+        if t[0] == "update":
+            assert got[t] == 1 + int((longest(t[1:]) + early[t[1:]]) // 1e6)
+            continue
         assert got[t] == 1 + int(longest(t) // 1e6)
         # a task's chain is never shorter than a task's it feeds
-        assert all(got[t] >= got[s] for s in got if t in reads(*s))
+        assert all(got[t] >= got[s] for s in got if s[0] != "update" and t in reads(*s))
 
 
 def test_task_priorities_reach_the_scheduler():

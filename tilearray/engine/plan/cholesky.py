@@ -70,20 +70,30 @@ this many flops (2-core host: 53 GFLOP/s dgemm a thread, 0.9 GB/s zstd
 decode of A, ~3 GB/s an uncompressed L panel)."""
 
 
-def critical_paths(edges, done=frozenset(), itemsize: int = 8) -> dict:
-    """``{(i, j): priority}`` of the tile tasks not ``done``: each task's
-    bottom level -- its work plus the longest chain of tasks after it that
-    read its tile -- in millions of modelled flops, at least 1. Ready tasks
-    then run longest chain first: a list schedule of the diagonal chain
-    ``(j, j) -> (j + 1, j) -> (j + 1, j + 1)`` and the tiles that feed it,
-    not dask's row by row order, which left a thread idle behind the last
-    columns' long tasks (simulated at 32768² in 4096² tiles on 2 threads:
-    139 s against 147 s; the measured run took 143 s).
+def _work(bi: int, bj: int, k0: int, k1: int, diagonal: bool, itemsize: int) -> float:
+    """Modelled work of subtracting the L columns ``[k0, k1)`` from a ``bi x bj``
+    tile: its flops plus :data:`FLOPS_PER_BYTE` per byte of L panels read."""
+    w = k1 - k0
+    flops = bi * bi * w if diagonal else 2 * bi * bj * w
+    return flops + FLOPS_PER_BYTE * itemsize * (bi * w + (0 if diagonal else bj * w))
+
+
+def critical_paths(edges, done=frozenset(), itemsize: int = 8, split=frozenset()) -> dict:
+    """``{(i, j): priority}`` of the tile tasks not ``done`` (and
+    ``{("update", i, j): priority}`` of the early updates of the ``split``
+    tiles): each task's bottom level -- its work plus the longest chain of
+    tasks after it that read its tile -- in millions of modelled flops, at
+    least 1. Ready tasks then run longest chain first: a list schedule of the
+    diagonal chain ``(j, j) -> (j + 1, j) -> (j + 1, j + 1)`` and the tiles
+    that feed it, not dask's row by row order, which left a thread idle
+    behind the last columns' long tasks (simulated at 32768² in 4096² tiles
+    on 2 threads: 139 s against 147 s; the measured run took 143 s).
 
     Task ``(i, j)`` is read by ``(i, q)``, ``j < q <= i``, and by column
     ``i``'s tasks (``j < i``) or column ``j``'s below it (``i == j``): taken
     column by column from the last, row ``i``'s best so far and column
-    ``i``'s best are exactly its successors' best."""
+    ``i``'s best are exactly its successors' best. A split tile's update
+    precedes only its own tile task."""
     nt = len(edges)
     size = [e[1] - e[0] for e in edges]
     rowbest, colbest, out = [0.0] * nt, [0.0] * nt, {}
@@ -92,11 +102,17 @@ def critical_paths(edges, done=frozenset(), itemsize: int = 8) -> dict:
             if (i, j) in done:
                 continue
             bi, bj, k = size[i], size[j], edges[j][0]
-            flops = bi * bi * k + bi**3 / 3 if i == j else 2 * bi * bj * k + bi * bj * bj
-            reads = bi * bj + bi * k + (bj * k + bj * bj if i > j else 0)
-            bl = flops + FLOPS_PER_BYTE * itemsize * reads + max(rowbest[i], colbest[i])
+            k_stop = edges[j - 1][0] if (i, j) in split else 0
+            finish = bi**3 / 3 if i == j else bi * bj * bj
+            own = finish + _work(bi, bj, k_stop, k, i == j, itemsize) + \
+                FLOPS_PER_BYTE * itemsize * (bi * bj + (0 if i == j else bj * bj))
+            bl = own + max(rowbest[i], colbest[i])
             rowbest[i], colbest[j] = max(rowbest[i], bl), max(colbest[j], bl)
             out[i, j] = 1 + int(bl // 1e6)
+            if (i, j) in split:
+                early = _work(bi, bj, 0, k_stop, i == j, itemsize) + \
+                    FLOPS_PER_BYTE * itemsize * bi * bj
+                out["update", i, j] = 1 + int((bl + early) // 1e6)
     return out
 
 
@@ -212,8 +228,8 @@ def lower_cholesky(node, spec, deps: list, budget: Budget, b: int, out, l_grid,
     l_panels = layout.BlockCosts(lread, cuts, l_grid.unit_edges(1))
     l_tiles = layout.BlockCosts(lread, cuts, cuts)
     work, keys, tot, written = Tasks(), [], layout.ReadTotals(), 0
-    priority = critical_paths(edges, done, dtype.itemsize)
     split = split_tiles(nt)
+    priority = critical_paths(edges, done, dtype.itemsize, split)
     for j in range(nt):
         for i in range(j, nt):
             if (i, j) in done:
@@ -227,7 +243,7 @@ def lower_cholesky(node, spec, deps: list, budget: Budget, b: int, out, l_grid,
                 after = [a for a in after if a[2] >= j - 1]
                 partial = work.add((name, "update", i, j), gch.update, spec, deps, out, edges,
                                    strips, u, i, j, edges[j - 1][0], dtype, *early,
-                                   priority=priority[i, j])
+                                   priority=priority["update", i, j])
                 tot.add(l_tiles.at(i, j))  # read back by the tile task
                 written += (edges[i][1] - edges[i][0]) * (edges[j][1] - edges[j][0]) * \
                     dtype.itemsize
