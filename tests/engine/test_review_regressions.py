@@ -178,3 +178,16 @@ def test_numpy_surface_review_rows_and_initial(engine, tmp_path, rng):
         assert_close(b[key].compute(), y[key])
     with pytest.raises(IndexError, match="out of bounds"):
         b[None, 41]
+
+
+def test_lazy_column_and_row_broadcast(engine, tmp_path, rng):
+    """A stored column a[:, 0:1] / row a[:1] (not a reduction) broadcasts
+    against the matrix, as NumPy: held in memory like a[:, 0]."""
+    x = rng.standard_normal((57, 23))
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(10, 7))
+    for got, want in [(a / a[:, 0:1], x / x[:, 0:1]), (a + a[:1], x + x[:1]),
+                      (a[:, 3:4] * a - a[-1:, :], x[:, 3:4] * x - x[-1:, :]),
+                      (np.maximum(a, a[5:6, :]), np.maximum(x, x[5:6, :]))]:
+        assert_close(got.compute(), want)
+    with pytest.raises(ta.PlanningError, match="broadcast"):
+        a + a[:, 0:2]

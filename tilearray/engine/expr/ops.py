@@ -88,6 +88,11 @@ def elemwise(name: str, *args, **kwargs) -> ExprBase:
             f"{name}: operands could not be broadcast together with shapes "
             + " and ".join(str(s) for s in shapes)
         ) from None
+    for i, a in enumerate(nodes):  # a lazy column (m, 1) / row (1, n) against a matrix:
+        if isinstance(a, Node) and not a.small and a.ndim == 2 == len(shape) and \
+                a.shape != shape and 1 in a.shape:  # held in memory, like a[:, j]
+            ax = 1 if a.shape[1] == 1 else 0
+            nodes[i] = as_node(build_reduction("max", _wrap(args, a), ax, True, 0))
     tiled = [a for a in nodes if isinstance(a, Node) and not a.small]
     for a in tiled:
         if a.shape != shape:
