@@ -191,3 +191,30 @@ def test_lazy_column_and_row_broadcast(engine, tmp_path, rng):
         assert_close(got.compute(), want)
     with pytest.raises(ta.PlanningError, match="broadcast"):
         a + a[:, 0:2]
+
+
+def test_split_select_compress_and_friends(engine, tmp_path, rng):
+    """np.split / array_split (lazy slices), isposinf / isneginf, fix, select,
+    extract, compress against NumPy, with NumPy's errors."""
+    x = rng.standard_normal((23, 11)) * 3
+    x[2, 3], x[4, 5] = np.inf, -np.inf
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(5, 4))
+    for got, want in [(np.array_split(a, 4, axis=1), np.array_split(x, 4, axis=1)),
+                      (np.split(a, [3, 10, 30]), np.split(x, [3, 10, 30])),
+                      (np.split(a, [-5], axis=1), np.split(x, [-5], axis=1))]:
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(g.compute(), w)
+    with pytest.raises(ValueError, match="equal division"):
+        np.split(a, 4)
+    for got, want in [(np.isposinf(a), np.isposinf(x)), (np.isneginf(a), np.isneginf(x)),
+                      (np.fix(a), np.fix(x)),
+                      (np.select([a > 1, a < -1], [a, -a], 0.5),
+                       np.select([x > 1, x < -1], [x, -x], 0.5)),
+                      (np.extract(a > 0, a), np.extract(x > 0, x)),
+                      (np.compress([True, False, True], a, axis=1),
+                       np.compress([True, False, True], x, axis=1)),
+                      (np.compress(a[:, 0] > 0, a, axis=0), np.compress(x[:, 0] > 0, x, axis=0))]:
+        np.testing.assert_array_equal(got.compute(), want)
+    with pytest.raises(ValueError, match="same length"):
+        np.select([a > 0], [a, a])

@@ -456,3 +456,96 @@ for _f, _fill in [(np.zeros_like, lambda args, kw: 0), (np.ones_like, lambda arg
                   (np.full_like, lambda args, kw: args[0] if args else kw.pop("fill_value"))]:
     HANDLED[_f] = _like(_fill)
     HANDLED[_f].__name__ = _f.__name__
+
+
+def _split(ary, indices_or_sections, axis, equal: bool, fn: str) -> list:
+    """Lazy pieces along ``axis`` (slices: each read only when used), as
+    :func:`numpy.array_split`; ``equal``: ``np.split``'s refusal of unequal sections."""
+    ax = routines.axis_index(axis, fn, np.ndim(ary))
+    size = ary.shape[ax]
+    if np.ndim(indices_or_sections) == 0:
+        parts = operator.index(indices_or_sections)
+        if parts <= 0:
+            raise ValueError("number sections must be larger than 0.")
+        if equal and size % parts:
+            raise ValueError("array split does not result in an equal division")
+        base, extra = divmod(size, parts)
+        cuts = np.cumsum([0] + [base + 1] * extra + [base] * (parts - extra)).tolist()
+    else:
+        cuts = [0, *[min(max(int(i) if i >= 0 else size + int(i), 0), size)
+                     for i in indices_or_sections], size]
+    key = [slice(None)] * np.ndim(ary)
+    out = []
+    for c0, c1 in zip(cuts, cuts[1:], strict=False):
+        key[ax] = slice(c0, max(c0, c1))
+        out.append(ary[tuple(key)])
+    return out
+
+
+@implements(np.array_split)
+def array_split(ary, indices_or_sections, axis=0):
+    return _split(ary, indices_or_sections, axis, False, "np.array_split")
+
+
+@implements(np.split)
+def split(ary, indices_or_sections, axis=0):
+    return _split(ary, indices_or_sections, axis, True, "np.split")
+
+
+def _signed_inf(positive: bool):
+    def impl(x, out=None):
+        if out is not None:
+            raise TypeError("out= is not supported on TiledArrays")
+        side = elemwise("greater" if positive else "less", x, 0)
+        return elemwise("logical_and", elemwise("isinf", x), side)
+
+    impl.__name__ = "isposinf" if positive else "isneginf"
+    return impl
+
+
+HANDLED[np.isposinf], HANDLED[np.isneginf] = _signed_inf(True), _signed_inf(False)
+
+
+@implements(np.fix)
+def fix(x, out=None):
+    """Rounded toward zero, as :func:`numpy.fix` (floats stay floats)."""
+    if out is not None:
+        raise TypeError("np.fix: out= is not supported on TiledArrays")
+    return elemwise("trunc", x) if np.dtype(x.dtype).kind == "f" else x
+
+
+@implements(np.select)
+def select(condlist, choicelist, default=0):
+    """``np.select``: the first true condition's choice, elementwise (nested
+    ``np.where``, fused into the reads)."""
+    condlist, choicelist = list(condlist), list(choicelist)
+    if len(condlist) != len(choicelist):
+        raise ValueError("list of cases must be same length as list of conditions")
+    if not condlist:
+        raise ValueError("select with an empty condition list is not possible")
+    out = default
+    for cond, choice in zip(reversed(condlist), reversed(choicelist), strict=True):
+        out = elemwise("where", cond, choice, out)
+    return out
+
+
+@implements(np.extract)
+def extract(condition, arr):
+    """``arr[condition]`` of a 2-D mask: the elements, in C order (see ``a[mask]``)."""
+    return arr[condition]
+
+
+@implements(np.compress)
+def compress(condition, a, axis=None, out=None):
+    """The rows (``axis=0``) or columns (``axis=1``) where ``condition`` is
+    true, as :func:`numpy.compress` (a shorter condition selects from the first)."""
+    if out is not None or axis is None:
+        raise TypeError("np.compress: give axis=0 or 1 (axis=None flattens the matrix) and "
+                        "no out= on TiledArrays")
+    ax = routines.axis_index(axis, "np.compress", np.ndim(a))
+    cond = np.asarray(condition.compute() if isinstance(condition, LazyArray) else condition,
+                      dtype=bool).reshape(-1)
+    if cond.size > a.shape[ax]:
+        raise IndexError(f"index {cond.size - 1} is out of bounds for axis {ax} with size "
+                         f"{a.shape[ax]}")
+    return routines.take(a, np.flatnonzero(cond), ax)
