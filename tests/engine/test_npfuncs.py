@@ -838,8 +838,10 @@ def test_diff_matches_numpy(thread_engine, mats, tmp_path, dtype, axis):
     if dtype == "int32":  # C(70, 35) does not fit int64: reduced modulo 2^32 first
         col = a[:, 0]
         check(np.diff(col, n=40), np.diff(x[:, 0], n=40), exact=True)
-    with pytest.raises(TypeError, match="prepend"):
-        np.diff(a, prepend=0)
+    for kw in [dict(prepend=0), dict(append=7, axis=0), dict(prepend=1, append=2, n=2),
+               dict(prepend=x[:1], axis=0), dict(append=x[:, :1])]:
+        check(np.diff(a, **kw), np.diff(x, **kw), exact=dtype != "float64")
+    check(np.diff(v, prepend=0), np.diff(want, prepend=0), exact=True)
     with pytest.raises(np.exceptions.AxisError):
         np.diff(a, axis=2)
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from . import routines, statistics
 from .lazy import LazyArray
+from .nodes import Elemwise
 from .npbase import implements
 from .ops import HANDLED, elemwise, matmul, reduce_as
 
@@ -126,9 +127,28 @@ def diff(a, n=1, axis=-1, prepend=None, append=None):
     pass (booleans: the exclusive or of the
     slices with an odd ``C(n, k)``, NumPy's ``!=`` chain; integers wrap as
     NumPy's repeated differences do). For ``n >= 2`` floating results may
-    differ from NumPy's repeated differences by rounding."""
-    if prepend is not None or append is not None:
-        raise TypeError("np.diff: prepend= / append= are not supported on TiledArrays")
+    differ from NumPy's repeated differences by rounding. ``prepend`` /
+    ``append`` (scalars broadcast as NumPy, rows / columns, small results)
+    are joined first."""
+    if (prepend is not None or append is not None) and a._node.small and \
+            not isinstance(prepend, LazyArray) and not isinstance(append, LazyArray):
+        kw = {k: v for k, v in (("prepend", prepend), ("append", append)) if v is not None}
+        res = np.diff(np.zeros(a.shape, a.dtype), n=n, axis=axis, **kw)  # NumPy's checks
+        return type(a)(Elemwise(res.shape, res.dtype, "diff", (a._node,),
+                                tuple(sorted({"n": n, "axis": axis, **kw}.items()))))
+    if (prepend is not None or append is not None) and a.ndim >= 1 and n != 0:
+        ax = routines.axis_index(axis, "np.diff", a.ndim)
+        parts = []
+        for value, at_end in ((prepend, False), (append, True)):
+            if value is None:
+                continue
+            if not isinstance(value, LazyArray) and np.ndim(value) == 0:  # NumPy's broadcast
+                shape = list(a.shape)
+                shape[ax] = 1
+                value = np.broadcast_to(np.asarray(value), tuple(shape)).copy()
+            parts.append((at_end, value))
+        joined = [v for e, v in parts if not e] + [a] + [v for e, v in parts if e]
+        return diff(np.concatenate(joined, axis=ax), n, ax)
     if not isinstance(n, int | np.integer):  # True is 1, as NumPy
         raise TypeError(f"np.diff: n must be an integer, got {n!r}")
     if n < 0:
