@@ -77,12 +77,18 @@ def test_cholesky_matches_numpy(eng, tmp_path, rng, dtype, n, in_tile, out_tile)
     close(np.linalg.cholesky(a).compute(), want, dtype)  # NumPy dispatch
 
 
+def _twice(fn, *args):
+    fn(*args)
+    return fn(*args)
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_split_tail_tiles_match_numpy(eng, tmp_path, rng, dtype):
     """n = 1100 in 256 x 256 tiles (5 x 5, the last 76 wide): the closing
-    tiles (4, 4), (4, 3), (3, 3) run as an early update (written in place,
-    unmarked) and the rest; the factor is NumPy's and the figures are the
-    plan's (the partial tiles written and read back counted)."""
+    tiles (4, 4), (4, 3), (3, 3) run as an early update (held in memory) and
+    the rest; the factor is NumPy's and the figures are the plan's. A budget
+    with room for one partial tile splits (4, 4) alone. Rerunning a split
+    tile's task (a retry after its worker died) gives the same factor."""
     from tilearray.engine.plan import cholesky as pc
 
     n = 1100
@@ -94,11 +100,26 @@ def test_split_tail_tiles_match_numpy(eng, tmp_path, rng, dtype):
     assert "in two tasks" in plan.stages[0].description
     updates = sorted(t.key[2:] for t in plan.stages[0].work if "update" in t.key)
     assert updates == [(3, 3), (4, 3), (4, 4)]
-    assert pc.split_tiles(3) == {(2, 2)}  # (2, 1), (1, 1): no early columns
-    assert pc.split_tiles(2) == set()
+    one = ta.Budget.from_config("1GiB", 1, 1)
+    assert pc.split_tiles(5, 10, 4, one) == {(4, 4), (4, 3), (3, 3)}
+    assert pc.split_tiles(5, one.task_memory - 5, 4, one) == {(4, 4)}
+    assert pc.split_tiles(5, one.task_memory - 3, 4, one) == set()
+    assert pc.split_tiles(3, 0, 4, one) == {(2, 2)}  # (2, 1), (1, 1): no early columns
+    # each task of the graph run twice in a row (as a retry after a write would):
+    # the partial tile is the dependency's value, never changed, so the factor is the same
+    import dask
+
+    graph = dict(plan.graph())
+    for key in [k for k in graph if isinstance(k, tuple) and len(k) == 3
+                and isinstance(k[1], int) and (k[1], k[2]) in {(4, 4), (4, 3), (3, 3)}]:
+        fn, *args = graph[key]
+        graph[key] = (_twice, fn, *args)
     out = low.to_zarr(tmp_path / "l.zarr", tile=(64, 64))
     same_figures(plan, out.stats)
-    close(out.compute(), np.linalg.cholesky(x.astype(np.float64)).astype(dtype), dtype)
+    want = np.linalg.cholesky(x.astype(np.float64)).astype(dtype)
+    close(out.compute(), want, dtype)
+    dask.get(graph, list(plan.result.keys))  # rewrites the same output's tiles
+    close(np.tril(zarr.open_array(tmp_path / "l.zarr")[...]), want, dtype)
 
 
 def test_stored_factor_codec(eng, tmp_path, rng):
@@ -212,12 +233,11 @@ def test_plan_reports_io_against_the_lower_bound(tmp_path):
     n, b = 32768, 4096
     assert f"by {b} x {b} tiles" in st.description, st.description
     assert st.peak_task_memory <= budget.task_memory
-    split = 3 * b * b * 8  # the closing tiles' early updates, written and read back
-    assert st.bytes_written == n * n * 8 + split
+    assert st.bytes_written == n * n * 8
     nt = n // b
     a_once = nt * (nt + 1) // 2 * b * b * 8
     l_back = 8 * n**3 / (3 * b)
-    assert abs(st.bytes_read - split - a_once - l_back) < 0.1 * l_back, st
+    assert abs(st.bytes_read - a_once - l_back) < 0.1 * l_back, st
     assert plan.io_lower_bound and "Cholesky I/O lower bound" in str(plan)
     assert st.bytes_read / st.io_lower_bound < 3  # 5.3x with tiles of one unit
     # a tile of one unit would not use the budget: the next multiple does not fit
@@ -369,8 +389,7 @@ def test_resume_recomputes_only_missing_tiles(eng, tmp_path, rng):
     assert len(done_units(ref)) == 15 * 15 - 4
     again = low.to_zarr(out, resume=True)
     assert again.stats.tasks == 3 + 1 + 1  # three lower tiles, zeros of row 0, (2, 2)'s update
-    # tiles (0, 0), (2, 1), (2, 2) (and its early update, written in place), zeros of row 0
-    assert again.stats.bytes_written == (b * b + 120 * b + 2 * 120 * 120 + b * b) * 8
+    assert again.stats.bytes_written == (b * b + 120 * b + 120 * 120 + b * b) * 8
     assert_close(again.compute(), np.linalg.cholesky(x))
 
 

@@ -535,6 +535,8 @@ def test_cov_corrcoef_of_vectors_pairs_and_weights(thread_engine, tmp_path, dtyp
         np.cov(a[:, 0], x[:10, 1])
     with pytest.raises(ValueError, match="ddof must be integer"):
         np.cov(a, ddof=1.5)
+    with pytest.raises(ZeroDivisionError, match="Weights sum to zero"):
+        np.cov(a, rowvar=False, fweights=np.zeros(61, int))
 
 
 # -- isclose / allclose / average / outer ------------------------------------------------------

@@ -76,21 +76,17 @@ def _subtract_panels(c, l_ref, rows, cols, k_range: tuple, panel: int, diagonal:
 def update(a_spec, a_deps, l_ref, edges, strips: tuple, panel: int, i: int, j: int,
            k_stop: int, dtype, *after):
     """The first part of a split tile task: ``A_ij - sum_k L_ik L_jk^T`` for the
-    L columns left of ``k_stop`` (those whose tiles are finished early),
-    written into the tile's own place in ``l_ref`` without done markers
-    (nothing held in memory: :func:`tile` reads it back, adds the rest and
-    writes the tile with its markers; a job killed between the two leaves
-    the units unmarked, so a resume computes the tile again). Returns
-    ``(None, stats, k_stop)``. ``after``: the tasks that wrote the L tiles
-    it reads."""
+    L columns left of ``k_stop`` (those whose tiles are finished early), as
+    ``(F-ordered partial tile, stats, k_stop)`` in worker memory (never in
+    the output: a marked unit always holds final values, and the tile task
+    can run again from it); :func:`tile` adds the rest. ``after``: the tasks
+    that wrote the L tiles it reads."""
     buffers.release(blocks_only=True)
     stats = IOStats()
     rows, cols = edges[i], edges[j]
     c = _read_a(a_spec, a_deps, rows, cols, strips, dtype, stats)
     c = _subtract_panels(c, l_ref, rows, cols, (0, k_stop), panel, i == j, stats)
-    write_block(l_ref, rows, cols, c if c.dtype == dtype else c.astype(dtype), stats,
-                mark=False)
-    return None, counted(stats.as_dict()), k_stop
+    return c, counted(stats.as_dict()), k_stop
 
 
 def tile(a_spec, a_deps, l_ref, edges, strips: tuple, panel: int, i: int, j: int, dtype,
@@ -98,13 +94,12 @@ def tile(a_spec, a_deps, l_ref, edges, strips: tuple, panel: int, i: int, j: int
     """``L_ij`` of the Cholesky factor, written into ``l_ref`` unit by unit.
 
     ``A_ij`` is read strip by strip into one F-ordered tile (or, given
-    ``partial``, the result of :func:`update`, the tile it wrote in place
-    with the L columns left of its ``k_stop`` subtracted is read back); the
-    L tiles to its left (from there) are streamed back from the output in
-    column panels ``panel`` wide (its I/O unit), one pair at a
-    time. The tile is factored (``potrf``) or solved against ``L_jj``
-    (``trsm``) in place. Returns the diagonal of ``L_jj`` (``i == j``) or
-    None: results stay small, as every later task of its row and column
+    ``partial``, the result of :func:`update` -- the tile with the L columns
+    left of its ``k_stop`` subtracted -- is copied); the L tiles to its left
+    (from there) are streamed back from the output in column panels
+    ``panel`` wide (its I/O unit), one pair at a time. The tile is factored
+    (``potrf``) or solved against ``L_jj`` (``trsm``) in place. Returns the
+    diagonal of ``L_jj`` (``i == j``) or None: results stay small, as every later task of its row and column
     receives them. ``after``: the tasks that wrote the L tiles it reads
     (their results unused)."""
     buffers.release(blocks_only=True)
@@ -113,9 +108,9 @@ def tile(a_spec, a_deps, l_ref, edges, strips: tuple, panel: int, i: int, j: int
     merged: dict = {}
     if partial is None:
         c, k0 = _read_a(a_spec, a_deps, rows, cols, strips, dtype, stats), 0
-    else:  # the early updates, written in place by :func:`update`
+    else:  # never the dependency's own array: a rerun must find it unchanged
         merged, k0 = partial[1], partial[2]
-        c = kern.as_fortran(read_region(l_ref, rows, cols, stats), kern.result_dtype(dtype))
+        c = np.array(partial[0], order="F")
     c = _subtract_panels(c, l_ref, rows, cols, (k0, cols[0]), panel, i == j, stats)
     if i == j:
         try:

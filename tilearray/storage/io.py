@@ -408,11 +408,9 @@ def prefetch_region(ref: ArrayRef, rows: Range, cols: Range) -> None:
 
 def write_block(
     ref: ArrayRef, rows: Range, cols: Range, data: np.ndarray, stats: IOStats | None = None,
-    *, arr=None, mark: bool = True,
+    *, arr=None,
 ) -> IOStats:
-    """Write a unit-aligned block whole, then mark each of its units done
-    (``mark=False``: an intermediate value the job overwrites and marks later,
-    e.g. a split Cholesky tile's early updates).
+    """Write a unit-aligned block whole, then mark each of its units done.
 
     Idempotent: writing the same block twice leaves the same bytes.
     """
@@ -441,9 +439,8 @@ def write_block(
                     arr[r0:r1] = block[:, 0]
                 else:
                     arr[r0:r1, c0:c1] = block
-                if mark:
-                    mark_unit_done(ref, i, j)
-                    stats.units_written += 1
+                mark_unit_done(ref, i, j)
+                stats.units_written += 1
     except OutputLockedError:
         raise
     except OSError as e:

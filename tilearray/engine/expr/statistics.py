@@ -104,6 +104,8 @@ def _weights(fweights, aweights, obs: int, ddof: int):
         if np.any(arr < 0):
             raise ValueError(f"{name} cannot be negative")
         w = arr if w is None else w * arr
+    if w is not None and w.sum() == 0:
+        raise ZeroDivisionError("Weights sum to zero, can't be normalized")
     if w is None:
         fact = obs - ddof
     elif ddof == 0:

@@ -25,7 +25,7 @@ from dask.utils import format_bytes
 
 from ...errors import PlanningError
 from ...graphs import cholesky as gch
-from ...graphs.blas import tile_edges
+from ...graphs.blas import result_dtype, tile_edges
 from ...graphs.emit import Tasks
 from ...graphs.spec import Read, leaves, unit_edges
 from . import layout
@@ -48,20 +48,26 @@ chain a 4 x 4 grid leaves one thread idle for whole tile tasks."""
 
 
 SPLIT_ORDER = ((-1, -1), (-1, -2), (-2, -2))
-"""The closing tiles that run as two tasks: the updates by the L columns
-left of column ``j - 1`` (ready while column ``j - 1`` is being factored),
-written in the tile's own place without done markers, then the rest (the
-tile read back). The chain ``(j, j) -> (j + 1, j) -> (j + 1, j + 1)``
-otherwise runs alone on one thread: at 32768² in 4096² tiles on 2 threads a
-task stream showed one worker idle 30.7 s of 132.7 s behind ``(6, 6), (7,
-6), (7, 7)`` (7.7 + 15.4 + 8.6 s); simulated, splitting ``(7, 7)`` saves 8 s,
-with ``(7, 6)`` 12 s, all three 13 s (more tiles: no further gain)."""
+"""Closing tiles that may run as two tasks, in this order as the budget
+allows: the updates by the L columns left of column ``j - 1`` (ready while
+column ``j - 1`` is being factored), held in worker memory, then the rest.
+The chain ``(j, j) -> (j + 1, j) -> (j + 1, j + 1)`` otherwise runs alone on
+one thread: at 32768² in 4096² tiles on 2 threads a task stream showed one
+worker idle 30.7 s of 132.7 s behind ``(6, 6), (7, 6), (7, 7)`` (7.7 + 15.4
++ 8.6 s); splitting ``(7, 7)`` alone (what 2 x 1 GiB allows) took the run
+from 134.7-135.4 s to 129.9 s. The partial tile is never written to the
+output, where a marked unit must hold final values (a review showed a
+partial written in place corrupting a resume with another tile size and a
+rerun of the tile task)."""
 
 
-def split_tiles(nt: int) -> set:
-    """The tiles of :data:`SPLIT_ORDER` in an ``nt x nt`` tiling that have
-    early updates (not in the first two columns)."""
-    return {(nt + i, nt + j) for i, j in SPLIT_ORDER if nt + j >= 2}
+def split_tiles(nt: int, peak: int, tile_bytes: int, budget: Budget) -> set:
+    """The tiles of :data:`SPLIT_ORDER` whose partial tiles fit the budget
+    beside a task's ``peak``, all held at once in the worst case (tiles in
+    the first two columns have no early updates)."""
+    room = max(budget.task_memory - peak, 0) // max(tile_bytes, 1)
+    tiles = [(nt + i, nt + j) for i, j in SPLIT_ORDER if nt + j >= 2]
+    return set(tiles[:room])
 
 
 FLOPS_PER_BYTE = 20
@@ -228,7 +234,7 @@ def lower_cholesky(node, spec, deps: list, budget: Budget, b: int, out, l_grid,
     l_panels = layout.BlockCosts(lread, cuts, l_grid.unit_edges(1))
     l_tiles = layout.BlockCosts(lread, cuts, cuts)
     work, keys, tot, written = Tasks(), [], layout.ReadTotals(), 0
-    split = split_tiles(nt)
+    split = split_tiles(nt, peak, b * b * np.dtype(result_dtype(dtype)).itemsize, budget)
     priority = critical_paths(edges, done, dtype.itemsize, split)
     for j in range(nt):
         for i in range(j, nt):
@@ -238,15 +244,12 @@ def lower_cholesky(node, spec, deps: list, budget: Budget, b: int, out, l_grid,
             reads += [(j, j)] if i > j else []
             after = [(name, r, c) for r, c in reads if (r, c) not in done]
             partial = None
-            if (i, j) in split:  # the early updates as their own task, written in place
+            if (i, j) in split:  # the early updates as their own task, held in memory
                 early = [a for a in after if a[2] < j - 1]
                 after = [a for a in after if a[2] >= j - 1]
                 partial = work.add((name, "update", i, j), gch.update, spec, deps, out, edges,
                                    strips, u, i, j, edges[j - 1][0], dtype, *early,
                                    priority=priority["update", i, j])
-                tot.add(l_tiles.at(i, j))  # read back by the tile task
-                written += (edges[i][1] - edges[i][0]) * (edges[j][1] - edges[j][0]) * \
-                    dtype.itemsize
             keys.append(work.add((name, i, j), gch.tile, spec, deps, out, edges, strips, u,
                                  i, j, dtype, partial, *after, priority=priority[i, j]))
             s0, s1 = row_cuts.index(edges[i][0]), row_cuts.index(edges[i][1])
@@ -279,8 +282,8 @@ def lower_cholesky(node, spec, deps: list, budget: Budget, b: int, out, l_grid,
         "cholesky", f"{short(node)}: left-looking by {b} x {b} tiles ({nt} x {nt}; "
         f"{len(keys)} tasks, each writing its {u} x {u} units whole); each task reads its A "
         f"tile strip by strip and streams the L panels to its left back from the output"
-        + (f" (tiles {sorted(split)} in two tasks: the updates known early, written in "
-           "place, then the rest)" if split else "") + "; "
+        + (f" (tiles {sorted(split)} in two tasks: the updates known early, held in "
+           "memory, then the rest)" if split else "") + "; "
         f"reads {format_bytes(tot.nbytes)} vs the I/O lower bound n^3/(3 sqrt(M)) = "
         f"{format_bytes(bound)} ({tot.nbytes / max(bound, 1):.2f}x)"
         + back, len(work), peak, tot.nbytes, written, flops=n**3 // 3, io_lower_bound=bound,
