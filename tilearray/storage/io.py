@@ -24,7 +24,7 @@ from .array import ArrayRef, every_unit_stored, grid_of, mark_unit_done, unit_do
 from .chunks import DirectReader, direct_reader
 from .geometry import Grid, Range
 from .locks import check_writer, local_root
-from .stream import RowStreamer, row_streamer
+from .stream import PERMANENT_OS_ERRORS, RowStreamer, row_streamer
 
 log = logging.getLogger(__name__)
 
@@ -269,10 +269,6 @@ def _locate_corruption(arr, ref, grid: Grid, req: ReadRequest, err: Exception) -
                 return CorruptChunkError(str(ref), (ti, tj), f"{type(e).__name__}: {e}"
                                          + _chunk_file(arr, grid, ti, tj))
     return CorruptChunkError(str(ref), (-1, -1), f"{type(err).__name__}: {err}")
-
-
-PERMANENT_OS_ERRORS = (IsADirectoryError, NotADirectoryError, PermissionError)
-"""Store errors a retry cannot cure: reported at once, naming the path."""
 
 
 def _chunk_file(arr, grid: Grid, ti: int, tj: int) -> str:

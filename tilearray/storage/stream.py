@@ -239,6 +239,10 @@ class RowStreamer:
                 stats.store_gets += len(js)
 
 
+PERMANENT_OS_ERRORS = (IsADirectoryError, NotADirectoryError, PermissionError)
+"""Store errors a retry cannot cure: reported at once, naming the path."""
+
+
 class _ChunkStream:
     """One chunk file, decoded row by row into caller buffers."""
 
@@ -290,7 +294,7 @@ class _ChunkStream:
             except (FileNotFoundError, StorageError):
                 raise
             except OSError as e:
-                if isinstance(e, (IsADirectoryError, NotADirectoryError, PermissionError)):
+                if isinstance(e, PERMANENT_OS_ERRORS):
                     raise StorageError(f"{what} of chunk {self.tile} of {self.owner.name!r} "
                                        f"failed: {e}") from e
                 if attempt == retries:

@@ -19,7 +19,7 @@ from . import routines, statistics
 from .lazy import LazyArray
 from .nodes import Elemwise
 from .npbase import implements
-from .ops import HANDLED, elemwise, matmul, reduce_as
+from .ops import HANDLED, elemwise, matmul, nan_as, reduce_as
 
 _INITIAL = {"sum": "add", "prod": "multiply", "max": "maximum", "min": "minimum",
             "nansum": "add", "nanmax": "fmax", "nanmin": "fmin"}
@@ -68,9 +68,7 @@ def nanprod(a, axis=None, dtype=None, out=None, keepdims=False, initial=None, wh
     """The product with NaNs taken as 1, as :func:`numpy.nanprod` (one pass)."""
     if out is not None or initial is not None or where is not None:
         raise TypeError("np.nanprod: out=, initial= and where= are not supported on TiledArrays")
-    if np.dtype(a.dtype).kind in "fc":
-        a = elemwise("where", elemwise("isnan", a), np.asarray(1, a.dtype)[()], a)
-    return np.prod(a, axis=axis, dtype=dtype, keepdims=keepdims)
+    return np.prod(nan_as(a, 1), axis=axis, dtype=dtype, keepdims=keepdims)
 
 
 @implements(np.dot)

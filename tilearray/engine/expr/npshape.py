@@ -15,7 +15,7 @@ from . import routines, selection
 from .lazy import LazyArray
 from .nodes import Elemwise, Full
 from .npbase import implements, small_values
-from .ops import HANDLED, elemwise, wrap_like
+from .ops import HANDLED, elemwise, nan_as, wrap_like
 
 
 @implements(np.concatenate)
@@ -338,9 +338,7 @@ def _nan_scan(op: str, fill: int):
     def impl(a, axis=None, dtype=None, out=None):
         if out is not None:
             raise TypeError(f"np.nan{op}: out= is not supported on TiledArrays")
-        if np.dtype(a.dtype).kind in "fc":  # NaNs count as 0 (sum) or 1 (product)
-            a = elemwise("where", elemwise("isnan", a), np.asarray(fill, a.dtype)[()], a)
-        return routines.scan(op, a, axis, dtype)
+        return routines.scan(op, nan_as(a, fill), axis, dtype)  # NaN: 0 (sum), 1 (product)
 
     impl.__name__ = f"nan{op}"
     return impl

@@ -113,6 +113,14 @@ def elemwise(name: str, *args, **kwargs) -> ExprBase:
     return _wrap(args, Elemwise(shape, dtype, name, tuple(nodes), tuple(sorted(kwargs.items()))))
 
 
+def nan_as(a, fill):
+    """``a`` with its NaNs replaced by ``fill`` (lazy, fused into the reads);
+    ``a`` itself when its dtype has no NaNs."""
+    if np.dtype(a.dtype).kind not in "fc":
+        return a
+    return elemwise("where", elemwise("isnan", a), np.asarray(fill, a.dtype)[()], a)
+
+
 def _check_operand(a, name: str) -> None:
     """Refuse what cannot be an elementwise operand, with a TypeError like NumPy's."""
     if not isinstance(a, Node) and not np.isscalar(a) and not isinstance(a, np.dtype | type):
