@@ -22,6 +22,7 @@ LAYOUTS = {
     "v3-blosc": {"compressors": BloscCodec()},
     "v3-gzip": {"compressors": GzipCodec()},
     "v3-zstd-crc32c": {"compressors": [ZstdCodec(level=1), Crc32cCodec()]},
+    "v3-raw-crc32c": {"compressors": [Crc32cCodec()]},  # read straight into the output
     "v2-default": {"zarr_format": 2},
     "v2-raw": {"zarr_format": 2, "compressors": None},
     "v2-zlib": {"zarr_format": 2, "compressors": numcodecs.Zlib()},
@@ -61,7 +62,8 @@ def test_missing_chunk_is_the_fill_value(tmp_path):
     np.testing.assert_array_equal(got, z[...])
 
 
-@pytest.mark.parametrize("layout", ["v3-zstd-default", "v3-zstd-crc32c", "v2-default"])
+@pytest.mark.parametrize("layout", ["v3-zstd-default", "v3-zstd-crc32c", "v3-raw-crc32c",
+                                    "v2-default"])
 def test_corrupt_chunk_names_the_tile(tmp_path, layout):
     z, _ = _make(tmp_path / "a.zarr", **LAYOUTS[layout])
     key = z.metadata.encode_chunk_key((2, 1))
@@ -78,12 +80,26 @@ def test_corrupt_chunk_names_the_tile(tmp_path, layout):
     assert f"chunk file {key!r}" in str(e.value)  # the file to look at, in its key format
 
 
-def test_truncated_raw_chunk_is_corrupt(tmp_path):
-    z, _ = _make(tmp_path / "a.zarr", compressors=None)
-    f = tmp_path / "a.zarr" / "c" / "0" / "2"
-    f.write_bytes(f.read_bytes()[:100])
+@pytest.mark.parametrize("layout", ["v3-raw", "v3-raw-crc32c", "v2-raw"])
+@pytest.mark.parametrize("keep", [100, -1, -4])
+def test_truncated_raw_chunk_is_corrupt(tmp_path, layout, keep):
+    z, _ = _make(tmp_path / "a.zarr", **LAYOUTS[layout])
+    key = z.metadata.encode_chunk_key((0, 2))
+    f = tmp_path / "a.zarr" / key
+    f.write_bytes(f.read_bytes()[:keep])
     with pytest.raises(CorruptChunkError, match=r"\(0, 2\)"):
         direct_reader(z, "a", z.store, "").read((0, 300), (512, 700))
+
+
+@pytest.mark.parametrize("layout", ["v3-raw", "v3-raw-crc32c", "v3-zstd-default"])
+def test_reads_into_a_reused_buffer(tmp_path, layout):
+    z, x = _make(tmp_path / "a.zarr", chunks=(300, 350), **LAYOUTS[layout])
+    r = direct_reader(z, "a", z.store, "")
+    out = np.full((300, 700), np.nan)
+    for rows in [(0, 300), (300, 600), (600, 900)]:  # whole chunks land in ``out`` itself
+        got = r.read(rows, (0, 700), out=out)
+        assert got is out
+        np.testing.assert_array_equal(out, x[slice(*rows)])
 
 
 COMPRESSED = {

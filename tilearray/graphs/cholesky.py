@@ -27,7 +27,7 @@ from ..errors import NotPositiveDefiniteError, SingularMatrixError
 from ..storage import IOStats, buffers, prefetch_region, read_region, write_block
 from . import blas as kern
 from .matmul import counted, merge_stats
-from .spec import evaluate, prefetch
+from .spec import evaluate, prefetch, unit_edges
 
 SlogdetResult = type(np.linalg.slogdet(np.eye(1)))
 
@@ -39,15 +39,20 @@ def _c(spec, rows, cols, deps, stats, dtype) -> np.ndarray:
 
 def _read_a(a_spec, a_deps, rows, cols, strips, dtype, stats) -> np.ndarray:
     """``A_ij`` read strip by strip (rows cut at ``strips``, global row
-    positions: each strip inside one I/O unit row of every input) into one
-    F-ordered tile of the computing dtype."""
+    positions: each strip inside one I/O unit row of every input), a strip
+    unit column by unit column (a whole stored chunk decodes straight into
+    the block read, not through a chunk buffer), into one F-ordered tile of
+    the computing dtype."""
     c = np.empty((rows[1] - rows[0], cols[1] - cols[0]), dtype=kern.result_dtype(dtype),
                  order="F")
     prefetch(a_spec, rows, cols)  # the OS loads later strips while the first are copied
     cuts = [rows[0], *(s for s in strips if rows[0] < s < rows[1]), rows[1]]
+    col_cuts = unit_edges(a_spec, 1, cols[1])
+    col_cuts = [cols[0], *(s for s in col_cuts if cols[0] < s < cols[1]), cols[1]]
     for s0, s1 in zip(cuts, cuts[1:], strict=False):
-        kern.copy_rows(c[s0 - rows[0]:s1 - rows[0]],
-                       evaluate(a_spec, (s0, s1), cols, list(a_deps), stats))
+        for t0, t1 in zip(col_cuts, col_cuts[1:], strict=False):
+            kern.copy_rows(c[s0 - rows[0]:s1 - rows[0], t0 - cols[0]:t1 - cols[0]],
+                           evaluate(a_spec, (s0, s1), (t0, t1), list(a_deps), stats))
     return c
 
 
@@ -56,20 +61,27 @@ def _subtract_panels(c, l_ref, rows, cols, k_range: tuple, panel: int, diagonal:
     """``c - sum_k L_ik L_jk^T`` over the L column panels ``panel`` wide in
     ``k_range``, streamed back from the output one pair at a time (the next
     pair loads while this one multiplies)."""
+    if k_range[0] >= k_range[1]:
+        return c
+    arr = l_ref.open()
+    sides = [rows] if diagonal else [rows, cols]
+    # one buffer a side for the whole task, read into in place: a fresh 64 MiB
+    # panel a step is a new mapping, faulted in and zeroed by the kernel each time
+    bufs = [np.empty((r[1] - r[0]) * panel, arr.dtype) for r in sides]
+
+    def read_panel(r, buf, k):
+        h, w = r[1] - r[0], k[1] - k[0]
+        return read_region(l_ref, r, k, stats, arr=arr, out=buf[:h * w].reshape(h, w))
+
     for k0 in range(k_range[0], k_range[1], panel):
         k = (k0, min(k0 + panel, k_range[1]))
-        lik = read_region(l_ref, rows, k, stats)
+        lik, *ljk = (read_panel(r, buf, k) for r, buf in zip(sides, bufs, strict=True))
         if k[1] < k_range[1]:
             nxt = (k[1], min(k[1] + panel, k_range[1]))
-            for r in {rows, cols}:
+            for r in set(sides):
                 prefetch_region(l_ref, r, nxt)
-        if diagonal:
-            c = kern.syrk_update(c, lik)
-        else:
-            ljk = read_region(l_ref, cols, k, stats)
-            c = kern.gemm_update(c, lik, ljk, trans_b=True)
-            del ljk
-        del lik
+        c = kern.syrk_update(c, lik) if diagonal else \
+            kern.gemm_update(c, lik, ljk[0], trans_b=True)
     return c
 
 

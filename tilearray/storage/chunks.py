@@ -141,31 +141,29 @@ class DirectReader:
     def _read_chunk(self, i, j, target: np.ndarray, chunk_bytes: int) -> bool:
         """Decode chunk ``(i, j)`` into ``target``; False when it is not stored.
         Its compressed bytes go through this thread's reused scratch buffer
-        (see :mod:`.buffers`)."""
+        (see :mod:`.buffers`); an uncompressed chunk is read straight into
+        ``target``."""
         path = os.path.join(self.root, *self.meta.encode_chunk_key((i, j)).split("/"))
         # a chunk file is read whole: say so (the kernel's read-ahead window is smaller)
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
             return False
+        key = self.meta.encode_chunk_key((i, j))
+        flat = target.reshape(-1).view(np.uint8)
         try:
             size = os.fstat(fd).st_size
             if hasattr(os, "posix_fadvise"):
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            tail = 4 if self.crc32c else 0
+            if self.codec is None and size == chunk_bytes + tail:
+                return self._read_raw(fd, i, j, flat, tail, key)
             view = memoryview(buffers.scratch(max(size, 1)))[:size]
-            got = 0
-            while got < size:
-                k = os.readv(fd, [view[got:]])
-                if k == 0:
-                    break
-                got += k
+            data = view[:_read_fully(fd, view)]
         finally:
             os.close(fd)
-        data = view[:got]
-        key = self.meta.encode_chunk_key((i, j))
         if self.crc32c:
             data = self._checked(i, j, data, key)
-        flat = target.reshape(-1).view(np.uint8)
         try:
             if self.codec is None:
                 if len(data) != chunk_bytes:
@@ -176,6 +174,25 @@ class DirectReader:
         except Exception as e:
             raise CorruptChunkError(self.name, (i, j),
                                     f"{type(e).__name__}: {e} (chunk file {key!r})") from e
+        return True
+
+    def _read_raw(self, fd: int, i, j, flat: np.ndarray, tail: int, key: str) -> bool:
+        """An uncompressed chunk of the right size, read straight into
+        ``flat`` (no scratch copy: the factor of a Cholesky is read back
+        this way many times) and its crc32c (``tail`` bytes) checked there."""
+        got = _read_fully(fd, memoryview(flat))
+        end = bytearray(tail)
+        if got == flat.nbytes and tail:
+            got += _read_fully(fd, memoryview(end))
+        if got != flat.nbytes + tail:  # the file shrank under us
+            raise CorruptChunkError(self.name, (i, j), f"{got} bytes read, a chunk has "
+                                    f"{flat.nbytes + tail} (chunk file {key!r})")
+        if tail:
+            from crc32c import crc32c
+
+            if crc32c(flat) != int.from_bytes(end, "little"):
+                raise CorruptChunkError(self.name, (i, j),
+                                        f"crc32c checksum mismatch (chunk file {key!r})")
         return True
 
     def _checked(self, i, j, data: memoryview, key: str) -> memoryview:
@@ -189,6 +206,17 @@ class DirectReader:
             raise CorruptChunkError(self.name, (i, j),
                                     f"crc32c checksum mismatch (chunk file {key!r})")
         return data[:-4]
+
+
+def _read_fully(fd: int, view: memoryview) -> int:
+    """Read from ``fd`` into ``view`` until it is full or the file ends; the bytes read."""
+    got = 0
+    while got < len(view):
+        k = os.readv(fd, [view[got:]])
+        if k == 0:
+            break
+        got += k
+    return got
 
 
 def _declared_size(codec, data: memoryview) -> int | None:
