@@ -233,8 +233,8 @@ def test_plan_reports_io_against_the_lower_bound(tmp_path):
     n, b = 32768, 4096
     assert f"by {b} x {b} tiles" in st.description, st.description
     assert st.peak_task_memory <= budget.task_memory
-    assert st.bytes_written == n * n * 8
     nt = n // b
+    assert st.bytes_written == nt * (nt + 1) // 2 * b * b * 8  # tiles above: not stored
     a_once = nt * (nt + 1) // 2 * b * b * 8
     l_back = 8 * n**3 / (3 * b)
     assert abs(st.bytes_read - a_once - l_back) < 0.1 * l_back, st
@@ -389,8 +389,38 @@ def test_resume_recomputes_only_missing_tiles(eng, tmp_path, rng):
     assert len(done_units(ref)) == 15 * 15 - 4
     again = low.to_zarr(out, resume=True)
     assert again.stats.tasks == 3 + 1 + 1  # three lower tiles, zeros of row 0, (2, 2)'s update
-    assert again.stats.bytes_written == (b * b + 120 * b + 120 * 120 + b * b) * 8
+    # the upper tile is marked as zeros, not written: its stale NaN chunk is deleted
+    assert again.stats.bytes_written == (b * b + 120 * b + 120 * 120) * 8
+    assert not (out / z.metadata.encode_chunk_key((0, 8))).exists()
     assert_close(again.compute(), np.linalg.cholesky(x))
+
+
+def test_tiles_above_the_diagonal_are_not_stored_and_read_as_zeros(eng, tmp_path, rng):
+    """The zero tiles above the diagonal tiles are marked, not stored (format
+    3): plain Zarr reads them as its fill value, tilearray's readers (direct,
+    streamed) too, while a lost chunk of a stored unit is still an error."""
+    n, u = 300, 40
+    x = spd(rng, n)
+    out = tmp_path / "l.zarr"
+    ta.linalg.cholesky(stored(tmp_path, "a.zarr", x, (50, 50))).to_zarr(out, tile=(u, u))
+    want = np.linalg.cholesky(x)
+    z = zarr.open_array(out, mode="r")
+    absent = {(i, j) for i in range(8) for j in range(8)
+              if not (out / z.metadata.encode_chunk_key((i, j))).exists()}
+    # 240 x 240 task tiles: the tile (0, 1) above the diagonal, units 0-5 x 6-7
+    assert absent == {(i, j) for i in range(6) for j in (6, 7)}
+    assert len(done_units(ArrayRef.from_location(out))) == 64
+    assert_close(z[...], want)
+    low = ta.open(out)
+    assert_close(np.asarray(low), want)
+    assert_close(low.sum(axis=0), want.sum(axis=0))
+    v = rng.standard_normal(n)
+    assert_close(low @ v, want @ v)
+    os.remove(out / z.metadata.encode_chunk_key((7, 0)))  # a stored unit, lost
+    with pytest.raises(ta.errors.CorruptChunkError, match="missing"):
+        np.asarray(ta.open(out))
+    with pytest.raises(ta.errors.CorruptChunkError, match="missing"):
+        ta.open(out).sum(axis=0).compute()
 
 
 @pytest.mark.slow

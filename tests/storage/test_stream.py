@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from zarr.codecs import BloscCodec, Crc32cCodec, GzipCodec, ZstdCodec
 
-from tilearray.errors import CorruptChunkError
+from tilearray.errors import CorruptChunkError, StorageError
 from tilearray.storage import IOStats, grid_of
 from tilearray.storage.stream import (
     DECODER_STATE,
@@ -331,3 +331,32 @@ def test_zarr_copy_of_an_output_streams_its_unstored_chunks_as_fill(tmp_path):
     r = open_row_streamer(ArrayRef.from_location(tmp_path / "out.zarr"))
     with pytest.raises(CorruptChunkError, match=r"\(1, 0\).*missing"):
         _streamed(r, (0, 300), (0, 40), 64)
+
+
+def test_units_marked_as_the_fill_value_stream_as_zeros(tmp_path):
+    """Format 3: a unit whose done marker says it is the fill value has no
+    chunk (write_fill deletes one a job left) and streams as zeros; the other
+    units' lost chunks are still lost data."""
+    import dask
+
+    import tilearray as ta
+    from tilearray.storage import ArrayRef, write_fill
+    from tilearray.storage.io import open_row_streamer
+
+    x = np.random.default_rng(2).standard_normal((300, 40))
+    with dask.config.set({"tilearray.storage.compressor": "zstd"}):  # streamable
+        ta.from_numpy(x, tmp_path / "out.zarr", tile=(100, 40))
+    ref = ArrayRef.from_location(tmp_path / "out.zarr")
+    write_fill(ref, (100, 200), (0, 40))
+    write_fill(ref, (100, 200), (0, 40))  # idempotent
+    assert not os.path.exists(tmp_path / "out.zarr" / "c" / "1" / "0")
+    x[100:200] = 0.0
+    r = open_row_streamer(ref)
+    assert r is not None and r.missing_is_error
+    np.testing.assert_array_equal(_streamed(r, (0, 300), (0, 40), 64), x)
+    np.testing.assert_array_equal(np.asarray(ta.open(tmp_path / "out.zarr")), x)
+    with pytest.raises(StorageError, match="not aligned"):
+        write_fill(ref, (50, 100), (0, 40))
+    os.remove(tmp_path / "out.zarr" / "c" / "2" / "0")
+    with pytest.raises(CorruptChunkError, match=r"\(2, 0\).*missing"):
+        _streamed(open_row_streamer(ref), (0, 300), (0, 40), 64)

@@ -8,7 +8,8 @@ output array, written earlier by the tasks it depends on), then factors
 place and writes ``L_ij`` unit by unit, with their done markers. A tile is
 several of the output's I/O units: the planner makes it as large as a task
 holds, since the L reads fall as the tile grows. Each row's tiles above the
-diagonal are written as zeros by one task.
+diagonal are marked as zeros by one task, and not stored (Zarr reads a chunk
+it did not store as the fill value, 0): half the factor's disk and writes.
 
 Triangular solves (``T X = B``) are blocked substitution: task ``i`` reads
 row tile ``i`` of T (the tiles left of the diagonal, or right of it going
@@ -24,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import NotPositiveDefiniteError, SingularMatrixError
-from ..storage import IOStats, buffers, prefetch_region, read_region, write_block
+from ..storage import IOStats, buffers, prefetch_region, read_region, write_block, write_fill
 from . import blas as kern
 from .matmul import counted, merge_stats
 from .spec import evaluate, prefetch, unit_edges
@@ -138,12 +139,11 @@ def tile(a_spec, a_deps, l_ref, edges, strips: tuple, panel: int, i: int, j: int
 
 
 def zeros(l_ref, edges, i: int, cols: tuple, dtype):
-    """Row tile ``i``'s tiles above the diagonal (column tiles ``cols``), written as zeros."""
+    """Row tile ``i``'s tiles above the diagonal (column tiles ``cols``): their
+    units marked as the fill value, zero, and not stored (:func:`write_fill`)."""
     stats = IOStats()
-    rows = edges[i]
     for j in cols:
-        c0, c1 = edges[j]
-        write_block(l_ref, rows, (c0, c1), np.zeros((rows[1] - rows[0], c1 - c0), dtype), stats)
+        write_fill(l_ref, edges[i], edges[j], stats)
     return None, counted(stats.as_dict())
 
 

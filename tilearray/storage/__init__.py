@@ -12,7 +12,15 @@ from .array import (
     open_array,
 )
 from .geometry import Grid, boundaries, int_pair
-from .io import IOStats, ReadRequest, plan_reads, prefetch_region, read_region, write_block
+from .io import (
+    IOStats,
+    ReadRequest,
+    plan_reads,
+    prefetch_region,
+    read_region,
+    write_block,
+    write_fill,
+)
 
 __all__ = [
     "ArrayRef",
@@ -32,4 +40,5 @@ __all__ = [
     "prefetch_region",
     "read_region",
     "write_block",
+    "write_fill",
 ]

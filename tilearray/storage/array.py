@@ -50,6 +50,7 @@ from .locks import (  # noqa: F401  (the output lock, re-exported)
 from .ref import (  # noqa: F401  (re-exported: callers use storage.array's names)
     ATTR_KEY,
     DONE_DIR,
+    FILL_MARKER,
     FORMAT_VERSION,
     ArrayRef,
     check_name,
@@ -421,6 +422,13 @@ def _clip_block(shape, block, name: str, loc: str) -> tuple[int, int]:
 def mark_unit_done(ref: ArrayRef, i: int, j: int) -> None:
     """Record that unit ``(i, j)`` was written whole (after its data)."""
     ref.set_key(unit_done_key(i, j), b"1")
+
+
+def mark_unit_fill(ref: ArrayRef, i: int, j: int, chunk_key: str) -> None:
+    """Record that unit ``(i, j)`` (stored at ``chunk_key``) holds the fill
+    value and is not stored: its chunk is deleted first, if one was left."""
+    ref.delete_key(chunk_key)
+    ref.set_key(unit_done_key(i, j), FILL_MARKER)
 
 
 def done_units(ref: ArrayRef) -> set[tuple[int, int]]:

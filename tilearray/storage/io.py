@@ -20,7 +20,15 @@ from zarr.storage import WrapperStore
 
 from .. import _config
 from ..errors import CorruptChunkError, OutputLockedError, StorageError
-from .array import ArrayRef, every_unit_stored, grid_of, mark_unit_done, unit_done_key
+from .array import (
+    FILL_MARKER,
+    ArrayRef,
+    every_unit_stored,
+    grid_of,
+    mark_unit_done,
+    mark_unit_fill,
+    unit_done_key,
+)
 from .chunks import DirectReader, direct_reader
 from .geometry import Grid, Range
 from .locks import check_writer, local_root
@@ -249,8 +257,9 @@ def check_units_stored(arr, ref: ArrayRef, grid: Grid, rows: Range, cols: Range,
     for (i, j), ok in present.items():
         # a unit without its done marker was not written by the job that made the
         # array complete: a zarr / xarray copy of it, whose all-fill chunks zarr
-        # did not store (attributes are copied, markers are not): the fill value
-        if not ok and ref.has_key(unit_done_key(i, j)):
+        # did not store (attributes are copied, markers are not): the fill value;
+        # so is a unit marked as the fill value (FILL_MARKER), never stored
+        if not ok and ref.get_key(unit_done_key(i, j)) not in (None, FILL_MARKER):
             tile = (i * grid.unit[0] // grid.tile[0], j * grid.unit[1] // grid.tile[1])
             raise CorruptChunkError(
                 str(ref), tile,
@@ -400,6 +409,33 @@ def prefetch_region(ref: ArrayRef, rows: Range, cols: Range) -> None:
             direct.prefetch(rows, cols)
     except Exception:  # a hint only: the read itself reports problems
         log.debug("prefetch hint for %s failed", ref, exc_info=True)
+
+
+def write_fill(ref: ArrayRef, rows: Range, cols: Range, stats: IOStats | None = None,
+               *, arr=None) -> IOStats:
+    """Mark a unit-aligned block as the fill value (0) without storing it:
+    each unit's chunk is deleted if present, then its done marker says
+    :data:`~.ref.FILL_MARKER` (format 3). Zarr reads it as zeros; so do
+    tilearray's readers, where a missing chunk of another marked unit is
+    lost data. Idempotent; nothing is written but the markers."""
+    stats = stats if stats is not None else IOStats()
+    arr = arr if arr is not None else ref.open(mode="r+")
+    grid = grid_of(arr)
+    if not (grid.is_aligned(0, rows) and grid.is_aligned(1, cols)):
+        raise StorageError(f"refusing to mark {str(ref)!r} rows {rows} cols {cols} as zeros: "
+                           f"not aligned to its I/O units {grid.unit}")
+    try:
+        for i in grid.units_touching(0, rows):
+            for j in grid.units_touching(1, cols):
+                check_writer(ref, (i, j))
+                mark_unit_fill(ref, i, j, arr.metadata.encode_chunk_key((i, j)))
+                stats.units_written += 1
+    except OutputLockedError:
+        raise
+    except OSError as e:
+        raise StorageError(f"marking {str(ref)!r} rows {rows} cols {cols} as zeros "
+                           f"failed: {e}") from e
+    return stats
 
 
 def write_block(

@@ -214,10 +214,10 @@ def lower_cholesky(node, spec, deps: list, budget: Budget, b: int, out, l_grid,
                    skip=frozenset(), keep=False) -> Stage:
     """The Cholesky tile tasks of ``node`` (``A`` read as ``spec``) into ``out``
     (grid ``l_grid``: square I/O units dividing ``b``, those in ``skip``
-    done): each ``b x b`` tile task, and per row one task writing the tiles
-    above the diagonal as zeros. ``keep``: each block row is read back by a
-    task (``compute()``; output "blocks"), after every tile task (their
-    figures: output "stats")."""
+    done): each ``b x b`` tile task, and per row one task marking the tiles
+    above the diagonal as zeros, not stored (nothing written but markers).
+    ``keep``: each block row is read back by a task (``compute()``; output
+    "blocks"), after every tile task (their figures: output "stats")."""
     n, dtype = node.shape[0], np.dtype(node.dtype)
     u = l_grid.unit[1]
     peak = chol_peak(spec, b, u, n, dtype.itemsize)
@@ -263,8 +263,6 @@ def lower_cholesky(node, spec, deps: list, budget: Budget, b: int, out, l_grid,
         cols = tuple(j for j in range(i + 1, nt) if (i, j) not in done)
         if cols:
             keys.append(work.add((name, "zeros", i), gch.zeros, out, edges, i, cols, dtype))
-            written += (edges[i][1] - edges[i][0]) * sum(
-                edges[j][1] - edges[j][0] for j in cols) * dtype.itemsize
     bound = io_bound(n, dtype.itemsize, budget)
     outputs = {"result": Output("store", tuple(keys))}
     back = ""
