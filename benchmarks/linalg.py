@@ -50,9 +50,11 @@ normal (chunks ``--spd-chunk`` x 8):
                                       in place (L in memory, not stored; np.linalg.cholesky
                                       holds S, a working copy and L: 3 x 8 GiB at 32768²,
                                       killed for memory here)
-    solve_spd   S x = B               ta.linalg.solve_plan(S, B, assume_a="pos").compute(), i.e.
-                                      ta.linalg.solve(S, B, assume_a="pos") with its plan and
-                                      stats at hand | da.linalg.solve(S, B, assume_a="pos")
+    solve_spd   S x = B               ta.linalg.solve(S, B, assume_a="pos") (float64 in mixed
+                                      precision: a float32 factor, then float64 refinement;
+                                      its runs' plans and stats recorded; ``--spd-solve
+                                      double`` for the float64 factor)
+                                      | da.linalg.solve(S, B, assume_a="pos")
                                       | scipy.linalg.solve(S, B, assume_a="pos",
                                       overwrite_a=True) (NumPy has no SPD solve)
 
@@ -458,8 +460,6 @@ class TilearrayRunner(_Runner):
             return [("lstsq", la.lstsq_plan(self.x, self.y))]
         if op == "cholesky":
             return [("L", la.cholesky(self.spd))]
-        if op == "solve_spd":  # ta.linalg.solve(S, B, assume_a="pos") is solve_plan().compute()
-            return [("x", la.solve_plan(self.spd, self.b, assume_a="pos"))]
         raise ValueError(op)
 
     def _log_plan(self, op, what, plan):
@@ -487,26 +487,38 @@ class TilearrayRunner(_Runner):
                                  written=sum(p.bytes_written for p in plans),
                                  bound=sum(bounds) if bounds else None)
 
-    def _rsvd(self):
-        """svd_compressed runs its plans (each power iteration's A.T @ (A @ V), then
-        B = Q^T A) inside the call: their plans and stats are taken from the
-        engine's runs."""
-        a = self.args
+    def _recorded(self, op, call):
+        """Jobs that run their plans inside a library call (svd_compressed: each
+        power iteration's A.T @ (A @ V), then B = Q^T A; the mixed-precision SPD
+        solve: the float32 factor, substitutions, residuals): their plans and
+        stats are taken from the engine's runs."""
         with recording_runs(self.eng) as runs:
-            _, s, vt = self.ta.linalg.svd_compressed(self.sq, a.rsvd_k,
-                                                      n_power_iter=a.rsvd_power_iter, seed=SEED)
+            value = call()
         if not runs:
-            raise RuntimeError("svd_compressed ran nothing on the benchmark's engine")
-        if "rsvd" not in self._planned:
+            raise RuntimeError(f"{op} ran nothing on the benchmark's engine")
+        if op not in self._planned:
             for i, (plan, _) in enumerate(runs):
-                self._log_plan("rsvd", f"run {i + 1} of {len(runs)}", plan)
-            self._plan_totals("rsvd", [p for p, _ in runs])
-        return {"s": np.asarray(s), "Vt": np.asarray(vt)}, self._figures(
-            "rsvd", [st for _, st in runs])
+                self._log_plan(op, f"run {i + 1} of {len(runs)}", plan)
+            self._plan_totals(op, [p for p, _ in runs])
+        return value, self._figures(op, [st for _, st in runs])
+
+    def _rsvd(self):
+        a = self.args
+        _, s, vt = self.ta.linalg.svd_compressed(self.sq, a.rsvd_k,
+                                                  n_power_iter=a.rsvd_power_iter, seed=SEED)
+        return {"s": np.asarray(s), "Vt": np.asarray(vt)}
+
+    def _solve_spd(self):
+        import dask
+
+        with dask.config.set({"tilearray.linalg.spd-solve": self.args.spd_solve}):
+            return {"x": self.ta.linalg.solve(self.spd, self.b, assume_a="pos")}
 
     def _once(self, op):
         if op == "rsvd":
-            return self._rsvd()
+            return self._recorded(op, self._rsvd)
+        if op == "solve_spd":
+            return self._recorded(op, self._solve_spd)
         exprs = self._exprs(op)
         stored = {"U": self.u_path, "L": self.l_path}
         if op not in self._planned:
@@ -905,6 +917,9 @@ def main(argv=None) -> int:
                    help="cholesky, solve_spd: S is N x N (32768, 8 GiB), B N x 8")
     p.add_argument("--spd-chunk", type=int, default=2048,
                    help="cholesky, solve_spd: side of S's square chunks, rows of B's (2048)")
+    p.add_argument("--spd-solve", choices=("auto", "mixed", "double"), default="auto",
+                   help="solve_spd: tilearray.linalg.spd-solve (auto: mixed precision at "
+                        "32768² with 8 right-hand sides)")
     p.add_argument("--memory-per-worker", default="1GiB")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--workdir", "--data-dir", dest="workdir", default=os.path.join(

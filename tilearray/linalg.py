@@ -405,7 +405,19 @@ def solve(a: TiledArray, b, assume_a: str = "gen"):
 
     ``assume_a="pos"`` (symmetric positive definite, any size): the tiled
     Cholesky of :func:`cholesky` into a temporary, then forward and backward
-    blocked substitution (each reads L's lower triangle once). The default
+    blocked substitution (each reads L's lower triangle once). A float64
+    system of ``n >= 4096`` with at most ``n / 64`` right-hand sides is
+    solved in mixed precision, as LAPACK's ``dsposv``: the factor is
+    computed and stored in float32 (half the bytes, twice the flop rate),
+    then iterative refinement -- float64 residual ``b - a x`` (one pass over
+    ``a``), a correction from the float32 factor -- until the residual is
+    ``dsposv``'s ``sqrt(n) eps ||a|| ||x||`` (``||a||`` bounded from below
+    by ``||a x|| / ||x||``) or the correction no longer changes ``x`` in
+    float64 (two residuals for a well-conditioned ``a``); where float32
+    cannot factor ``a`` or
+    the refinement stalls (condition number beyond about 1e6), ``a`` is
+    factored in float64 as above (``tilearray.linalg.spd-solve``: ``auto``,
+    ``mixed`` or ``double``). The default
     ``"gen"`` (general A): a matrix one task holds is read whole into one
     task (LAPACK ``gesv``); a larger one is factored out of core by
     left-looking LU with partial pivoting over column panels (each panel
@@ -431,7 +443,94 @@ def solve(a: TiledArray, b, assume_a: str = "gen"):
     NotPositiveDefiniteError
         ``assume_a="pos"`` and A is not positive definite (names the tile and column).
     """
+    if assume_a == "pos":
+        x = _solve_spd_mixed(a, b)
+        if x is not None:
+            return x
     return solve_plan(a, b, assume_a).compute()
+
+
+REFINE_MAX_ITER = 30
+"""Refinement steps at most (LAPACK ``dsposv``'s ITERMAX)."""
+REFINE_STALL = 0.5
+"""A correction at least this fraction of the one before stalls the refinement."""
+REFINE_FLOOR = 1e-8
+"""A stalled correction below this fraction of ``x`` is the float64 floor (the
+residual's own rounding, about ``cond * eps``), far below float32's: ``x``
+is kept; above it, ``a`` is factored in float64."""
+
+
+def _mixed_precision(a: TiledArray, n: int, k: int, dtype) -> bool:
+    from . import _config
+
+    mode = str(_config.get("linalg.spd-solve"))
+    if mode not in ("auto", "mixed", "double"):
+        raise ValueError(f"tilearray.linalg.spd-solve is {mode!r}: 'auto', 'mixed' or 'double'")
+    if mode == "double" or dtype != np.float64 or n == 0 or k == 0:
+        return False
+    return mode == "mixed" or (n >= 4096 and k <= n // 64)
+
+
+def _solve_spd_mixed(a: TiledArray, b):
+    """``x`` of the SPD system by a float32 factor and float64 iterative
+    refinement (see :func:`solve`); None when it does not apply or does not
+    converge (the caller then factors in float64)."""
+    import os
+    import shutil
+
+    from .engine.constructors import scratch_path
+    from .errors import NotPositiveDefiniteError
+
+    a = _square(a, "solve")
+    n = a.shape[0]
+    b = _computed_if_blocked(b)
+    vector = getattr(b, "ndim", np.ndim(b)) == 1
+    if not isinstance(b, TiledArray):
+        _rhs(b, n, "solve")  # b's shape and dtype checked
+    k = 1 if vector else b.shape[1]
+    if not _mixed_precision(a, n, k, result_dtype(np.result_type(a.dtype, b.dtype))):
+        return None
+    rhs = np.asarray(b.compute() if isinstance(b, TiledArray) else b, dtype=np.float64)
+    rhs = rhs.reshape(n, k)
+    path = scratch_path("cholesky32")
+    try:
+        try:
+            low = cholesky(a.astype(np.float32)).to_zarr(path)
+        except NotPositiveDefiniteError:
+            return None  # SPD perhaps, but not in float32: factored in float64
+
+        def correction(r):  # L^-T L^-1 r in float64 from the float32 L, in one run
+            rnode, _ = _rhs(r, n, "solve")
+            y = _trsolve(low._node, rnode, np.float64, lower=True, trans=False)
+            x = _trsolve(low._node, y, np.float64, lower=True, trans=True)
+            return np.asarray(TiledArray(x).compute()).reshape(n, k)
+
+        x = correction(rhs)
+        prev = np.abs(x).max(axis=0)
+        tol = np.sqrt(n) * np.finfo(np.float64).eps
+        anorm = 0.0  # a lower bound of ||a||_inf: ||a x||_inf / ||x||_inf of every x tried
+        for _ in range(REFINE_MAX_ITER):
+            ax = np.asarray((a @ x).compute()).reshape(n, k)
+            r, scale = rhs - ax, np.abs(x).max(axis=0)
+            anorm = max(anorm, float(np.max(np.abs(ax).max(axis=0) /
+                                            np.maximum(scale, np.finfo(np.float64).tiny))))
+            # dsposv's test, with ||a|| bounded from below (stricter): x is done
+            if np.all(np.abs(r).max(axis=0) <= tol * anorm * scale):
+                return x[:, 0] if vector else x
+            d = correction(r)
+            x += d
+            size, scale = np.abs(d).max(axis=0), np.abs(x).max(axis=0)
+            rho = np.minimum(size / np.maximum(prev, np.finfo(np.float64).tiny), 0.99)
+            left = size * rho / (1 - rho)  # the error still in x, by the rate so far
+            stalled = rho >= REFINE_STALL
+            if np.any(stalled & (size > REFINE_FLOOR * scale)):
+                return None
+            if np.all((left <= tol * scale) | stalled):
+                return x[:, 0] if vector else x
+            prev = size
+        return None
+    finally:
+        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
 
 
 def solve_triangular(a: TiledArray, b, lower: bool = False, trans=0,

@@ -1,0 +1,148 @@
+"""The mixed-precision SPD solve (``tilearray.linalg.spd-solve``): a float32
+factor and float64 iterative refinement, falling back to a float64 factor.
+Each case is compared with NumPy's float64 solve on the same matrix, to
+within what a float64 solve itself achieves there (``cond * eps``)."""
+
+from __future__ import annotations
+
+import os
+
+import dask
+import numpy as np
+import pytest
+import zarr
+
+import tilearray as ta
+from tilearray import linalg as tla
+from tilearray.errors import NotPositiveDefiniteError
+
+
+@pytest.fixture(scope="module")
+def eng():
+    with ta.Engine(n_workers=2, threads_per_worker=1, memory_per_worker="512MiB",
+                   processes=False, quiet=True) as e:
+        yield e
+
+
+def spd_with_condition(rng, n, cond):
+    q, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    x = (q * np.logspace(0, np.log10(cond), n)) @ q.T
+    return (x + x.T) / 2
+
+
+def stored(tmp_path, x, tile):
+    z = zarr.create_array(tmp_path / "a.zarr", shape=x.shape, chunks=tile, dtype=x.dtype)
+    z[...] = x
+    return ta.open(tmp_path / "a.zarr")
+
+
+def rel_err(got, want):
+    return np.abs(got - want).max() / np.abs(want).max()
+
+
+def runs(monkeypatch):
+    """Counts the graphs each solve submits (``Engine.run``)."""
+    calls = []
+    inner = ta.Engine.run
+
+    def run(self, *a, **kw):
+        calls.append(kw.get("plan"))
+        return inner(self, *a, **kw)
+
+    monkeypatch.setattr(ta.Engine, "run", run)
+    return calls
+
+
+def factor_runs(plans):
+    """The first line (``... -> shape dtype``) of each plan with a Cholesky stage."""
+    return [str(p).splitlines()[0] for p in plans
+            if p is not None and any(st.kind == "cholesky" for st in p.stages)]
+
+
+@pytest.mark.parametrize("cond", [1.0, 1e3, 1e6])
+@pytest.mark.parametrize("n, tile", [(300, (64, 64)), (517, (100, 90))])
+def test_refined_solution_is_as_accurate_as_float64(eng, tmp_path, rng, monkeypatch, cond,
+                                                    n, tile):
+    x = spd_with_condition(rng, n, cond)
+    b = rng.standard_normal((n, 3))
+    a = stored(tmp_path, x, tile)
+    want = np.linalg.solve(x, b)
+    calls = runs(monkeypatch)
+    with dask.config.set({"tilearray.linalg.spd-solve": "mixed"}):
+        got = ta.linalg.solve(a, b, assume_a="pos")
+    assert got.dtype == np.float64 and got.shape == (n, 3)
+    # float64's own forward error on this matrix: about cond * eps
+    assert rel_err(got, want) < 50 * cond * np.finfo(np.float64).eps, rel_err(got, want)
+    # the float32 factor and a run of its two substitutions, then at least
+    # one refinement step (a residual, a run of two substitutions) and the
+    # residual that ends it -- never a float64 factor
+    assert len(calls) >= 3, len(calls)  # (identity-like a: x0 may be exact)
+    factors = factor_runs(calls)
+    assert len(factors) == 1 and "float32" in factors[0]
+
+
+def test_vector_and_stored_right_hand_sides(eng, tmp_path, rng):
+    n = 300
+    x = spd_with_condition(rng, n, 100.0)
+    a = stored(tmp_path, x, (64, 64))
+    b = rng.standard_normal(n)
+    z = zarr.create_array(tmp_path / "b.zarr", shape=(n, 2), chunks=(64, 2), dtype="f8")
+    z[...] = np.stack([b, 2 * b], axis=1)
+    with dask.config.set({"tilearray.linalg.spd-solve": "mixed"}):
+        got = ta.linalg.solve(a, b, assume_a="pos")
+        two = ta.linalg.solve(a, ta.open(tmp_path / "b.zarr"), assume_a="pos")
+        col = ta.linalg.solve(a, ta.open(tmp_path / "b.zarr")[:, 1], assume_a="pos")
+    want = np.linalg.solve(x, b)
+    assert got.shape == (n,) and rel_err(got, want) < 1e-12
+    assert two.shape == (n, 2) and rel_err(two[:, 1], 2 * want) < 1e-12
+    assert col.shape == (n,) and rel_err(col, 2 * want) < 1e-12
+
+
+def test_beyond_float32_it_factors_in_float64(eng, tmp_path, rng, monkeypatch):
+    """cond 1e12: float32 cannot factor it (or the refinement would stall):
+    the float64 factor answers, as accurate as NumPy's."""
+    n = 300
+    x = spd_with_condition(rng, n, 1e12)
+    b = rng.standard_normal((n, 2))
+    a = stored(tmp_path, x, (64, 64))
+    calls = runs(monkeypatch)
+    with dask.config.set({"tilearray.linalg.spd-solve": "mixed"}):
+        got = ta.linalg.solve(a, b, assume_a="pos")
+    direct = ta.linalg.solve_plan(a, b, assume_a="pos").compute()
+    want = np.linalg.solve(x, b)
+    assert rel_err(got, want) <= 10 * max(rel_err(direct, want), 1e-6)
+    assert any("float64" in head for head in factor_runs(calls))
+
+
+def test_not_positive_definite_is_still_refused(eng, tmp_path, rng):
+    n = 300
+    x = spd_with_condition(rng, n, 10.0)
+    x[150, 150] = -5.0  # indefinite
+    with dask.config.set({"tilearray.linalg.spd-solve": "mixed"}), \
+            pytest.raises(NotPositiveDefiniteError):
+        ta.linalg.solve(stored(tmp_path, x, (64, 64)), np.ones(n), assume_a="pos")
+
+
+def test_when_it_applies_and_what_it_leaves(eng, tmp_path, rng, monkeypatch):
+    n = 300
+    x = spd_with_condition(rng, n, 10.0)
+    a = stored(tmp_path, x, (64, 64))
+    b = rng.standard_normal((n, 2))
+    with dask.config.set({"tilearray.temporary-directory": str(tmp_path / "tmp")}):
+        os.makedirs(tmp_path / "tmp")
+        # auto: n < 4096 is factored in float64 (one run: factor and substitutions)
+        calls = runs(monkeypatch)
+        got = ta.linalg.solve(a, b, assume_a="pos")
+        assert rel_err(got, np.linalg.solve(x, b)) < 1e-12 and len(calls) == 1
+        with dask.config.set({"tilearray.linalg.spd-solve": "mixed"}):
+            ta.linalg.solve(a, b, assume_a="pos")
+            assert os.listdir(tmp_path / "tmp") == []  # the float32 factor is removed
+            # float32 input: solved in float32 as before
+            a32 = ta.from_numpy(x.astype(np.float32), tile=(64, 64))
+            got32 = ta.linalg.solve(a32, b.astype(np.float32), assume_a="pos")
+            assert got32.dtype == np.float32
+    with dask.config.set({"tilearray.linalg.spd-solve": "fast"}), \
+            pytest.raises(ValueError, match="spd-solve"):
+        ta.linalg.solve(a, b, assume_a="pos")
+    assert tla._mixed_precision(a, 8192, 128, np.float64)
+    assert not tla._mixed_precision(a, 8192, 129, np.float64)
