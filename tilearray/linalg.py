@@ -303,12 +303,13 @@ def cholesky(a: TiledArray, upper: bool = False) -> TiledArray:
     (``i >= j``) reads ``A_ij`` and streams the finished L tiles ``(i, k)``,
     ``(j, k)``, ``k < j``, back from the output (one pair held at a time),
     then ``potrf`` (diagonal) or ``trsm`` with ``L_jj``, and writes ``L_ij``
-    whole; the tiles above the diagonal are written as zeros. Only A's lower
-    triangle is read. ``L.to_zarr(path, tile=(b, b))`` sets the tile (by
-    default a multiple of A's tile of at least 1024, at most 64 MiB);
-    ``compute()`` and the solves use the largest tile a task holds under the
-    budget. Reads are about ``n^3 / (3 b)`` elements (``plan()`` shows them
-    against the ``n^3 / (3 sqrt(M))`` lower bound); ``n^2`` are written.
+    whole; the tiles above the diagonal are marked as zeros, not stored
+    (Zarr reads them as its fill value, 0). Only A's lower triangle is read.
+    ``L.to_zarr(path, tile=(b, b))`` sets the tile (by default a multiple of
+    A's tile of at least 1024, at most 64 MiB); ``compute()`` and the solves
+    use the largest tile a task holds under the budget. Reads are about
+    ``n^3 / (3 b)`` elements (``plan()`` shows them against the ``n^3 / (3
+    sqrt(M))`` lower bound); about ``n^2 / 2`` are written.
     Resume (``to_zarr(..., resume=True)``) recomputes only the tiles
     without their done marker, reading the done ones back.
 
@@ -450,10 +451,14 @@ def solve(a: TiledArray, b, assume_a: str = "gen"):
     return solve_plan(a, b, assume_a).compute()
 
 
-REFINE_MAX_ITER = 30
-"""Refinement steps at most (LAPACK ``dsposv``'s ITERMAX)."""
-REFINE_STALL = 0.5
-"""A correction at least this fraction of the one before stalls the refinement."""
+REFINE_MAX_ITER = 10
+"""Refinement steps at most (LAPACK ``dsposv`` allows 30 in core; here each
+step is a pass over ``a`` and two over the factor, and at 32768² ten of them
+cost about what the float64 factor does)."""
+REFINE_STALL = 0.25
+"""A correction at least this fraction of the one before stalls the
+refinement (at that rate, float32's 1e-7 takes over ten steps to reach
+float64's 1e-16)."""
 REFINE_FLOOR = 1e-8
 """A stalled correction below this fraction of ``x`` is the float64 floor (the
 residual's own rounding, about ``cond * eps``), far below float32's: ``x``
@@ -484,14 +489,13 @@ def _solve_spd_mixed(a: TiledArray, b):
     a = _square(a, "solve")
     n = a.shape[0]
     b = _computed_if_blocked(b)
-    vector = getattr(b, "ndim", np.ndim(b)) == 1
-    if not isinstance(b, TiledArray):
-        _rhs(b, n, "solve")  # b's shape and dtype checked
-    k = 1 if vector else b.shape[1]
-    if not _mixed_precision(a, n, k, result_dtype(np.result_type(a.dtype, b.dtype))):
+    ynode, vector = _rhs(b, n, "solve")
+    k = ynode.shape[1]
+    if not _mixed_precision(a, n, k, result_dtype(np.result_type(a.dtype, ynode.dtype))):
         return None
     rhs = np.asarray(b.compute() if isinstance(b, TiledArray) else b, dtype=np.float64)
     rhs = rhs.reshape(n, k)
+    tiny = np.finfo(np.float64).tiny
     path = scratch_path("cholesky32")
     try:
         try:
@@ -506,26 +510,31 @@ def _solve_spd_mixed(a: TiledArray, b):
             return np.asarray(TiledArray(x).compute()).reshape(n, k)
 
         x = correction(rhs)
+        if not np.all(np.isfinite(x)):  # a beyond float32's range, or NaN / inf in b
+            return None
         prev = np.abs(x).max(axis=0)
         tol = np.sqrt(n) * np.finfo(np.float64).eps
         anorm = 0.0  # a lower bound of ||a||_inf: ||a x||_inf / ||x||_inf of every x tried
         for _ in range(REFINE_MAX_ITER):
             ax = np.asarray((a @ x).compute()).reshape(n, k)
             r, scale = rhs - ax, np.abs(x).max(axis=0)
-            anorm = max(anorm, float(np.max(np.abs(ax).max(axis=0) /
-                                            np.maximum(scale, np.finfo(np.float64).tiny))))
+            anorm = max(anorm, float(np.max(np.abs(ax).max(axis=0) / np.maximum(scale, tiny))))
+            residual = np.abs(r).max(axis=0)
             # dsposv's test, with ||a|| bounded from below (stricter): x is done
-            if np.all(np.abs(r).max(axis=0) <= tol * anorm * scale):
+            if np.all(residual <= tol * anorm * scale):
                 return x[:, 0] if vector else x
             d = correction(r)
+            size = np.abs(d).max(axis=0)
+            if not np.all(np.isfinite(d)) or np.any((size == 0) & (residual > 0)):
+                return None  # the float32 factor cannot correct x (a overflowed it)
             x += d
-            size, scale = np.abs(d).max(axis=0), np.abs(x).max(axis=0)
-            rho = np.minimum(size / np.maximum(prev, np.finfo(np.float64).tiny), 0.99)
+            scale = np.abs(x).max(axis=0)
+            rho = np.minimum(size / np.maximum(prev, tiny), 0.99)
             left = size * rho / (1 - rho)  # the error still in x, by the rate so far
             stalled = rho >= REFINE_STALL
             if np.any(stalled & (size > REFINE_FLOOR * scale)):
                 return None
-            if np.all((left <= tol * scale) | stalled):
+            if np.all((left <= tol * scale) | stalled | (residual == 0)):
                 return x[:, 0] if vector else x
             prev = size
         return None

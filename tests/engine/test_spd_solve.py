@@ -146,3 +146,26 @@ def test_when_it_applies_and_what_it_leaves(eng, tmp_path, rng, monkeypatch):
         ta.linalg.solve(a, b, assume_a="pos")
     assert tla._mixed_precision(a, 8192, 128, np.float64)
     assert not tla._mixed_precision(a, 8192, 129, np.float64)
+
+
+def test_beyond_float32_range_lists_and_nan(eng, tmp_path, rng, monkeypatch):
+    """Entries past float32's range (the float32 factor overflows) fall back
+    to float64 and give NumPy's answer, not zeros; a list b works; a NaN in
+    b ends the refinement at once (NaN, as in float64), not after its cap."""
+    n = 64
+    x = np.eye(n) * 4e38 + 1e36
+    a = stored(tmp_path, x, (32, 32))
+    with dask.config.set({"tilearray.linalg.spd-solve": "mixed"}):
+        got = ta.linalg.solve(a, np.ones(n), assume_a="pos")
+        assert rel_err(got, np.linalg.solve(x, np.ones(n))) < 1e-12
+        y = spd_with_condition(rng, n, 10.0)
+        a2 = ta.from_numpy(y, tile=(32, 32))
+        listed = ta.linalg.solve(a2, [1.0] * n, assume_a="pos")
+        assert rel_err(listed, np.linalg.solve(y, np.ones(n))) < 1e-12
+        two = ta.linalg.solve(a2, [[1.0, 2.0]] * n, assume_a="pos")
+        assert two.shape == (n, 2)
+        calls = runs(monkeypatch)
+        nan = np.ones(n)
+        nan[3] = np.nan
+        assert np.isnan(ta.linalg.solve(a2, nan, assume_a="pos")).all()
+        assert len(calls) <= 4, len(calls)  # factor, substitutions, then float64's one run

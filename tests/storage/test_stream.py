@@ -340,8 +340,9 @@ def test_units_marked_as_the_fill_value_stream_as_zeros(tmp_path):
     import dask
 
     import tilearray as ta
-    from tilearray.storage import ArrayRef, write_fill
+    from tilearray.storage import ArrayRef, done_units, write_fill
     from tilearray.storage.io import open_row_streamer
+    from tilearray.storage.ref import unit_done_key, unit_fill_key
 
     x = np.random.default_rng(2).standard_normal((300, 40))
     with dask.config.set({"tilearray.storage.compressor": "zstd"}):  # streamable
@@ -350,6 +351,9 @@ def test_units_marked_as_the_fill_value_stream_as_zeros(tmp_path):
     write_fill(ref, (100, 200), (0, 40))
     write_fill(ref, (100, 200), (0, 40))  # idempotent
     assert not os.path.exists(tmp_path / "out.zarr" / "c" / "1" / "0")
+    # no done marker, a fill marker: readers before format 3 see Zarr's fill value
+    assert not ref.has_key(unit_done_key(1, 0)) and ref.has_key(unit_fill_key(1, 0))
+    assert (1, 0) in done_units(ref)
     x[100:200] = 0.0
     r = open_row_streamer(ref)
     assert r is not None and r.missing_is_error

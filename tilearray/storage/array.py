@@ -50,13 +50,13 @@ from .locks import (  # noqa: F401  (the output lock, re-exported)
 from .ref import (  # noqa: F401  (re-exported: callers use storage.array's names)
     ATTR_KEY,
     DONE_DIR,
-    FILL_MARKER,
     FORMAT_VERSION,
     ArrayRef,
     check_name,
     describe,
     info_attrs,
     unit_done_key,
+    unit_fill_key,
 )
 from .stream import streams_rows
 
@@ -360,7 +360,7 @@ def create(
             attributes=attrs,
             zarr_format=3,
             overwrite=overwrite,
-            config={"write_empty_chunks": True},  # every unit stored (FORMAT_VERSION 2)
+            config={"write_empty_chunks": True},  # every unit stored (format 2; 3: fill units)
         )
     except (FileExistsError, zarr.errors.ContainsArrayError, ContainsGroupError) as e:
         raise StorageError(
@@ -426,17 +426,20 @@ def mark_unit_done(ref: ArrayRef, i: int, j: int) -> None:
 
 def mark_unit_fill(ref: ArrayRef, i: int, j: int, chunk_key: str) -> None:
     """Record that unit ``(i, j)`` (stored at ``chunk_key``) holds the fill
-    value and is not stored: its chunk is deleted first, if one was left."""
+    value and is not stored: a done marker and a chunk left there are
+    deleted first (in that order: never a done marker without its chunk)."""
+    ref.delete_key(unit_done_key(i, j))
     ref.delete_key(chunk_key)
-    ref.set_key(unit_done_key(i, j), FILL_MARKER)
+    ref.set_key(unit_fill_key(i, j), b"1")
 
 
 def done_units(ref: ArrayRef) -> set[tuple[int, int]]:
-    """Units whose done marker is present. Other names are ignored: a job
-    killed while writing a marker leaves the store's temporary file
+    """Units whose done or fill marker is present. Other names are ignored:
+    a job killed while writing a marker leaves the store's temporary file
     (LocalStore writes ``<name>.<uuid>.partial`` and renames it)."""
     out = set()
     for name in ref.list_keys(DONE_DIR):
+        name = name.removesuffix(".fill")
         i, dot, j = name.partition(".")
         if dot and i.isdigit() and j.isdigit():
             out.add((int(i), int(j)))
@@ -468,8 +471,9 @@ def mark_complete(ref: ArrayRef, extra: dict | None = None) -> None:
 
 def every_unit_stored(arr: zarr.Array) -> bool:
     """True for a complete tilearray output of format 2 or later: each of its
-    I/O units was written (empty ones too), so a missing chunk file of a unit
-    with its done marker is lost data. Other arrays -- written by others, or
+    I/O units was written (empty ones too; format 3: but those with a fill
+    marker, never stored), so a missing chunk file of a unit with its done
+    marker is lost data. Other arrays -- written by others, or
     by tilearray before format 2 -- may leave all-fill-value chunks unstored:
     a missing chunk reads as the fill value, as in Zarr. So do copies of an
     output made with zarr or xarray: they carry its attributes but neither its

@@ -21,7 +21,6 @@ from zarr.storage import WrapperStore
 from .. import _config
 from ..errors import CorruptChunkError, OutputLockedError, StorageError
 from .array import (
-    FILL_MARKER,
     ArrayRef,
     every_unit_stored,
     grid_of,
@@ -258,8 +257,8 @@ def check_units_stored(arr, ref: ArrayRef, grid: Grid, rows: Range, cols: Range,
         # a unit without its done marker was not written by the job that made the
         # array complete: a zarr / xarray copy of it, whose all-fill chunks zarr
         # did not store (attributes are copied, markers are not): the fill value;
-        # so is a unit marked as the fill value (FILL_MARKER), never stored
-        if not ok and ref.get_key(unit_done_key(i, j)) not in (None, FILL_MARKER):
+        # so is a unit marked as the fill value (unit_fill_key), never stored
+        if not ok and ref.has_key(unit_done_key(i, j)):
             tile = (i * grid.unit[0] // grid.tile[0], j * grid.unit[1] // grid.tile[1])
             raise CorruptChunkError(
                 str(ref), tile,
@@ -414,10 +413,11 @@ def prefetch_region(ref: ArrayRef, rows: Range, cols: Range) -> None:
 def write_fill(ref: ArrayRef, rows: Range, cols: Range, stats: IOStats | None = None,
                *, arr=None) -> IOStats:
     """Mark a unit-aligned block as the fill value (0) without storing it:
-    each unit's chunk is deleted if present, then its done marker says
-    :data:`~.ref.FILL_MARKER` (format 3). Zarr reads it as zeros; so do
-    tilearray's readers, where a missing chunk of another marked unit is
-    lost data. Idempotent; nothing is written but the markers."""
+    each unit's done marker and chunk are deleted if present, then its fill
+    marker is set (:func:`~.ref.unit_fill_key`, format 3). Zarr reads it as
+    zeros; so do tilearray's readers, old ones included (a missing chunk is
+    lost data only for a unit with its done marker). Idempotent; nothing is
+    written but the markers."""
     stats = stats if stats is not None else IOStats()
     arr = arr if arr is not None else ref.open(mode="r+")
     grid = grid_of(arr)

@@ -30,16 +30,20 @@ def unit_done_key(i: int, j: int) -> str:
     return f"{DONE_DIR}/{i}.{j}"
 
 
-FILL_MARKER = b"fill"
-"""Done-marker content of a unit deliberately not stored: it reads as the
-fill value (0), as Zarr reads a chunk it never stored."""
+def unit_fill_key(i: int, j: int) -> str:
+    """Key of I/O unit ``(i, j)``'s fill marker: done, deliberately not stored,
+    it reads as the fill value (0), as Zarr reads a chunk it never stored.
+    Not a done-marker name, so readers before format 3 take the unit as
+    Zarr would (the fill value), not as lost data."""
+    return f"{DONE_DIR}/{i}.{j}.fill"
+
 
 FORMAT_VERSION = 3
 """Version 2: every I/O unit of a complete output is stored (empty chunks are
 written too), so a missing chunk file is data loss, not the fill value.
-Version 3: except the units whose done marker holds :data:`FILL_MARKER`
-(the zero tiles above a Cholesky factor's diagonal: at 32768² their 3.5 GiB
-of writes took 14 s of worker time, blocked on the disk)."""
+Version 3: except the units with a fill marker (:func:`unit_fill_key`; the
+zero tiles above a Cholesky factor's diagonal: at 32768² their 3.5 GiB of
+writes took 14 s of worker time, blocked on the disk)."""
 
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")

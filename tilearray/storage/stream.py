@@ -63,7 +63,7 @@ from zarr.storage import LocalStore
 from .. import _config
 from ..errors import CorruptChunkError, StorageError
 from .geometry import Range
-from .ref import FILL_MARKER, unit_done_key
+from .ref import unit_done_key
 
 log = logging.getLogger(__name__)
 
@@ -160,8 +160,7 @@ class RowStreamer:
     fill_value: object
     missing_is_error: bool = False
     """A missing chunk file whose done marker is present is lost data (a
-    complete tilearray output), not the fill value -- unless the marker says
-    the unit is the fill value (format 3)."""
+    complete tilearray output), not the fill value."""
 
     @property
     def chunk_bytes(self) -> int:
@@ -257,7 +256,8 @@ class _ChunkStream:
         try:
             self.fd = self._retrying(lambda: os.open(owner.path(i, j), os.O_RDONLY), "open")
         except FileNotFoundError:  # not stored: the fill value, as Zarr reads it
-            if owner.missing_is_error and _marker(owner.root, i, j) not in (None, FILL_MARKER):
+            if owner.missing_is_error and os.path.exists(
+                    os.path.join(owner.root, *unit_done_key(i, j).split("/"))):
                 self._corrupt("its chunk file is missing, but the array is a complete "
                               "tilearray output (every unit was written): the data was lost")
             return
@@ -408,15 +408,6 @@ def streams_rows(arr: zarr.Array) -> int:
     store type only)."""
     got = _layout(arr)
     return 0 if got is None else stream_memory(got[0])
-
-
-def _marker(root: str, i: int, j: int) -> bytes | None:
-    """The done marker of unit ``(i, j)`` of the local array at ``root`` (None: none)."""
-    try:
-        with open(os.path.join(root, *unit_done_key(i, j).split("/")), "rb") as f:
-            return f.read()
-    except FileNotFoundError:
-        return None
 
 
 def row_streamer(arr: zarr.Array, name: str, store, path: str) -> RowStreamer | None:
