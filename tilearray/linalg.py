@@ -473,7 +473,10 @@ def _mixed_precision(a: TiledArray, n: int, k: int, dtype) -> bool:
         raise ValueError(f"tilearray.linalg.spd-solve is {mode!r}: 'auto', 'mixed' or 'double'")
     if mode == "double" or dtype != np.float64 or n == 0 or k == 0:
         return False
-    return mode == "mixed" or (n >= 4096 and k <= n // 64)
+    # auto: a factor that takes longer than the refinement's passes, and the
+    # n x k arrays the driver holds (x, a x, r, d) small beside a result
+    small = 4 * n * k * 8 <= _config.get_bytes("compute.max-result-size")
+    return mode == "mixed" or (n >= 4096 and k <= n // 64 and small)
 
 
 def _solve_spd_mixed(a: TiledArray, b):

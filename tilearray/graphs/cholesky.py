@@ -141,9 +141,9 @@ def tile(a_spec, a_deps, l_ref, edges, strips: tuple, panel: int, i: int, j: int
 def zeros(l_ref, edges, i: int, cols: tuple, dtype):
     """Row tile ``i``'s tiles above the diagonal (column tiles ``cols``): their
     units marked as the fill value, zero, and not stored (:func:`write_fill`)."""
-    stats = IOStats()
+    stats, arr = IOStats(), l_ref.open(mode="r+")
     for j in cols:
-        write_fill(l_ref, edges[i], edges[j], stats)
+        write_fill(l_ref, edges[i], edges[j], stats, arr=arr)
     return None, counted(stats.as_dict())
 
 

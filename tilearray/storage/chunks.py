@@ -143,13 +143,13 @@ class DirectReader:
         Its compressed bytes go through this thread's reused scratch buffer
         (see :mod:`.buffers`); an uncompressed chunk is read straight into
         ``target``."""
-        path = os.path.join(self.root, *self.meta.encode_chunk_key((i, j)).split("/"))
+        key = self.meta.encode_chunk_key((i, j))
+        path = os.path.join(self.root, *key.split("/"))
         # a chunk file is read whole: say so (the kernel's read-ahead window is smaller)
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
             return False
-        key = self.meta.encode_chunk_key((i, j))
         flat = target.reshape(-1).view(np.uint8)
         try:
             size = os.fstat(fd).st_size
