@@ -7,6 +7,8 @@ holds: general solve, eigh)."""
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 from dask.base import tokenize
 
@@ -15,6 +17,8 @@ from .engine.expr.nodes import TSQR, Constant, Elemwise, Factor
 from .engine.expr.ops import HANDLED, build_reduction, elemwise
 from .errors import PlanningArgumentTypeError, PlanningError
 from .graphs.blas import result_dtype
+
+log = logging.getLogger("tilearray")
 
 QRResult = type(np.linalg.qr(np.eye(1)))
 SVDResult = type(np.linalg.svd(np.eye(1)))
@@ -379,6 +383,23 @@ def _trsolve(t_node, ynode, dtype, *, lower: bool, trans: bool, unit=False, vect
     return Factor(shape, dtype, t_node, "trsolve", ynode, tuple(sorted(opts.items())))
 
 
+def _symmetric_product(a: TiledArray, x: np.ndarray, norm: bool = False):
+    """``(a @ x, ||a||_inf or None)`` for a symmetric ``a`` read from its lower
+    triangle only (half the bytes; the triangle a Cholesky factor of ``a``
+    uses), ``x`` an ``n x k`` float64 array in memory; ``norm``: also the
+    infinity norm, from the same pass."""
+    n, k = x.shape
+    out = np.asarray(_symmetric_product_plan(a, x, norm).compute())
+    return out[:, :k], (float(out[:, k].max(initial=0.0)) if norm else None)
+
+
+def _symmetric_product_plan(a: TiledArray, x: np.ndarray, norm: bool) -> TiledArray:
+    """The lazy ``n x (k + norm)`` result of :func:`_symmetric_product`."""
+    xnode, _ = _rhs(x, a.shape[0], "solve")
+    return TiledArray(Factor((a.shape[0], xnode.shape[1] + int(norm)), np.dtype(np.float64),
+                             a._node, "symv", xnode, (("norm", bool(norm)),)))
+
+
 def _incore(a: TiledArray, op: str, shape, y=None, **options) -> TiledArray:
     dtype = result_dtype(a.dtype if y is None else np.result_type(a.dtype, y.dtype))
     return TiledArray(Factor(tuple(shape), dtype, a._node, "incore", y,
@@ -411,10 +432,11 @@ def solve(a: TiledArray, b, assume_a: str = "gen"):
     solved in mixed precision, as LAPACK's ``dsposv``: the factor is
     computed and stored in float32 (half the bytes, twice the flop rate),
     then iterative refinement -- float64 residual ``b - a x`` (one pass over
-    ``a``), a correction from the float32 factor -- until the residual is
-    ``dsposv``'s ``sqrt(n) eps ||a|| ||x||`` (``||a||`` bounded from below
-    by ``||a x|| / ||x||``) or the correction no longer changes ``x`` in
-    float64 (two residuals for a well-conditioned ``a``); where float32
+    the lower triangle of ``a``, the one the factor used; the first also
+    gives ``||a||_inf``), a correction from the float32 factor -- until the
+    residual is ``dsposv``'s ``sqrt(n) eps ||a||_inf ||x||_inf`` or the
+    correction no longer changes ``x`` in float64 (one or two residuals for
+    a well-conditioned ``a``); where float32
     cannot factor ``a`` or
     the refinement stalls (condition number beyond about 1e6), ``a`` is
     factored in float64 as above (``tilearray.linalg.spd-solve``: ``auto``,
@@ -506,24 +528,28 @@ def _solve_spd_mixed(a: TiledArray, b):
         except NotPositiveDefiniteError:
             return None  # SPD perhaps, but not in float32: factored in float64
 
-        def correction(r):  # L^-T L^-1 r in float64 from the float32 L, in one run
-            rnode, _ = _rhs(r, n, "solve")
-            y = _trsolve(low._node, rnode, np.float64, lower=True, trans=False)
-            x = _trsolve(low._node, y, np.float64, lower=True, trans=True)
-            return np.asarray(TiledArray(x).compute()).reshape(n, k)
+        def correction(r):  # L^-T L^-1 r in float32, as dsposv, in one run
+            size = np.abs(r).max(axis=0)
+            size[~(size > 0) | ~np.isfinite(size)] = 1.0  # NaN / inf go through, and show
+            rnode, _ = _rhs((r / size).astype(np.float32), n, "solve")  # within float32's range
+            y = _trsolve(low._node, rnode, np.float32, lower=True, trans=False)
+            x = _trsolve(low._node, y, np.float32, lower=True, trans=True)
+            return np.asarray(TiledArray(x).compute()).reshape(n, k).astype(np.float64) * size
 
         x = correction(rhs)
         if not np.all(np.isfinite(x)):  # a beyond float32's range, or NaN / inf in b
             return None
         prev = np.abs(x).max(axis=0)
         tol = np.sqrt(n) * np.finfo(np.float64).eps
-        anorm = 0.0  # a lower bound of ||a||_inf: ||a x||_inf / ||x||_inf of every x tried
-        for _ in range(REFINE_MAX_ITER):
-            ax = np.asarray((a @ x).compute()).reshape(n, k)
+        anorm = None  # ||a||_inf, from the first residual's pass
+        for step in range(1, REFINE_MAX_ITER + 1):
+            ax, first = _symmetric_product(a, x, norm=anorm is None)
+            anorm = first if anorm is None else anorm
             r, scale = rhs - ax, np.abs(x).max(axis=0)
-            anorm = max(anorm, float(np.max(np.abs(ax).max(axis=0) / np.maximum(scale, tiny))))
             residual = np.abs(r).max(axis=0)
-            # dsposv's test, with ||a|| bounded from below (stricter): x is done
+            log.info("solve: refinement step %d, residual %.3g of dsposv's bound", step,
+                     float(np.max(residual / np.maximum(tol * anorm * scale, tiny))))
+            # dsposv's test: x is done
             if np.all(residual <= tol * anorm * scale):
                 return x[:, 0] if vector else x
             d = correction(r)
@@ -535,6 +561,9 @@ def _solve_spd_mixed(a: TiledArray, b):
             rho = np.minimum(size / np.maximum(prev, tiny), 0.99)
             left = size * rho / (1 - rho)  # the error still in x, by the rate so far
             stalled = rho >= REFINE_STALL
+            log.info("solve: correction %d changed x by %.3g of it, error left %.3g of the "
+                     "stopping bound", step, float(np.max(size / np.maximum(scale, tiny))),
+                     float(np.max(left / np.maximum(tol * scale, tiny))))
             if np.any(stalled & (size > REFINE_FLOOR * scale)):
                 return None
             if np.all((left <= tol * scale) | stalled | (residual == 0)):

@@ -28,7 +28,7 @@ from ..errors import NotPositiveDefiniteError, SingularMatrixError
 from ..storage import IOStats, buffers, prefetch_region, read_region, write_block, write_fill
 from . import blas as kern
 from .matmul import counted, merge_stats
-from .spec import evaluate, prefetch, unit_edges
+from .spec import evaluate, prefetch, prefetch_next, unit_edges
 
 SlogdetResult = type(np.linalg.slogdet(np.eye(1)))
 
@@ -154,19 +154,15 @@ def read_back(l_ref, rows: tuple, cols: tuple, after=None):
     return block, counted(stats.as_dict())
 
 
-def _t_tile(t_spec, t_deps, rows, cols, trans, stats, dtype):
-    """Tile ``rows x cols`` of T = S (or S^T with ``trans``)."""
-    if trans:
-        return _c(t_spec, cols, rows, t_deps, stats, dtype).T
-    return _c(t_spec, rows, cols, t_deps, stats, dtype)
-
-
 def term(t_spec, t_deps, edges, i: int, k: int, trans: bool, dtype, solved):
     """``T_ik X_k``: row tile ``i``'s term for the solved row tile ``k``
     (``solved``: its task's result), one tile of T read."""
     stats = IOStats()
-    t_ik = _t_tile(t_spec, t_deps, edges[i], edges[k], trans, stats, dtype)
-    return t_ik @ solved[0], counted(stats.as_dict())
+    rows, cols = (edges[k], edges[i]) if trans else (edges[i], edges[k])
+    t_ik = np.asarray(evaluate(t_spec, rows, cols, list(t_deps), stats))
+    t_ik = t_ik.astype(dtype, copy=False)  # any order: a product, not LAPACK
+    with kern.one_blas_thread():
+        return (t_ik.T if trans else t_ik) @ solved[0], counted(stats.as_dict())
 
 
 def substitute(t_spec, t_deps, b_spec, b_deps, edges, i: int, ncols: int, options: tuple,
@@ -202,6 +198,53 @@ def gather(vector: bool, *parts):
         stats = merge_stats(stats, st)
     x = np.vstack([p for p, _ in parts])
     return (x[:, 0] if vector else x), counted(stats)
+
+
+def symv_tile(a_spec, a_deps, w_spec, w_deps, edges, i: int, j: int, k: int, norm: bool,
+              dtype, ahead=None):
+    """Tile ``(i, j)``, ``i >= j``, of a symmetric A's lower triangle times
+    W: ``(i, j, A_ij W_j, A_ij^T W_i or None, row sums of |A_ij|, column
+    sums or None, stats)`` -- a diagonal tile is taken as its lower triangle
+    mirrored (BLAS ``symm``: its strict upper triangle is never used). The
+    tile ``ahead`` (a later task's) is hinted to the stores after the read."""
+    stats = IOStats()
+    rows, cols = edges[i], edges[j]
+    t = np.asarray(evaluate(a_spec, rows, cols, list(a_deps), stats))
+    prefetch_next([a_spec], None if ahead is None else [ahead])
+    t = t.astype(kern.result_dtype(dtype), copy=False)
+    w_j = np.asarray(evaluate(w_spec, cols, (0, k), list(w_deps), stats), dtype=dtype)
+    across = row_sums = col_sums = None
+    if i == j:  # the lower triangle, taken as symmetric
+        down = kern.symm_lower(t, w_j)
+        if norm:
+            a = np.abs(t)
+            row_sums = np.tril(a).sum(axis=1) + np.tril(a, -1).sum(axis=0)
+    else:
+        w_i = np.asarray(evaluate(w_spec, rows, (0, k), list(w_deps), stats), dtype=dtype)
+        with kern.one_blas_thread():
+            down, across = t @ w_j, t.T @ w_i
+        if norm:
+            a = np.abs(t)
+            row_sums, col_sums = a.sum(axis=1), a.sum(axis=0)
+    return i, j, down, across, row_sums, col_sums, counted(stats.as_dict())
+
+
+def symv_sum(n: int, k: int, norm: bool, dtype, edges, *parts):
+    """The tiles' partial products summed into ``A W`` (``n x k``; with
+    ``norm``, one more column holding the row sums of ``|A|``); merges their
+    stats."""
+    out, stats = np.zeros((n, k + int(norm)), dtype=dtype), {}
+    for i, j, down, across, row_sums, col_sums, st in parts:
+        (r0, r1), (c0, c1) = edges[i], edges[j]
+        out[r0:r1, :k] += down
+        if across is not None:
+            out[c0:c1, :k] += across
+        if row_sums is not None:
+            out[r0:r1, k] += row_sums
+        if col_sums is not None:
+            out[c0:c1, k] += col_sums
+        stats = merge_stats(stats, st)
+    return out, counted(stats)
 
 
 def logdiag(l_spec, l_deps, edges, dtype):

@@ -189,7 +189,9 @@ class Factor(Node):
     """A result about a square ``x`` from its tiled factorization or a
     triangular solve: ``part`` "L" (the Cholesky factor of an SPD ``x``,
     stored), "trsolve" (``x`` triangular, ``y`` the right-hand sides: small,
-    ``options`` ``lower`` / ``trans`` / ``unit`` / ``vector``), "logdiag"
+    ``options`` ``lower`` / ``trans`` / ``unit`` / ``vector``), "symv" (``x
+    @ y`` with ``x`` symmetric, read from its lower triangle; ``y`` small;
+    option ``norm``: one more column, the row sums of ``|x|``), "logdiag"
     (``x`` a stored Cholesky factor: NumPy's ``slogdet`` of ``x @ x.T``) or
     "incore" (``options`` ``op``: a NumPy/SciPy routine on the whole ``x``,
     and ``y``, in one task). Every part but "L" is small (in memory)."""
@@ -213,6 +215,8 @@ class Factor(Node):
             return f"solve_triangular({t}, {self.y}, lower={opts.get('lower') != opts.get('trans')})"
         if self.part == "logdiag":
             return f"slogdet({self.x} @ {self.x}.T)"
+        if self.part == "symv":
+            return f"symmetric({self.x}, lower=True) @ {self.y}"
         arg = str(self.x) if self.y is None else f"{self.x}, {self.y}"
         return f"{opts.get('op')}({arg})"
 

@@ -30,9 +30,9 @@ from ...graphs.emit import Tasks
 from ...graphs.spec import Read, leaves, unit_edges
 from . import layout
 from .map import check_fits
-from .memory import cholesky_peak, chunk_flight, incore_peak, trsolve_peak
+from .memory import as_rss, cholesky_peak, chunk_flight, incore_peak, symv_peak, trsolve_peak
 from .memory import read_flight as zarr_flight
-from .sizing import factor_tile, short
+from .sizing import ahead, factor_tile, short
 from .types import Budget, Output, Stage
 
 MIN_TILE = 256
@@ -336,6 +336,49 @@ def lower_trsolve(node, t_spec, b_spec, deps: list, budget: Budget) -> Stage:
         f"{len(edges)} row tiles of {b} (each tile of T read once, by the task of its term "
         "as soon as the row tile it multiplies is solved)", len(work), peak,
         tot.nbytes, flops=n * n * ncols, reads=tot.reads, store_gets=tot.gets, work=work.freeze(),
+        outputs={"0": Output("value", (key,))})
+
+
+def lower_symv(node, a_spec, w_spec, deps: list, budget: Budget) -> Stage:
+    """``A W`` for a symmetric ``A`` read from its lower triangle only (half
+    of A's bytes; what the Cholesky factor reads, so a residual ``b - A x``
+    checks the system the factor solved): one task per tile on or below the
+    diagonal (``A_ik W_k`` into row tile ``i`` and, below the diagonal,
+    ``A_ik^T W_i`` into row tile ``k``), one task summing them. With option
+    ``norm`` the result has one more column: the row sums of ``|A|`` (its
+    maximum is ``||A||_inf``). Square tiles of at most ``n / (4 threads)``,
+    whole I/O units of A where they fit."""
+    n, k = node.x.shape[0], node.y.shape[1]
+    dtype = np.dtype(node.dtype)
+    norm = bool(dict(node.options).get("norm"))
+
+    def peak_of(b: int) -> int:
+        return symv_peak(b, k, n, _a_read(a_spec, b, n), dtype.itemsize, norm)
+
+    align = input_unit_side(a_spec)
+    cap = max(MIN_TILE, align, -(-n // (TILE_ROWS_PER_THREAD * budget.total_threads)))
+    b = fit_tile(n, align, cap, peak_of, budget)
+    peak = peak_of(b)
+    check_fits("symmetric product", peak, short(node), budget)
+    edges = tuple(tile_edges(n, b))
+    cuts = [0, *(e[1] for e in edges)]
+    costs = layout.BlockCosts(a_spec, cuts, cuts)
+    tiles = [(i, j) for i in range(len(edges)) for j in range(i + 1)]
+    name = "symv-" + tokenize(a_spec, w_spec, deps, edges, node.options)
+    work, tot = Tasks(), layout.ReadTotals()
+    parts = []
+    for t, (i, j) in enumerate(tiles):
+        nxt = ahead(tiles, t, budget)
+        parts.append(work.add((name, i, j), gch.symv_tile, a_spec, deps, w_spec, deps, edges,
+                              i, j, k, norm, dtype,
+                              None if nxt is None else (edges[nxt[0]], edges[nxt[1]])))
+        tot.add(costs.at(i, j))
+    key = work.add(name + "-sum", gch.symv_sum, n, k, norm, dtype, edges, *parts)
+    return Stage(
+        "product", f"{short(node)}: symmetric product from the lower triangle, "
+        f"{len(tiles)} tiles of {b}" + (" and the row sums of |A|" if norm else ""),
+        len(work), max(peak, as_rss(2 * n * (k + 1) * dtype.itemsize)), tot.nbytes,
+        flops=2 * n * n * k, reads=tot.reads, store_gets=tot.gets, work=work.freeze(),
         outputs={"0": Output("value", (key,))})
 
 

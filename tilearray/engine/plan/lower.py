@@ -67,6 +67,7 @@ from .cholesky import (
     lower_cholesky,
     lower_incore,
     lower_logdiag,
+    lower_symv,
     lower_trsolve,
 )
 from .lu import lower_lu, lower_lu_forward, lower_lu_slogdet, lu_width
@@ -344,6 +345,8 @@ class Planner:
             y_spec = self.spec(node.y, deps)
         if node.part == "trsolve":
             return self.add(lower_trsolve(node, spec, y_spec, deps, self.budget))
+        if node.part == "symv":
+            return self.add(lower_symv(node, spec, y_spec, deps, self.budget))
         if dict(node.options)["op"] in ("solve", "slogdet") and \
                 incore_need(node, spec, y_spec)[0] > self.budget.task_memory:
             return self._lu(node, spec, y_spec, deps)
