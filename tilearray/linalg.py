@@ -433,14 +433,16 @@ def solve(a: TiledArray, b, assume_a: str = "gen"):
     computed and stored in float32 (half the bytes, twice the flop rate),
     then iterative refinement -- float64 residual ``b - a x`` (one pass over
     the lower triangle of ``a``, the one the factor used; the first also
-    gives ``||a||_inf``), a correction from the float32 factor -- until the
+    gives ``||a||_inf``), a correction solved in float32 from the float32
+    factor (``r`` scaled into float32's range), as ``dsposv`` -- until the
     residual is ``dsposv``'s ``sqrt(n) eps ||a||_inf ||x||_inf`` or the
     correction no longer changes ``x`` in float64 (one or two residuals for
-    a well-conditioned ``a``); where float32
-    cannot factor ``a`` or
-    the refinement stalls (condition number beyond about 1e6), ``a`` is
+    a well-conditioned ``a``); where float32 cannot factor ``a`` or the
+    refinement stalls (condition number beyond about 1e6), ``a`` is
     factored in float64 as above (``tilearray.linalg.spd-solve``: ``auto``,
-    ``mixed`` or ``double``). The default
+    ``mixed`` or ``double``). Either way only the lower triangle of ``a``
+    is read, as :func:`numpy.linalg.cholesky` (SciPy's ``lower=False``
+    default reads the upper one). The default
     ``"gen"`` (general A): a matrix one task holds is read whole into one
     task (LAPACK ``gesv``); a larger one is factored out of core by
     left-looking LU with partial pivoting over column panels (each panel

@@ -98,6 +98,19 @@ def test_vector_and_stored_right_hand_sides(eng, tmp_path, rng):
     assert col.shape == (n,) and rel_err(col, 2 * want) < 1e-12
 
 
+@pytest.mark.parametrize("mode", ["mixed", "double"])
+def test_only_the_lower_triangle_is_read(eng, tmp_path, rng, mode):
+    """As numpy.linalg.cholesky: the upper triangle never enters the answer,
+    not in the factor nor in the refinement's residuals."""
+    n = 333
+    x = spd_with_condition(rng, n, 1e3)
+    stored_x = np.tril(x) + np.triu(rng.uniform(-9, 9, (n, n)), 1)  # garbage above
+    b = rng.standard_normal((n, 2))
+    with dask.config.set({"tilearray.linalg.spd-solve": mode}):
+        got = ta.linalg.solve(stored(tmp_path, stored_x, (50, 70)), b, assume_a="pos")
+    assert rel_err(got, np.linalg.solve(x, b)) < 50 * 1e3 * np.finfo(np.float64).eps
+
+
 def test_beyond_float32_it_factors_in_float64(eng, tmp_path, rng, monkeypatch):
     """cond 1e12: float32 cannot factor it (or the refinement would stall):
     the float64 factor answers, as accurate as NumPy's."""
