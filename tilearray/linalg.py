@@ -434,14 +434,15 @@ def solve(a: TiledArray, b, assume_a: str = "gen"):
     then iterative refinement -- float64 residual ``b - a x`` (one pass over
     the lower triangle of ``a``, the one the factor used; the first also
     gives ``||a||_inf``), a correction solved in float32 from the float32
-    factor (``r`` scaled into float32's range), as ``dsposv`` -- until the
+    factor as ``dsposv`` does (``r`` first scaled by its largest entry; a
+    correction past float32's range falls back as below) -- until the
     residual is ``dsposv``'s ``sqrt(n) eps ||a||_inf ||x||_inf`` or the
-    correction no longer changes ``x`` in float64 (one or two residuals for
-    a well-conditioned ``a``); where float32 cannot factor ``a`` or the
-    refinement stalls (condition number beyond about 1e6), ``a`` is
+    correction no longer changes ``x`` in float64 (two residuals for a
+    well-conditioned ``a`` of 16384² or 32768²); where float32 cannot factor
+    ``a`` or the refinement stalls (condition number beyond a few million), ``a`` is
     factored in float64 as above (``tilearray.linalg.spd-solve``: ``auto``,
     ``mixed`` or ``double``). Either way only the lower triangle of ``a``
-    is read, as :func:`numpy.linalg.cholesky` (SciPy's ``lower=False``
+    is used, as :func:`numpy.linalg.cholesky` (SciPy's ``lower=False``
     default reads the upper one). The default
     ``"gen"`` (general A): a matrix one task holds is read whole into one
     task (LAPACK ``gesv``); a larger one is factored out of core by
@@ -523,6 +524,10 @@ def _solve_spd_mixed(a: TiledArray, b):
     rhs = np.asarray(b.compute() if isinstance(b, TiledArray) else b, dtype=np.float64)
     rhs = rhs.reshape(n, k)
     tiny = np.finfo(np.float64).tiny
+    try:  # the residual's pass must fit the budget, or the float64 factor answers
+        _symmetric_product_plan(a, rhs, True).plan()
+    except PlanningError:
+        return None
     path = scratch_path("cholesky32")
     try:
         try:

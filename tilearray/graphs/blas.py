@@ -266,24 +266,6 @@ def syrk_update(c: np.ndarray, a: np.ndarray) -> np.ndarray:
 
 
 @single_threaded
-def symm_lower(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``S B`` where S is the symmetric matrix whose lower triangle is that
-    of the square ``a`` (BLAS ``symm``: the strict upper triangle of ``a`` is
-    never read, and ``a`` is not copied when F- or C-ordered of the
-    computing dtype). ``b`` is ``t x k``."""
-    dtype = np.result_type(result_dtype(a.dtype), result_dtype(b.dtype))
-    a = np.asarray(a, dtype=dtype)
-    lower = 1
-    if not a.flags.f_contiguous:  # C-ordered: its transpose, whose UPPER triangle this is
-        a, lower = (a.T, 0) if a.flags.c_contiguous else (np.asfortranarray(a), 1)
-    b = np.asarray(b, dtype=dtype, order="F")
-    if a.size == 0 or b.size == 0:
-        return np.zeros((a.shape[0], b.shape[1]), dtype)
-    symm_ = _blas("symm", a, b)
-    return symm_(1.0, a, b, side=0, lower=lower)
-
-
-@single_threaded
 def gemm_update(c: np.ndarray, a: np.ndarray, b: np.ndarray, *, trans_a: bool = False,
                 trans_b: bool = False) -> np.ndarray:
     """``C - op(A) op(B)`` (BLAS ``gemm``, alpha -1, beta 1); ``op`` transposes if asked.

@@ -200,48 +200,56 @@ def gather(vector: bool, *parts):
     return (x[:, 0] if vector else x), counted(stats)
 
 
-def symv_tile(a_spec, a_deps, w_spec, w_deps, edges, i: int, j: int, k: int, norm: bool,
+def symv_tile(a_spec, a_deps, w_spec, w_deps, rows: tuple, cols: tuple, k: int, norm: bool,
               dtype, ahead=None):
-    """Tile ``(i, j)``, ``i >= j``, of a symmetric A's lower triangle times
-    W: ``(i, j, A_ij W_j, A_ij^T W_i or None, row sums of |A_ij|, column
-    sums or None, stats)`` -- a diagonal tile is taken as its lower triangle
-    mirrored (BLAS ``symm``: its strict upper triangle is never used). The
-    tile ``ahead`` (a later task's) is hinted to the stores after the read."""
+    """Block ``rows x cols`` of a symmetric A, taken from its lower triangle,
+    times W: ``(rows, cols, A_ij W_j, A_ij^T W_i, row sums of |A_ij|, column
+    sums, stats)``, the sums None without ``norm``. A block crossing the
+    diagonal counts its elements on or below it (``A_ij W_j``) and strictly
+    below it (the transposed term); the elements above never enter. The
+    block ``ahead`` (a later task's) is hinted to the stores after the read."""
     stats = IOStats()
-    rows, cols = edges[i], edges[j]
     t = np.asarray(evaluate(a_spec, rows, cols, list(a_deps), stats))
     prefetch_next([a_spec], None if ahead is None else [ahead])
     t = t.astype(kern.result_dtype(dtype), copy=False)
     w_j = np.asarray(evaluate(w_spec, cols, (0, k), list(w_deps), stats), dtype=dtype)
-    across = row_sums = col_sums = None
-    if i == j:  # the lower triangle, taken as symmetric
-        down = kern.symm_lower(t, w_j)
+    w_i = np.asarray(evaluate(w_spec, rows, (0, k), list(w_deps), stats), dtype=dtype)
+    off = rows[0] - cols[0]  # element (r, c) of the block is on or below the diagonal iff c <= r + off
+    crossing = cols[1] > rows[0]  # an element on or above the diagonal
+    if crossing:
+        t = np.tril(t, off)
+    row_sums = col_sums = None
+    with kern.one_blas_thread():
+        down = t @ w_j
         if norm:
             a = np.abs(t)
-            row_sums = np.tril(a).sum(axis=1) + np.tril(a, -1).sum(axis=0)
-    else:
-        w_i = np.asarray(evaluate(w_spec, rows, (0, k), list(w_deps), stats), dtype=dtype)
-        with kern.one_blas_thread():
-            down, across = t @ w_j, t.T @ w_i
+            row_sums = a.sum(axis=1)
+        if crossing:  # the diagonal counts once: in the rows' term, not the transposed one
+            r = np.arange(max(0, -off), min(t.shape[0], t.shape[1] - off))
+            t[r, r + off] = 0
+            if norm:
+                a[r, r + off] = 0
+        across = t.T @ w_i
         if norm:
-            a = np.abs(t)
-            row_sums, col_sums = a.sum(axis=1), a.sum(axis=0)
-    return i, j, down, across, row_sums, col_sums, counted(stats.as_dict())
+            col_sums = a.sum(axis=0)
+    return rows, cols, down, across, row_sums, col_sums, counted(stats.as_dict())
 
 
-def symv_sum(n: int, k: int, norm: bool, dtype, edges, *parts):
-    """The tiles' partial products summed into ``A W`` (``n x k``; with
-    ``norm``, one more column holding the row sums of ``|A|``); merges their
-    stats."""
+def symv_sum(n: int, k: int, norm: bool, dtype, *parts):
+    """Block products (:func:`symv_tile`) and sums of them added into one
+    ``A W`` (``n x k``; with ``norm``, one more column holding the row sums
+    of ``|A|``): ``(value, stats)``, the parts' stats merged."""
     out, stats = np.zeros((n, k + int(norm)), dtype=dtype), {}
-    for i, j, down, across, row_sums, col_sums, st in parts:
-        (r0, r1), (c0, c1) = edges[i], edges[j]
+    for part in parts:
+        if len(part) == 2:  # a sum of parts
+            out += part[0]
+            stats = merge_stats(stats, part[1])
+            continue
+        (r0, r1), (c0, c1), down, across, row_sums, col_sums, st = part
         out[r0:r1, :k] += down
-        if across is not None:
-            out[c0:c1, :k] += across
-        if row_sums is not None:
+        out[c0:c1, :k] += across
+        if norm:
             out[r0:r1, k] += row_sums
-        if col_sums is not None:
             out[c0:c1, k] += col_sums
         stats = merge_stats(stats, st)
     return out, counted(stats)

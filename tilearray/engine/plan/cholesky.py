@@ -23,14 +23,24 @@ import numpy as np
 from dask.base import tokenize
 from dask.utils import format_bytes
 
+from ... import _config
 from ...errors import PlanningError
 from ...graphs import cholesky as gch
 from ...graphs.blas import result_dtype, tile_edges
+from ...graphs.blocks import tree
 from ...graphs.emit import Tasks
 from ...graphs.spec import Read, leaves, unit_edges
 from . import layout
 from .map import check_fits
-from .memory import as_rss, cholesky_peak, chunk_flight, incore_peak, symv_peak, trsolve_peak
+from .memory import (
+    as_rss,
+    cholesky_peak,
+    chunk_flight,
+    combine_peak,
+    incore_peak,
+    symv_peak,
+    trsolve_peak,
+)
 from .memory import read_flight as zarr_flight
 from .sizing import ahead, factor_tile, short
 from .types import Budget, Output, Stage
@@ -339,47 +349,81 @@ def lower_trsolve(node, t_spec, b_spec, deps: list, budget: Budget) -> Stage:
         outputs={"0": Output("value", (key,))})
 
 
+def group_edges(cuts: tuple, side: int) -> tuple:
+    """Consecutive intervals of ``cuts`` joined while their span stays within
+    ``side`` (an interval longer than ``side`` stays whole)."""
+    out = [cuts[0]]
+    for prev, e in zip(cuts[:-1], cuts[1:], strict=True):
+        if e - out[-1] > side and prev > out[-1]:
+            out.append(prev)
+    if out[-1] != cuts[-1]:
+        out.append(cuts[-1])
+    return tuple(out)
+
+
 def lower_symv(node, a_spec, w_spec, deps: list, budget: Budget) -> Stage:
-    """``A W`` for a symmetric ``A`` read from its lower triangle only (half
-    of A's bytes; what the Cholesky factor reads, so a residual ``b - A x``
-    checks the system the factor solved): one task per tile on or below the
-    diagonal (``A_ik W_k`` into row tile ``i`` and, below the diagonal,
-    ``A_ik^T W_i`` into row tile ``k``), one task summing them. With option
-    ``norm`` the result has one more column: the row sums of ``|A|`` (its
-    maximum is ``||A||_inf``). Square tiles of at most ``n / (4 threads)``,
-    whole I/O units of A where they fit."""
+    """``A W`` for a symmetric ``A`` taken from its lower triangle only (the
+    one a Cholesky factor of ``A`` uses, so a residual ``b - A x`` checks the
+    system the factor solved; the strict upper triangle never enters): one
+    task per block of A holding part of the lower triangle -- ``A_ij W_j``
+    into the block's rows and ``A_ij^T W_i`` into its columns, masked where
+    it crosses the diagonal -- and a tree summing them (fan-in
+    ``reduction.split-every``). With option ``norm`` the result has one more
+    column: the row sums of ``|A|`` (its maximum is ``||A||_inf``). The
+    tree's fan-in is lowered until ``fan + 2`` sums of ``n x k`` fit a task.
+
+    Blocks are whole I/O units of A joined up to a side that fits the
+    budget (at most ``n / (4 threads)`` where units allow), so no unit is
+    read twice: square units read about half of A, units spanning whole
+    rows or columns all of it, once."""
     n, k = node.x.shape[0], node.y.shape[1]
     dtype = np.dtype(node.dtype)
     norm = bool(dict(node.options).get("norm"))
+    item = max(dtype.itemsize, 8)
+    units = [unit_edges(a_spec, axis, n) for axis in (0, 1)]
+    if not leaves(a_spec):  # nothing stored: any blocks
+        units = [(*range(0, n, MIN_FIT), n)] * 2
 
-    def peak_of(b: int) -> int:
-        return symv_peak(b, k, n, _a_read(a_spec, b, n), dtype.itemsize, norm)
+    def blocks(side: int) -> tuple:
+        return tuple(group_edges(u, side) for u in units)
 
-    align = input_unit_side(a_spec)
-    cap = max(MIN_TILE, align, -(-n // (TILE_ROWS_PER_THREAD * budget.total_threads)))
-    b = fit_tile(n, align, cap, peak_of, budget)
-    peak = peak_of(b)
+    def peak_of(side: int) -> int:
+        rows, cols = blocks(side)
+        costs = layout.BlockCosts(a_spec, rows, cols)
+        big = max((costs.at(i, j)[0], (rows[i + 1] - rows[i]) * (cols[j + 1] - cols[j]))
+                  for i in range(len(rows) - 1) for j in range(len(cols) - 1))
+        return symv_peak(big[1], int(np.max(np.diff(rows)) + np.max(np.diff(cols))), k, n,
+                         big[0], item, norm)
+
+    cap = max(MIN_TILE, -(-n // (TILE_ROWS_PER_THREAD * budget.total_threads)))
+    side = fit_tile(n, 1, cap, peak_of, budget) if n else 1
+    row_cuts, col_cuts = blocks(side)
+    piece = n * (k + int(norm)) * item  # a sum of block products
+    fan = max(2, min(int(_config.get("reduction.split-every")),
+                     budget.task_memory // max(as_rss(piece), 1) - 2))
+    peak = max(peak_of(side), combine_peak(piece, fan))
     check_fits("symmetric product", peak, short(node), budget)
-    edges = tuple(tile_edges(n, b))
-    cuts = [0, *(e[1] for e in edges)]
-    costs = layout.BlockCosts(a_spec, cuts, cuts)
-    tiles = [(i, j) for i in range(len(edges)) for j in range(i + 1)]
-    name = "symv-" + tokenize(a_spec, w_spec, deps, edges, node.options)
-    work, tot = Tasks(), layout.ReadTotals()
-    parts = []
-    for t, (i, j) in enumerate(tiles):
-        nxt = ahead(tiles, t, budget)
-        parts.append(work.add((name, i, j), gch.symv_tile, a_spec, deps, w_spec, deps, edges,
-                              i, j, k, norm, dtype,
-                              None if nxt is None else (edges[nxt[0]], edges[nxt[1]])))
+    costs = layout.BlockCosts(a_spec, row_cuts, col_cuts)
+    spans = [((row_cuts[i], row_cuts[i + 1]), (col_cuts[j], col_cuts[j + 1]), i, j)
+             for i in range(len(row_cuts) - 1) for j in range(len(col_cuts) - 1)
+             if col_cuts[j] < row_cuts[i + 1]]  # some element on or below the diagonal
+    name = "symv-" + tokenize(a_spec, w_spec, deps, row_cuts, col_cuts, node.options)
+    work, tot, parts = Tasks(), layout.ReadTotals(), []
+    for t, (rows, cols, i, j) in enumerate(spans):
+        nxt = ahead(spans, t, budget)
+        parts.append(work.add((name, i, j), gch.symv_tile, a_spec, deps, w_spec, deps, rows,
+                              cols, k, norm, dtype, None if nxt is None else nxt[:2]))
         tot.add(costs.at(i, j))
-    key = work.add(name + "-sum", gch.symv_sum, n, k, norm, dtype, edges, *parts)
+    root = tree(parts, fan, lambda level, c: (name, "sum", level, c),
+                lambda children: (gch.symv_sum, n, k, norm, dtype, *children), work)
+    key = work.add(name + "-result", gch.symv_sum, n, k, norm, dtype, *([root] if parts else []))
     return Stage(
         "product", f"{short(node)}: symmetric product from the lower triangle, "
-        f"{len(tiles)} tiles of {b}" + (" and the row sums of |A|" if norm else ""),
-        len(work), max(peak, as_rss(2 * n * (k + 1) * dtype.itemsize)), tot.nbytes,
-        flops=2 * n * n * k, reads=tot.reads, store_gets=tot.gets, work=work.freeze(),
-        outputs={"0": Output("value", (key,))})
+        f"{len(spans)} blocks of up to {np.max(np.diff(row_cuts), initial=0)} x "
+        f"{np.max(np.diff(col_cuts), initial=0)}" + (" and the row sums of |A|" if norm else "")
+        + (f", partials summed with fan-in {fan}" if len(parts) > 1 else ""),
+        len(work), peak, tot.nbytes, flops=2 * n * n * k, reads=tot.reads,
+        store_gets=tot.gets, work=work.freeze(), outputs={"0": Output("value", (key,))})
 
 
 def lower_logdiag(node, l_spec, deps: list) -> Stage:

@@ -214,13 +214,15 @@ def trsolve_peak(b: int, rhs_cols: int, n: int, t_read: int, itemsize: int) -> i
     return as_rss(2 * t_read + b * b * itemsize + (2 * b + n) * rhs_cols * itemsize)
 
 
-def symv_peak(b: int, k: int, n: int, t_read: int, itemsize: int, norm: bool) -> int:
-    """A symmetric-product tile task: one ``b x b`` tile of A (read held
-    compressed and decoded, then in the computing dtype), on the diagonal its
-    symmetric completion, ``|A_ik|`` for the norm, the whole operand (``n x
-    k``) and two partial products (``b x k``)."""
-    tiles = 2 + int(norm)
-    return as_rss(2 * t_read + tiles * b * b * max(itemsize, 8) + (2 * b + n) * k * itemsize)
+def symv_peak(area: int, sides: int, k: int, n: int, read: int, itemsize: int,
+              norm: bool) -> int:
+    """A symmetric-product block task: the block (``area`` elements; its
+    read, ``read`` bytes, held compressed and decoded), its copy in the
+    computing dtype, a masked copy where it crosses the diagonal and
+    ``|A|`` for the norm, the whole operand (``n x k``) and the block's
+    pieces of it and partial products (``sides`` = its rows + columns)."""
+    tiles = 3 + int(norm)
+    return as_rss(2 * read + tiles * area * itemsize + (n + 2 * sides) * k * itemsize)
 
 
 def incore_peak(read_bytes: int, n: int, itemsize: int, work: int = 4) -> int:
