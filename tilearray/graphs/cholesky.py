@@ -28,7 +28,7 @@ from ..errors import NotPositiveDefiniteError, SingularMatrixError
 from ..storage import IOStats, buffers, prefetch_region, read_region, write_block, write_fill
 from . import blas as kern
 from .matmul import counted, merge_stats
-from .spec import evaluate, prefetch, prefetch_next, unit_edges
+from .spec import Read, evaluate, prefetch, prefetch_next, unit_edges
 
 SlogdetResult = type(np.linalg.slogdet(np.eye(1)))
 
@@ -209,29 +209,31 @@ def symv_tile(a_spec, a_deps, w_spec, w_deps, rows: tuple, cols: tuple, k: int, 
     below it (the transposed term); the elements above never enter. The
     block ``ahead`` (a later task's) is hinted to the stores after the read."""
     stats = IOStats()
-    t = np.asarray(evaluate(a_spec, rows, cols, list(a_deps), stats))
+    read = np.asarray(evaluate(a_spec, rows, cols, list(a_deps), stats))
     prefetch_next([a_spec], None if ahead is None else [ahead])
-    t = t.astype(kern.result_dtype(dtype), copy=False)
+    t = read.astype(kern.result_dtype(dtype), copy=False)
     w_j = np.asarray(evaluate(w_spec, cols, (0, k), list(w_deps), stats), dtype=dtype)
     w_i = np.asarray(evaluate(w_spec, rows, (0, k), list(w_deps), stats), dtype=dtype)
     off = rows[0] - cols[0]  # element (r, c) of the block is on or below the diagonal iff c <= r + off
     crossing = cols[1] > rows[0]  # an element on or above the diagonal
+    diag = r = None
     if crossing:
         t = np.tril(t, off)
-    row_sums = col_sums = None
     with kern.one_blas_thread():
         down = t @ w_j
-        if norm:
-            a = np.abs(t)
-            row_sums = a.sum(axis=1)
         if crossing:  # the diagonal counts once: in the rows' term, not the transposed one
             r = np.arange(max(0, -off), min(t.shape[0], t.shape[1] - off))
+            diag = t[r, r + off].copy()
             t[r, r + off] = 0
-            if norm:
-                a[r, r + off] = 0
         across = t.T @ w_i
-        if norm:
-            col_sums = a.sum(axis=0)
+    row_sums = col_sums = None
+    if norm:  # t is not needed any more: |t| in place
+        if t is read and not isinstance(a_spec, Read):  # may be a dependency's value
+            t = t.copy()
+        t = np.abs(t, out=t)
+        col_sums, row_sums = t.sum(axis=0), t.sum(axis=1)
+        if diag is not None:
+            row_sums[r] += np.abs(diag)
     return rows, cols, down, across, row_sums, col_sums, counted(stats.as_dict())
 
 

@@ -218,10 +218,11 @@ def symv_peak(area: int, sides: int, k: int, n: int, read: int, itemsize: int,
               norm: bool) -> int:
     """A symmetric-product block task: the block (``area`` elements; its
     read, ``read`` bytes, held compressed and decoded), its copy in the
-    computing dtype, a masked copy where it crosses the diagonal and
-    ``|A|`` for the norm, the whole operand (``n x k``) and the block's
-    pieces of it and partial products (``sides`` = its rows + columns)."""
-    tiles = 3 + int(norm)
+    computing dtype, a masked copy where it crosses the diagonal (``|A|``
+    for the norm is taken in place), the whole operand (``n x k``) and the
+    block's pieces of it and partial products (``sides`` = its rows +
+    columns)."""
+    tiles = 3
     return as_rss(2 * read + tiles * area * itemsize + (n + 2 * sides) * k * itemsize)
 
 
