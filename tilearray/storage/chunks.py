@@ -188,24 +188,24 @@ class DirectReader:
             raise CorruptChunkError(self.name, (i, j), f"{got} bytes read, a chunk has "
                                     f"{flat.nbytes + tail} (chunk file {key!r})")
         if tail:
-            from crc32c import crc32c
-
-            if crc32c(flat) != int.from_bytes(end, "little"):
-                raise CorruptChunkError(self.name, (i, j),
-                                        f"crc32c checksum mismatch (chunk file {key!r})")
+            self._verify(i, j, flat, end, key)
         return True
 
     def _checked(self, i, j, data: memoryview, key: str) -> memoryview:
-        from crc32c import crc32c  # reads any buffer, without a copy
-
         if len(data) < 4:
             raise CorruptChunkError(self.name, (i, j),
                                     f"chunk shorter than its crc32c (chunk file {key!r})")
-        want = int.from_bytes(data[-4:], "little")
-        if crc32c(data[:-4]) != want:
+        self._verify(i, j, data[:-4], data[-4:], key)
+        return data[:-4]
+
+    def _verify(self, i, j, payload, crc, key: str) -> None:
+        """Raise :class:`CorruptChunkError` unless ``payload``'s crc32c is
+        ``crc`` (4 bytes, little-endian, as Zarr's codec stores it)."""
+        from crc32c import crc32c  # reads any buffer, without a copy
+
+        if crc32c(payload) != int.from_bytes(crc, "little"):
             raise CorruptChunkError(self.name, (i, j),
                                     f"crc32c checksum mismatch (chunk file {key!r})")
-        return data[:-4]
 
 
 def _read_fully(fd: int, view: memoryview) -> int:

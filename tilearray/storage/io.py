@@ -410,6 +410,27 @@ def prefetch_region(ref: ArrayRef, rows: Range, cols: Range) -> None:
         log.debug("prefetch hint for %s failed", ref, exc_info=True)
 
 
+def _each_unit(ref: ArrayRef, grid: Grid, rows: Range, cols: Range, doing: str,
+               action) -> None:
+    """``action(i, j)`` on each I/O unit of the unit-aligned block ``rows x
+    cols``, each checked first as still this job's (one small read). A
+    misaligned block is refused (a partial shard write could lose data); an
+    OS error becomes a :class:`StorageError` saying what was ``doing``."""
+    where = f"{str(ref)!r} rows {rows} cols {cols}"
+    if not (grid.is_aligned(0, rows) and grid.is_aligned(1, cols)):
+        raise StorageError(f"not {doing} {where}: the block is not aligned to its I/O units "
+                           f"{grid.unit} (a partial shard write could lose data)")
+    try:
+        for i in grid.units_touching(0, rows):
+            for j in grid.units_touching(1, cols):
+                check_writer(ref, (i, j))
+                action(i, j)
+    except OutputLockedError:
+        raise
+    except OSError as e:
+        raise StorageError(f"{doing} {where} failed: {e}") from e
+
+
 def write_fill(ref: ArrayRef, rows: Range, cols: Range, stats: IOStats | None = None,
                *, arr=None) -> IOStats:
     """Mark a unit-aligned block as the fill value (0) without storing it:
@@ -420,21 +441,12 @@ def write_fill(ref: ArrayRef, rows: Range, cols: Range, stats: IOStats | None = 
     written but the markers."""
     stats = stats if stats is not None else IOStats()
     arr = arr if arr is not None else ref.open(mode="r+")
-    grid = grid_of(arr)
-    if not (grid.is_aligned(0, rows) and grid.is_aligned(1, cols)):
-        raise StorageError(f"refusing to mark {str(ref)!r} rows {rows} cols {cols} as zeros: "
-                           f"not aligned to its I/O units {grid.unit}")
-    try:
-        for i in grid.units_touching(0, rows):
-            for j in grid.units_touching(1, cols):
-                check_writer(ref, (i, j))
-                mark_unit_fill(ref, i, j, arr.metadata.encode_chunk_key((i, j)))
-                stats.units_written += 1
-    except OutputLockedError:
-        raise
-    except OSError as e:
-        raise StorageError(f"marking {str(ref)!r} rows {rows} cols {cols} as zeros "
-                           f"failed: {e}") from e
+
+    def mark(i: int, j: int) -> None:
+        mark_unit_fill(ref, i, j, arr.metadata.encode_chunk_key((i, j)))
+        stats.units_written += 1
+
+    _each_unit(ref, grid_of(arr), rows, cols, "marking the fill value in", mark)
     return stats
 
 
@@ -450,32 +462,22 @@ def write_block(
     arr = arr if arr is not None else ref.open(mode="r+")
     arr = arr.with_config({"write_empty_chunks": True})  # every unit stored (format 2)
     grid = grid_of(arr)
-    if not (grid.is_aligned(0, rows) and grid.is_aligned(1, cols)):
-        raise StorageError(
-            f"refusing a write to {str(ref)!r} rows {rows} cols {cols}: not aligned to "
-            f"its I/O units {grid.unit} (a partial shard write could lose data)"
-        )
     expected = (rows[1] - rows[0], cols[1] - cols[0])
     if data.shape != expected:
         raise StorageError(f"block for {str(ref)!r} has shape {data.shape}, expected {expected}")
-    try:
+
+    def write(i: int, j: int) -> None:
         # unit by unit: zarr copies and encodes what it is given at once, so
         # this bounds the write's extra memory to about two units
-        for i in grid.units_touching(0, rows):
-            r0, r1 = grid.unit_range(0, i)
-            for j in grid.units_touching(1, cols):
-                c0, c1 = grid.unit_range(1, j)
-                block = data[r0 - rows[0] : r1 - rows[0], c0 - cols[0] : c1 - cols[0]]
-                check_writer(ref, (i, j))  # still this job's output (one small read)
-                if arr.ndim == 1:  # a vector, written as the column (n, 1)
-                    arr[r0:r1] = block[:, 0]
-                else:
-                    arr[r0:r1, c0:c1] = block
-                mark_unit_done(ref, i, j)
-                stats.units_written += 1
-    except OutputLockedError:
-        raise
-    except OSError as e:
-        raise StorageError(f"writing {str(ref)!r} rows {rows} cols {cols} failed: {e}") from e
+        (r0, r1), (c0, c1) = grid.unit_range(0, i), grid.unit_range(1, j)
+        block = data[r0 - rows[0] : r1 - rows[0], c0 - cols[0] : c1 - cols[0]]
+        if arr.ndim == 1:  # a vector, written as the column (n, 1)
+            arr[r0:r1] = block[:, 0]
+        else:
+            arr[r0:r1, c0:c1] = block
+        mark_unit_done(ref, i, j)
+        stats.units_written += 1
+
+    _each_unit(ref, grid, rows, cols, "writing", write)
     stats.bytes_written += data.nbytes
     return stats

@@ -27,7 +27,7 @@ from ... import _config
 from ...errors import PlanningError
 from ...graphs import cholesky as gch
 from ...graphs.blas import result_dtype, tile_edges
-from ...graphs.blocks import tree
+from ...graphs.blocks import group_edges, max_interval, tree
 from ...graphs.emit import Tasks
 from ...graphs.spec import Read, leaves, unit_edges
 from . import layout
@@ -349,18 +349,6 @@ def lower_trsolve(node, t_spec, b_spec, deps: list, budget: Budget) -> Stage:
         outputs={"0": Output("value", (key,))})
 
 
-def group_edges(cuts: tuple, side: int) -> tuple:
-    """Consecutive intervals of ``cuts`` joined while their span stays within
-    ``side`` (an interval longer than ``side`` stays whole)."""
-    out = [cuts[0]]
-    for prev, e in zip(cuts[:-1], cuts[1:], strict=True):
-        if e - out[-1] > side and prev > out[-1]:
-            out.append(prev)
-    if out[-1] != cuts[-1]:
-        out.append(cuts[-1])
-    return tuple(out)
-
-
 def lower_symv(node, a_spec, w_spec, deps: list, budget: Budget) -> Stage:
     """``A W`` for a symmetric ``A`` taken from its lower triangle only (the
     one a Cholesky factor of ``A`` uses, so a residual ``b - A x`` checks the
@@ -389,11 +377,9 @@ def lower_symv(node, a_spec, w_spec, deps: list, budget: Budget) -> Stage:
 
     def peak_of(side: int) -> int:
         rows, cols = blocks(side)
-        costs = layout.BlockCosts(a_spec, rows, cols)
-        big = max((costs.at(i, j)[0], (rows[i + 1] - rows[i]) * (cols[j + 1] - cols[j]))
-                  for i in range(len(rows) - 1) for j in range(len(cols) - 1))
-        return symv_peak(big[1], int(np.max(np.diff(rows)) + np.max(np.diff(cols))), k, n,
-                         big[0], item, norm)
+        read = layout.BlockCosts(a_spec, rows, cols).max_read_bytes()
+        h, w = max_interval(rows), max_interval(cols)
+        return symv_peak(h * w, h + w, k, n, read, item, norm)
 
     cap = max(MIN_TILE, -(-n // (TILE_ROWS_PER_THREAD * budget.total_threads)))
     side = fit_tile(n, 1, cap, peak_of, budget) if n else 1
@@ -419,8 +405,8 @@ def lower_symv(node, a_spec, w_spec, deps: list, budget: Budget) -> Stage:
     key = work.add(name + "-result", gch.symv_sum, n, k, norm, dtype, *([root] if parts else []))
     return Stage(
         "product", f"{short(node)}: symmetric product from the lower triangle, "
-        f"{len(spans)} blocks of up to {np.max(np.diff(row_cuts), initial=0)} x "
-        f"{np.max(np.diff(col_cuts), initial=0)}" + (" and the row sums of |A|" if norm else "")
+        f"{len(spans)} blocks of up to {max_interval(row_cuts)} x {max_interval(col_cuts)}"
+        + (" and the row sums of |A|" if norm else "")
         + (f", partials summed with fan-in {fan}" if len(parts) > 1 else ""),
         len(work), peak, tot.nbytes, flops=2 * n * n * k, reads=tot.reads,
         store_gets=tot.gets, work=work.freeze(), outputs={"0": Output("value", (key,))})
