@@ -7,6 +7,7 @@ holds: general solve, eigh)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import numpy as np
@@ -15,6 +16,7 @@ from dask.base import tokenize
 from .engine.array import TiledArray
 from .engine.expr.nodes import TSQR, Constant, Elemwise, Factor
 from .engine.expr.ops import HANDLED, build_reduction, elemwise
+from .engine.plan.types import Stage
 from .errors import PlanningArgumentTypeError, PlanningError
 from .graphs.blas import result_dtype
 
@@ -406,8 +408,23 @@ def _incore(a: TiledArray, op: str, shape, y=None, **options) -> TiledArray:
                              tuple(sorted({"op": op, **options}.items()))))
 
 
-def solve_plan(a: TiledArray, b, assume_a: str = "gen") -> TiledArray:
-    """The lazy form of :func:`solve`: ``.plan()`` shows its stages, ``.compute()`` runs it."""
+def solve_plan(a: TiledArray, b, assume_a: str = "gen"):
+    """The lazy form of :func:`solve`: ``.plan()`` shows its stages, ``.compute()``
+    runs it. Where :func:`solve` would run in mixed precision, a
+    :class:`MixedSolve` (its plan: the float32 factor, the first correction
+    and residual, and what each refinement step repeats); otherwise a lazy
+    TiledArray."""
+    if assume_a == "pos":
+        a = _square(a, "solve")
+        ynode, _ = _rhs(_computed_if_blocked(b), a.shape[0], "solve")
+        dtype = result_dtype(np.result_type(a.dtype, ynode.dtype))
+        if _mixed_precision(a, a.shape[0], ynode.shape[1], dtype):
+            return MixedSolve(a, b)
+    return _solve_plan(a, b, assume_a)
+
+
+def _solve_plan(a: TiledArray, b, assume_a: str) -> TiledArray:
+    """The float64 (or the input's precision) solve as one lazy expression."""
     a = _square(a, "solve")
     n = a.shape[0]
     ynode, vector = _rhs(b, n, "solve")
@@ -420,6 +437,59 @@ def solve_plan(a: TiledArray, b, assume_a: str = "gen") -> TiledArray:
         raise ValueError(f"solve: assume_a={assume_a!r} is not supported ('gen' or 'pos')")
     shape = (n,) if vector else tuple(ynode.shape)
     return _incore(a, "solve", shape, ynode, vector=bool(vector))
+
+
+class MixedSolve:
+    """An SPD solve :func:`solve` runs in mixed precision (``solve_plan(a, b,
+    assume_a="pos")`` for a float64 system it takes that way): ``plan()``
+    shows the float32 factor with the first correction (stages 1-3), one
+    residual pass (4), and what each further step repeats; ``compute()``
+    runs :func:`solve` (the float64 factor where float32 cannot do it: that
+    plan is ``plan(precision="double")``)."""
+
+    def __init__(self, a: TiledArray, b):
+        self.a, self.b = a, b
+
+    def plan(self, *, engine=None, budget=None, precision: str = "mixed"):
+        """The run's plan (``precision="double"``: the float64 fallback's)."""
+        if precision not in ("mixed", "double"):
+            raise ValueError(f"precision={precision!r}: 'mixed' or 'double'")
+        double = _solve_plan(self.a, self.b, "pos")
+        if precision == "double":
+            return double.plan(engine=engine, budget=budget)
+        n = self.a.shape[0]
+        ynode, vector = _rhs(_computed_if_blocked(self.b), n, "solve")
+        k = ynode.shape[1]
+        r32, _ = _rhs(np.zeros((n, k), np.float32), n, "solve")  # r / max|r|, as the run's
+        low = Factor(tuple(self.a.shape), np.dtype(np.float32),
+                     self.a.astype(np.float32)._node, "L")
+        y = _trsolve(low, r32, np.float32, lower=True, trans=False)
+        first = TiledArray(_trsolve(low, y, np.float32, lower=True, trans=True)).plan(
+            engine=engine, budget=budget)
+        try:
+            residual = _symmetric_product_plan(self.a, np.zeros((n, k)), True).plan(
+                engine=engine, budget=budget)
+        except PlanningError:  # solve() factors in float64 then
+            return double.plan(engine=engine, budget=budget)
+        work = [s for p in (first, residual) for s in p.stages if s.kind != "result"]
+        note = Stage("refine", f"each refinement step: stages 2-{len(work)} again (a "
+                     "correction from the float32 factor, then a float64 residual), until "
+                     "LAPACK dsposv's test holds (2 steps for a well-conditioned A), at most "
+                     f"{REFINE_MAX_ITER}; where float32 cannot factor A or the refinement "
+                     "stalls, A is factored in float64: plan(precision='double')", 0, 0, 0)
+        result = [s for s in double.plan(engine=engine, budget=budget).stages
+                  if s.kind == "result"]
+        return dataclasses.replace(
+            first, expression=f"solve({self.a._node}, b, assume_a='pos') in mixed precision",
+            shape=(n,) if vector else (n, k), dtype="float64",
+            stages=(*work, note, *result))
+
+    def compute(self):
+        """Run :func:`solve`; the result in memory, as NumPy."""
+        return solve(self.a, self.b, assume_a="pos")
+
+    def __repr__(self) -> str:
+        return f"MixedSolve(solve({self.a._node}, b, assume_a='pos'))"
 
 
 def solve(a: TiledArray, b, assume_a: str = "gen"):
@@ -473,7 +543,7 @@ def solve(a: TiledArray, b, assume_a: str = "gen"):
         x = _solve_spd_mixed(a, b)
         if x is not None:
             return x
-    return solve_plan(a, b, assume_a).compute()
+    return _solve_plan(a, b, assume_a).compute()
 
 
 REFINE_MAX_ITER = 10

@@ -248,10 +248,11 @@ def test_plan_reports_io_against_the_lower_bound(tmp_path):
     # with 4 GiB workers the planner's own tiles (an SPD solve's factor) are
     # at most n / (4 threads): 8192 on one thread, 4096 on two (8 x 8 tiles,
     # work for both threads along the diagonal chain)
-    solve = ta.linalg.solve_plan(a, np.ones(n), assume_a="pos")
-    chosen = solve.plan(budget=ta.Budget.from_config("4GiB", 1, 1)).stages[0]
+    solve = ta.linalg.solve_plan(a, np.ones(n), assume_a="pos")  # float64: the fallback
+    chosen = solve.plan(budget=ta.Budget.from_config("4GiB", 1, 1),
+                        precision="double").stages[0]
     assert "by 8192 x 8192 tiles" in chosen.description, chosen
-    two = solve.plan(budget=ta.Budget.from_config("4GiB", 2, 1)).stages[0]
+    two = solve.plan(budget=ta.Budget.from_config("4GiB", 2, 1), precision="double").stages[0]
     assert "by 4096 x 4096 tiles" in two.description, two
     assert 1 < chosen.bytes_read / chosen.io_lower_bound < 4
 

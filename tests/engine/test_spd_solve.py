@@ -98,6 +98,39 @@ def test_vector_and_stored_right_hand_sides(eng, tmp_path, rng):
     assert col.shape == (n,) and rel_err(col, 2 * want) < 1e-12
 
 
+def test_solve_plan_shows_the_mixed_precision_run(eng, tmp_path, rng, monkeypatch):
+    """``solve_plan`` plans what ``solve`` runs: in mixed precision, the
+    float32 factor (half the bytes written), its two substitutions and one
+    residual pass over A's lower triangle, each stage planned as the run
+    submits it; ``plan(precision="double")`` is the fallback's float64 plan."""
+    n = 400
+    x = spd_with_condition(rng, n, 100.0)
+    b = rng.standard_normal(n)
+    a = stored(tmp_path, x, (96, 96))
+    with dask.config.set({"tilearray.linalg.spd-solve": "mixed"}):
+        lazy = ta.linalg.solve_plan(a, b, assume_a="pos")
+        assert isinstance(lazy, tla.MixedSolve), lazy
+        plan = lazy.plan()
+        calls = runs(monkeypatch)
+        got = lazy.compute()
+    kinds = [st.kind for st in plan.stages]
+    assert kinds[:3] == ["cholesky", "trsolve", "trsolve"] and "refine" in kinds, kinds
+    assert plan.shape == (n,) and plan.dtype == "float64" and "mixed precision" in str(plan)
+    double = lazy.plan(precision="double")
+    assert [st.kind for st in double.stages][:3] == ["cholesky", "trsolve", "trsolve"]
+    assert plan.stages[0].bytes_written * 2 == double.stages[0].bytes_written
+    # the run's factor, first substitutions and residual were planned as shown
+    # (task counts aside: the plan's substitutions wait on a factor it writes)
+    ran = [st for p in calls if p is not None for st in p.stages if st.kind != "result"]
+    assert [(st.kind, st.bytes_read, st.bytes_written) for st in ran[:4]] == \
+        [(st.kind, st.bytes_read, st.bytes_written) for st in plan.stages[:4]]
+    assert rel_err(got, np.linalg.solve(x, b)) < 1e-12
+    with pytest.raises(ValueError, match="precision='single'"):
+        lazy.plan(precision="single")
+    with dask.config.set({"tilearray.linalg.spd-solve": "double"}):  # one lazy expression
+        assert isinstance(ta.linalg.solve_plan(a, b, assume_a="pos"), ta.TiledArray)
+
+
 @pytest.mark.parametrize("mode", ["mixed", "double"])
 def test_only_the_lower_triangle_is_read(eng, tmp_path, rng, mode):
     """As numpy.linalg.cholesky: the upper triangle never enters the answer,
