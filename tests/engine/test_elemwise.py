@@ -118,13 +118,50 @@ def test_numpy_vectors_broadcast_like_reduction_results(engine, pair):
     e = a - kept
     kept[:] = 0  # the expression holds its own copy
     assert_close(e.compute(), x - mu)
-    with pytest.raises(TypeError, match="from_numpy"):
-        a + x                                 # a whole matrix must be stored first
+    assert_close((a + x).compute(), 2 * x)    # a NumPy matrix: sliced like the expression
     # a NumPy matrix in a product is an in-memory operand (sent to the workers once)
     assert_close((a @ y.T).compute(), x @ y.T)
     assert_close((x.T @ b).compute(), x.T @ y)
     with pytest.raises(ta.PlanningError, match="broadcast"):
         a - np.ones(x.shape[1] + 1)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "int32"])
+def test_numpy_matrix_operands(engine, tmp_path, rng, monkeypatch, dtype):
+    """A NumPy matrix of the expression's shape is an operand as in NumPy
+    (``G + lam * np.eye(p)``, ``x - m``): sliced block by block under
+    transposes, slices, reductions, products, joins and stored outputs, over
+    ragged tilings; one past the size a task should hold whole is refused
+    naming ``from_numpy``."""
+    x = (rng.standard_normal((61, 47)) * 10).astype(dtype)
+    m = (rng.standard_normal((61, 47)) * 10).astype(dtype)
+    a = ta.from_numpy(x, tmp_path / "a.zarr", tile=(16, 13), shard=(32, 26))
+    cases = [
+        (a + m, x + m), (m - a, m - x), ((a * m).T, (x * m).T),
+        ((m - a)[3:50:3, 5:], (m - x)[3:50:3, 5:]),
+        (np.where(a > m, a, m), np.where(x > m, x, m)), ((a - m).sum(axis=0), (x - m).sum(axis=0)),
+        ((a + m).T @ a, (x + m).T @ x), (np.vstack([a, m]), np.vstack([x, m])),
+        (np.hstack([m, a]), np.hstack([m, x])), (np.maximum(a.T, m.T), np.maximum(x.T, m.T)),
+    ]
+    for expr, want in cases:
+        got = expr.compute()
+        assert got.dtype == want.dtype, str(expr)
+        assert_close(got, want, err_msg=str(expr))
+    stored = (a - m).to_zarr(tmp_path / "d.zarr", tile=(20, 20))
+    assert_close(np.asarray(stored), x - m)
+    g = a.T @ a                                     # ridge regression, as in NumPy
+    y = rng.standard_normal(61)
+    ridge = np.linalg.solve(g + 0.5 * np.eye(47), a.T @ y)
+    assert_close(ridge, np.linalg.solve(x.T @ x + 0.5 * np.eye(47), x.T @ y),
+                 precision=np.result_type(dtype, np.float32),
+                 scale=1e3 * np.abs(ridge).max() if dtype == "float32" else None)
+    from tilearray.engine.expr import ops
+
+    monkeypatch.setattr(ops, "MATRIX_OPERAND_BYTES", m.nbytes - 1)
+    with pytest.raises(TypeError, match=r"shape \(61, 47\).*ta.from_numpy"):
+        a + m
+    with pytest.raises(TypeError, match="1-D or 2-D"):
+        a + np.ones((2, 61, 47))
 
 
 def test_clip_with_one_bound_and_transposed_small_results(engine, pair):

@@ -106,8 +106,8 @@ def test_concatenate_in_products_and_refusals(thread_engine, mats):
         np.stack([b, b])
     with pytest.raises(ValueError, match="must match"):
         np.hstack([a, mats["z"][1]])
-    with pytest.raises(TypeError, match="from_numpy"):
-        np.vstack([b, np.ones((2, 13))])
+    rows = np.arange(26.0).reshape(2, 13)  # a NumPy matrix: sliced in memory
+    check(np.vstack([b, rows, b]), np.vstack([y, rows, y]), exact=True)
     ones = np.ones((45, 1))  # an intercept column (NumPy), a reduction's row
     check(np.hstack([b, ones]), np.hstack([y, ones]), exact=True)
     check(np.hstack([ones * 2, b]).T @ np.hstack([ones * 2, b]),

@@ -10,6 +10,7 @@ import warnings
 
 import numpy as np
 from dask.base import tokenize
+from dask.utils import format_bytes
 
 from ...errors import PlanningAxisError, PlanningError
 from ...graphs.reduction import NO_IDENTITY, OPS, VARIANCES
@@ -47,17 +48,28 @@ def as_node(x):
     return x
 
 
+MATRIX_OPERAND_BYTES = 32 * 2**20
+"""A NumPy matrix operand (``G + lam * np.eye(p)``) is held whole by every
+task that uses it: up to this size (a 2048² float64 matrix); a larger one
+must be stored (``ta.from_numpy(x, path)``)."""
+
+
 def as_constant(x: np.ndarray):
     """A NumPy operand: a 0-d array is a scalar; a row or column vector is
-    broadcast like a reduction's result; a whole matrix must be stored."""
+    broadcast like a reduction's result; a matrix of the expression's shape
+    (up to :data:`MATRIX_OPERAND_BYTES`) is sliced like the expression."""
     if x.ndim == 0:
         return x[()]
-    if x.ndim > 2 or (x.ndim == 2 and 1 not in x.shape):
+    if x.ndim > 2:
         raise TypeError(
             f"a NumPy array of shape {x.shape} cannot be an operand of a TiledArray "
-            "expression: only scalars, rows (n,) / (1, n) and columns (m, 1) broadcast; "
-            "store a matrix with ta.from_numpy(x, path) first"
-        )
+            "expression: tilearray arrays are 1-D or 2-D")
+    if x.ndim == 2 and 1 not in x.shape and x.nbytes > MATRIX_OPERAND_BYTES:
+        raise TypeError(
+            f"a NumPy matrix of shape {x.shape} ({format_bytes(x.nbytes)}) is too large to "
+            "be an in-memory operand of a TiledArray expression (every task using it would "
+            f"hold it whole; the limit is {format_bytes(MATRIX_OPERAND_BYTES)}): store it "
+            "with ta.from_numpy(x, path) first")
     if x.dtype.kind not in "biuf":
         raise TypeError(f"a NumPy operand of dtype {x.dtype} is not supported; tilearray "
                         "handles bool, integer and floating-point values")

@@ -13,7 +13,7 @@ from dask.base import tokenize
 
 from ...errors import PlanningError
 from ...graphs.spec import SCANS
-from .nodes import Concat, Diagonal, Elemwise, Full, Node, Positions, Scan, Sort, Take
+from .nodes import Concat, Constant, Diagonal, Elemwise, Full, Node, Positions, Scan, Sort, Take
 from .ops import ExprBase, as_node, build_reduction, reduce_as, wrap_like
 
 NOT_3D = ("tilearray matrices are 2-D; use np.concatenate, np.hstack or np.vstack for a "
@@ -53,8 +53,8 @@ def concatenate(arrays, axis=0, dtype=None) -> ExprBase:
     arrays = list(arrays)
     if not arrays:
         raise ValueError("need at least one array to concatenate")
-    nodes = [as_node(a) if isinstance(a, np.ndarray) and a.ndim == 2 and
-             1 in a.shape else _operand(a, "concatenate") for a in arrays]
+    nodes = [as_node(a) if isinstance(a, np.ndarray) and a.ndim == 2 else
+             _operand(a, "concatenate") for a in arrays]
     if axis is not None and all(n.small for n in nodes) and \
             any(isinstance(a, ExprBase) for a in arrays):
         return join_small("concatenate", arrays, dtype, axis=axis)
@@ -62,11 +62,12 @@ def concatenate(arrays, axis=0, dtype=None) -> ExprBase:
         raise TypeError("concatenate: axis=None (flatten first) is not supported; " + NOT_3D)
     axis = axis_index(axis, "concatenate")
     other = 1 - axis
-    # a small part is a column (m, 1) in an hstack or a row (1, n) in a vstack
-    if any(n.ndim != 2 or (n.small and n.shape[axis] != 1) for n in nodes) or \
-            all(n.small for n in nodes):
+    # a small part is a column (m, 1) in an hstack or a row (1, n) in a vstack, or
+    # a NumPy matrix (sliced in memory)
+    if any(n.ndim != 2 or (n.small and n.shape[axis] != 1 and not isinstance(n, Constant))
+           for n in nodes) or all(n.small for n in nodes):
         raise PlanningError("concatenate: 2-D matrices are joined, with columns (m, 1) along "
-                            "axis 1 or rows (1, n) along axis 0 of small results or NumPy; "
+                            "axis 1 or rows (1, n) along axis 0 of small results; "
                             f"got shapes {[tuple(n.shape) for n in nodes]}")
     if len({n.shape[other] for n in nodes}) > 1:
         raise ValueError(f"concatenate: all the input array dimensions except for the "

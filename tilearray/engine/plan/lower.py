@@ -525,6 +525,8 @@ def _dep_kind(small_shape: tuple, shape: tuple) -> str:
         return "scalar"
     if len(small_shape) == 1 or small_shape[0] == 1:
         return "row"
+    if small_shape[1] != 1:  # an in-memory matrix of the expression's shape
+        return "block"
     return "col"
 
 
