@@ -187,3 +187,37 @@ def test_power_dtype_like_ndarray_operator(engine, tmp_path, dtype, p):
     want = x**p
     assert (a**p).dtype == want.dtype
     assert_close((a**p).compute(), want)
+
+
+@pytest.mark.parametrize("n, m, k, dtype", [(7, None, 0, float), (50, 70, 2, "float32"),
+                                            (61, 45, -7, int), (5, 5, 9, bool), (0, 3, 0, float)])
+def test_eye_is_numpys_and_reads_nothing(engine, n, m, k, dtype):
+    e = ta.eye(n, m, k, dtype=dtype)
+    want = np.eye(n, m, k, dtype=dtype)
+    got = e.compute()
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(e.T[::2].compute(), want.T[::2])
+    assert e.plan().bytes_read == 0
+
+
+def test_eye_shifts_a_stored_matrix_at_any_size(engine, tmp_path, rng):
+    """``G + lam * ta.eye(p)`` (``np.eye(p, like=G)`` too) in a Cholesky, an
+    SPD solve and a product, as NumPy; a huge identity is planned in blocks
+    that fit, reading nothing."""
+    x = rng.standard_normal((130, 90))
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(40, 25))
+    g, want_g = a.T @ a, x.T @ x + 2 * np.eye(90)
+    assert_close(np.asarray(ta.linalg.cholesky(g + 2 * ta.eye(90)).compute()),
+                 np.linalg.cholesky(want_g))
+    assert_close(ta.linalg.solve(g + 2 * np.eye(90, like=a), np.ones(90), assume_a="pos"),
+                 np.linalg.solve(want_g, np.ones(90)))
+    assert_close((a @ ta.eye(90, 40, 3)).compute(), x @ np.eye(90, 40, 3))
+    budget = ta.Budget.from_config("512MiB", 2, 1)
+    assert "plan: eye(3, 4, k=1) -> (3, 4) float64" in str(ta.eye(3, 4, k=1).plan(budget=budget))
+    plan = (ta.eye(10**6) * 3).plan(budget=budget)
+    assert plan.bytes_read == 0 and plan.peak_task_memory <= budget.task_memory
+    with pytest.raises(ValueError, match="negative"):
+        ta.eye(-1)
+    with pytest.raises(TypeError, match="complex128"):
+        ta.eye(3, dtype=complex)

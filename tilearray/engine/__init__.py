@@ -1,7 +1,7 @@
 """What users touch: lazy TiledArray expressions, the planner and the Engine."""
 
 from .array import TiledArray
-from .constructors import from_dask, from_numpy, open, random
+from .constructors import eye, from_dask, from_numpy, open, random
 from .expr import npfuncs  # noqa: F401  (registers NumPy functions for __array_function__)
 from .expr.ops import matmul
 from .plan import Budget, Plan, Stage
@@ -15,6 +15,7 @@ __all__ = [
     "Stage",
     "TiledArray",
     "current_engine",
+    "eye",
     "from_dask",
     "from_numpy",
     "matmul",

@@ -6,6 +6,7 @@ import atexit
 import contextlib
 import math
 import numbers
+import operator
 import os
 import shutil
 import tempfile
@@ -22,6 +23,7 @@ from ..storage.commit import abandoned, existing_array, has_data
 from ..storage.ref import check_task_writable
 from . import runtime
 from .array import TiledArray
+from .expr.ops import HANDLED
 from .output import source
 
 
@@ -349,3 +351,35 @@ def from_dask(x, path=None, *, name="", dims=None, overwrite=False, shard=None,
 
 
 __all__ = ["from_dask", "from_numpy", "open", "random"]
+
+
+def eye(N, M=None, k=0, dtype=float, order="C", *, device=None, like=None) -> TiledArray:
+    """A lazy identity matrix, as :func:`numpy.eye`: ones on the ``k``-th
+    diagonal, zeros elsewhere; nothing is stored or read (each block is
+    made where it is used). ``S + lam * ta.eye(n)`` shifts a stored matrix's
+    diagonal at any size (a NumPy ``np.eye(n)`` operand must fit in memory);
+    ``np.eye(n, like=a)`` gives the same for a TiledArray ``a``.
+
+    Examples
+    --------
+    >>> ridge = ta.linalg.solve(X.T @ X + 0.5 * ta.eye(X.shape[1]), X.T @ y)  # doctest: +SKIP
+    """
+    from .expr.nodes import Elemwise, Positions
+
+    if device not in (None, "cpu"):
+        raise ValueError(f"eye: device={device!r}: tilearray computes on the CPU")
+    n = operator.index(N)
+    m = n if M is None else operator.index(M)
+    k = operator.index(k)
+    if n < 0 or m < 0:
+        raise ValueError(f"eye: negative dimensions are not allowed, got N={N}, M={M}")
+    dt = np.dtype(dtype)
+    if dt.kind not in "biuf":
+        raise TypeError(f"eye: dtype {dt} is not supported; tilearray handles bool, integer "
+                        "and floating-point values")
+    shape = (n, m)
+    rows, cols = (Positions(shape, np.dtype(np.int64), axis) for axis in (0, 1))
+    return TiledArray(Elemwise(shape, dt, "eye", (rows, cols), (("dtype", dt), ("k", k))))
+
+
+HANDLED[np.eye] = eye

@@ -225,6 +225,8 @@ _FUNCS = {
     # np.triu / np.tril of a block, given its elements' row and column numbers
     "tri": lambda x, r, c, k, upper: np.where(c - r >= k if upper else c - r <= k, x,
                                               np.zeros((), x.dtype)),
+    # np.eye's block, given its elements' row and column numbers
+    "eye": lambda r, c, k, dtype: (c - r == k).astype(dtype),
     "clip": np.clip,
     # each element's index among sorted distinct values (np.unique's inverse): the table
     # rebuilt in its own dtype (uint64 beyond 2**63 exact), NaN sorted last as np.unique
@@ -303,6 +305,12 @@ def unit_edges(spec, axis: int, n: int, common: bool = False) -> tuple[int, ...]
     if edges is None:
         return (0, n) if n else (0,)
     return tuple(sorted({e for e in edges if 0 <= e <= n} | {0, n}))
+
+
+def reads_along(spec, axis: int) -> bool:
+    """Whether ``spec`` reads stored units that cut ``axis`` (False for an
+    expression of constants, positions and small results only)."""
+    return _edges(spec, axis) is not None
 
 
 def _edges(spec, axis: int, common: bool = False):

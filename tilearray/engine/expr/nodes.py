@@ -100,6 +100,8 @@ class Elemwise(Node):
         if self.name == "tri":  # triu / tril: the row and column numbers are implied
             kw = dict(self.kwargs)
             return f"{'triu' if kw['upper'] else 'tril'}({_fmt(self.args[0])}, k={kw['k']})"
+        if self.name == "eye":
+            return f"eye({self.shape[0]}, {self.shape[1]}, k={dict(self.kwargs)['k']})"
         sym = _SYMBOLS.get(self.name)
         if sym and len(self.args) == 2:
             return f"({_fmt(self.args[0])} {sym} {_fmt(self.args[1])})"

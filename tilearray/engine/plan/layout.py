@@ -26,7 +26,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...graphs.blocks import group_edges, max_interval
-from ...graphs.spec import Concat, Gather, Op, Read, Slice, Trans, map_spans, unit_edges
+from ...graphs.spec import (
+    Concat,
+    Gather,
+    Op,
+    Read,
+    Slice,
+    Trans,
+    map_spans,
+    reads_along,
+    unit_edges,
+)
 
 #: Above this many blocks the peak is bounded per axis instead of block by block.
 EXACT_BLOCKS = 1 << 16
@@ -243,6 +253,10 @@ class ReadTotals:
             self.nbytes, self.reads, self.gets = self.nbytes + b, self.reads + r, self.gets + g
 
 
+FREE_STEP = 256
+"""Elements: blocks of an expression that reads nothing break on multiples of this."""
+
+
 def bases(spec, axis: int, n: int, hard: tuple[int, ...] | None) -> list[tuple[int, ...]]:
     """Edge lists blocks may break on along ``axis``, coarsest first.
 
@@ -254,6 +268,9 @@ def bases(spec, axis: int, n: int, hard: tuple[int, ...] | None) -> list[tuple[i
     """
     shared = unit_edges(spec, axis, n, common=True)
     union = unit_edges(spec, axis, n)
+    if hard is None and len(union) <= 2 and not reads_along(spec, axis):
+        # nothing read (a lazy identity, a matrix of one value): break anywhere
+        union = shared = tuple(range(0, n, FREE_STEP)) + (n,) if n else (0,)
     if hard is None:
         out = [shared, union]
     else:
