@@ -6,6 +6,7 @@ import os
 import numpy as np
 import psutil
 import pytest
+import zarr
 from zarr.storage import LocalStore
 
 import tilearray as ta
@@ -63,7 +64,9 @@ def test_suggested_budget_fits_the_whole_expression(tmp_path, rng, expr):
     x = {"centre": lambda: a - a.mean(axis=0),
          "cov": lambda: (a - a.mean(axis=0)).T @ (a - a.mean(axis=0)),
          "matmul": lambda: a @ a}[expr]()
-    small = ta.Budget(4 * 2**20, 1, 1, baseline=2**20, fraction=0.8)
+    # under 1 MiB a task: not even one 256 x 256 input unit fits (at 4 MiB the
+    # centring fits, in output tiles smaller than the inputs' it would inherit)
+    small = ta.Budget(2 * 2**20, 1, 1, baseline=2**20, fraction=0.8)
     with pytest.raises(ta.PlanningError, match="it would fit with") as err:
         x.plan(tmp_path / "o.zarr", budget=small)
     need = parse_bytes(re.search(r"memory_per_worker >= (\d+MiB)", str(err.value)).group(1))
@@ -218,3 +221,31 @@ def test_tasks_hint_the_block_the_next_wave_reads():
     assert len(leaves) > 2
     hinted = [t.args[4] for t in leaves]  # leaf_r(specs, rows, widths, deps, ahead, gram)
     assert hinted[:-2] == [t.args[1] for t in leaves][2:] and hinted[-2:] == [None, None]
+
+
+def test_inherited_tiles_shrink_to_fit_the_budget(tmp_path, rng):
+    """An output or temporary tiled like its inputs whose tasks would not fit
+    the budget is halved until they do (a product's output blocks, a sort's
+    whole lines, then sliced, reduced or stored); a tile the user gives is
+    kept, and refused."""
+    z = zarr.create_array(tmp_path / "x.zarr", shape=(40000, 500), chunks=(3001, 129),
+                          dtype="f8")  # metadata only: nothing is read to plan
+    x = ta.open(tmp_path / "x.zarr")
+    b = ta.Budget.from_config("220MiB", 2, 1)
+    product = (x @ x.T).plan(tmp_path / "o.zarr", budget=b)
+    assert product.peak_task_memory <= b.task_memory
+    with pytest.raises(ta.PlanningError, match="it would fit with"):
+        (x @ x.T).plan(tmp_path / "o.zarr", tile=(3001, 3001), budget=b)
+    for expr in [np.sort(x, axis=0)[-3:], np.sort(x, axis=0).sum(0), np.argsort(x, axis=0)[-1]]:
+        assert expr.plan(budget=b).peak_task_memory <= b.task_memory, str(expr)
+    # run for real: a sort's lines 30000 long, 300 of them wider than a task holds
+    data = rng.standard_normal((30000, 300))
+    z = zarr.create_array(tmp_path / "y.zarr", shape=data.shape, chunks=(4000, 300), dtype="f8")
+    z[...] = data
+    y = ta.open(tmp_path / "y.zarr")
+    with ta.Engine(n_workers=1, threads_per_worker=1, memory_per_worker="256MiB",
+                   processes=False, quiet=True):
+        assert_close(np.sort(y, axis=0)[-3:].compute(), np.sort(data, axis=0)[-3:])
+        out = np.sort(y, axis=0).to_zarr(tmp_path / "s.zarr")
+        assert out.grid.tile[1] < 300  # inherited: (4000, 300)
+        assert_close(np.asarray(out), np.sort(data, axis=0))

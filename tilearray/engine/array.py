@@ -17,7 +17,7 @@ from . import output, runtime
 from .expr.lazy import LazyArray
 from .expr.nodes import Node, Source, is_big_vector
 from .interop import Interop
-from .plan.lower import lower
+from .plan.lower import fitted_output_grid, lower
 from .plan.sizing import output_grid
 from .plan.types import Plan
 
@@ -87,10 +87,15 @@ class TiledArray(Interop, LazyArray):
         out_grid = None
         out = ArrayRef.from_location(path, name) if path else None
         small = self._node.small or (self.ndim != 2 and not is_big_vector(self._node))
+        if budget is None:
+            engine = engine or runtime.current_engine(start=False)
+            # no engine yet: plan for the one compute() would start, without starting it
+            budget = engine.budget() if engine is not None else runtime.default_budget()
         if not small and (path or tile or shard):
-            out_grid = output_grid(self._node, tile, shard)
+            out_grid = (fitted_output_grid(self._node, tile, shard, budget, out)
+                        if self.ndim == 2 else output_grid(self._node, tile, shard))
         # a small result: a worker writes it into ``out``, or compute() brings it back
-        return self._lower(out, out_grid, budget=budget, engine=engine)
+        return self._lower(out, out_grid, budget=budget)
 
     def compute(self, *, engine=None) -> np.ndarray | Any:
         """Run and return the result in memory.

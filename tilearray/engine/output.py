@@ -33,7 +33,7 @@ from ..storage.commit import (
 from ..storage.ref import check_task_writable
 from . import runtime
 from .expr.nodes import TSQR, Factor, Source, derive_dims, is_big_vector, sources, structure
-from .plan.lower import lower
+from .plan.lower import fitted_output_grid, lower
 from .plan.sizing import output_grid
 from .plan.types import Plan
 
@@ -248,6 +248,8 @@ class MatrixJob:
     def __init__(self, ref, node, tile, shard, dims, overwrite, resume):
         self.ref, self.node, self.tile, self.shard = ref, node, tile, shard
         self.dims, self.overwrite, self.resume = dims, overwrite, resume
+        self.budget = None
+        """The engine's budget, once known: an inherited tile is fitted to it."""
         self.fp = None
 
     def inspect(self, states) -> _State:
@@ -279,7 +281,9 @@ class MatrixJob:
             raise StorageError(
                 f"{str(ref)!r} already exists; pass overwrite=True to replace it "
                 "(or resume=True to finish an interrupted run of the same expression)")
-        return _State(existing, False, output_grid(node, tile, shard))
+        grid = output_grid(node, tile, shard) if self.budget is None or node.ndim != 2 else \
+            fitted_output_grid(node, tile, shard, self.budget, ref)
+        return _State(existing, False, grid)
 
     def create(self, state: _State) -> None:
         if state.existing is None or self.overwrite:
@@ -370,6 +374,8 @@ def write(x, path, tile, shard, overwrite, resume, engine, name="", dims=None):
                   overwrite, resume)
     refusing(ref, job.inspect, input_states(node))  # refused before the engine starts
     engine = engine or runtime.current_engine()
+    if not small:
+        job.budget = engine.budget()
     ran = commit(node, engine, job, f"-> {os.path.basename(str(ref))}")
     if small:
         x.stats = ran.stats if ran.stats is not None else x.stats

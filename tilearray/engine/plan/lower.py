@@ -84,7 +84,7 @@ from .npfuncs import (
     lower_values,
 )
 from .reduce import fusable_groups, lower_empty_reduce, lower_reduce, unshifted
-from .sizing import DoesNotFit, leaf_tile
+from .sizing import DoesNotFit, fit_tile, leaf_tile, output_grid
 from .tsqr import lower_tsqr
 from .types import Budget, Create, Output, Plan, Stage
 
@@ -248,10 +248,20 @@ class Planner:
             tile = (cholesky_tile(node, self.spec(node.x, []), self.budget)[1],) * 2
         else:
             tile = (leaf_tile(node.x, 0), max(node.shape[1], 1))
-        ref, grid = self._temporary(node, tile)
         lowering = {MatMul: self.matmul, MatVec: self.matvec, nd.Scan: self.scan,
                     nd.Sort: self.sort, Factor: self.factor}.get(type(node), self.tsqr)
-        stage = lowering(node, ref, grid)
+
+        def attempt(t):
+            mark = len(self.creates)
+            ref, grid = self._temporary(node, t)
+            try:
+                return ref, grid, lowering(node, ref, grid)
+            except DoesNotFit:
+                del self.creates[mark]  # this tile's temporary is not made
+                raise
+
+        # the Cholesky factor's unit is already sized to the budget
+        ref, grid, stage = attempt(tile) if isinstance(node, Factor) else fit_tile(tile, attempt)
         token = tokenize(structure(node), self.run_id)
         wait = self._loose.add("barrier-" + token, barrier, *stage.outputs["result"].keys)
         self._temps[id(node)] = (Read(ref, grid, np.dtype(node.dtype)), wait)
@@ -556,6 +566,26 @@ def lower(node, budget, out=None, out_grid=None, skip=()) -> Plan:
                     break
                 err = again
         raise first.explain(budget, need) from None
+
+
+def fitted_output_grid(node, tile, shard, budget, out=None):
+    """:func:`~.sizing.output_grid`; a tile inherited from the inputs (no
+    ``tile`` or ``shard`` given) is halved until the plan of ``node`` into it
+    fits ``budget`` (:func:`~.sizing.fit_tile`); kept as it is when none does
+    (the plan then refuses it, naming the budget it needs)."""
+    grid = output_grid(node, tile, shard)
+    if tile is not None or shard is not None or budget is None:
+        return grid
+
+    def attempt(t):
+        g = Grid.regular(tuple(node.shape), t)
+        _lower(node, budget, out, g, frozenset())
+        return g
+
+    try:
+        return fit_tile(grid.tile, attempt)
+    except DoesNotFit:
+        return grid
 
 
 def _lower(node, budget, out, out_grid, skip) -> Plan:

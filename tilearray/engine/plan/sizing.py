@@ -152,6 +152,32 @@ under. A tile is the unit of one write and of its encode buffer; keeping it
 moderate lets the planner fit blocks that a 512 MiB chunk would not."""
 
 
+def fit_tile(tile: tuple, attempt):
+    """``attempt(tile)`` for an inherited tile, or, where its plan does not fit
+    the budget (:class:`DoesNotFit`), for the tile halved along one axis at a
+    time -- the longer first, else the halving that lowers the peak more --
+    until one fits (an output or temporary chunk of the inputs' tiling can be
+    wider than a task holds: a sort's whole lines, a product's output
+    block). Raises the first refusal when halving no longer helps."""
+    try:
+        return attempt(tile)
+    except DoesNotFit as e:
+        first = best = e
+    while True:
+        tried = []
+        for ax in sorted((0, 1), key=lambda a: -tile[a]):
+            if tile[ax] <= 1:
+                continue
+            t = (-(-tile[0] // 2), tile[1]) if ax == 0 else (tile[0], -(-tile[1] // 2))
+            try:
+                return attempt(t)
+            except DoesNotFit as e:
+                tried.append((e.peak, t, e))
+        if not tried or min(tried, key=lambda x: x[0])[0] >= best.peak:
+            raise first
+        _, tile, best = min(tried, key=lambda x: x[0])
+
+
 def _capped(tile: tuple, itemsize: int) -> tuple:
     r, c = tile
     while r * c * itemsize > MAX_INHERITED_TILE and max(r, c) > 1:
