@@ -217,7 +217,7 @@ def _read_leaves(specs, rows, cols, stats, lent: list) -> dict:
             if key in full:
                 continue
             buf = buffers.take((r[1] - r[0], c[1] - c[0]), leaf.dtype)
-            data = read_region(leaf.ref, r, c, stats, out=buf)
+            data = read_region(leaf.ref, r, c, stats, out=buf, inner=leaf.grid.within is not None)
             if data is buf or np.may_share_memory(data, buf):
                 lent.append(buf)
             else:  # read through Zarr: the buffer was not touched

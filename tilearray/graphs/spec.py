@@ -370,7 +370,8 @@ def evaluate(spec, rows: Range, cols: Range, deps: list, stats: IOStats, _seen=N
     if isinstance(spec, Read):
         key = (spec, rows, cols)
         if key not in seen:
-            seen[key] = read_region(spec.ref, rows, cols, stats, max_bytes=max_bytes)
+            seen[key] = read_region(spec.ref, rows, cols, stats, max_bytes=max_bytes,
+                                    inner=spec.grid.within is not None)
         return seen[key]
     if isinstance(spec, Trans):
         return evaluate(spec.x, cols, rows, deps, stats, seen, max_bytes).T

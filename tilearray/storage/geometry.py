@@ -66,6 +66,10 @@ class Grid:
     """Chunk shape (inner chunk when sharded), in elements."""
     unit: tuple[int, int]
     """I/O unit shape (shard, or chunk when unsharded); a multiple of ``tile``."""
+    within: tuple[int, int] | None = None
+    """Set on a grid that reads a sharded array by its inner chunks (the
+    units are the chunks, fetched by byte range through the shard's index):
+    the stored shard shape. See :meth:`inner`."""
     row_slabs: int = field(default=0, compare=False)
     """Nonzero when its chunks can be decoded in row slabs without holding one
     whole (:mod:`tilearray.storage.stream`): the bytes one chunk's decode
@@ -86,7 +90,12 @@ class Grid:
         """Build a grid from plain sequences; ``unit`` defaults to the tile."""
         tile = tuple(int(t) for t in tile)
         unit = tile if unit is None else tuple(int(u) for u in unit)
-        return cls(tuple(int(s) for s in shape), tile, unit, int(row_slabs))
+        return cls(tuple(int(s) for s in shape), tile, unit, row_slabs=int(row_slabs))
+
+    def inner(self) -> Grid:
+        """This sharded array's grid read by inner chunks: each chunk its own
+        unit, fetched by byte range (shards larger than a task holds)."""
+        return Grid(self.shape, self.tile, self.tile, self.unit)
 
     @property
     def sharded(self) -> bool:
@@ -155,11 +164,14 @@ class Grid:
         codec, which asks for its index and each chunk by byte range; the
         reads go through :class:`~tilearray.storage.io.WholeObjectReads`,
         which fetches the shard once and serves those ranges from it.)
+        Read by inner chunks (:meth:`inner`): one ranged GET a chunk (and,
+        not counted, one for the shard's index a request).
         """
         return 1
 
     def transpose(self) -> Grid:
-        return Grid(self.shape[::-1], self.tile[::-1], self.unit[::-1])
+        return Grid(self.shape[::-1], self.tile[::-1], self.unit[::-1],
+                    None if self.within is None else self.within[::-1])
 
     def _check_range(self, axis: int, rng: Range) -> None:
         start, stop = rng

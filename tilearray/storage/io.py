@@ -200,6 +200,8 @@ def _read_request(arr, ref: ArrayRef, grid: Grid, req: ReadRequest, stats: IOSta
             t0 = time.perf_counter()
             if direct is not None:
                 data = direct.read(req.rows, req.cols, out)
+            elif grid.within:  # inner chunks: Zarr's sharding codec reads them by range
+                data = arr[sel]
             else:
                 whole = WholeObjectReads(arr.store_path.store)
                 data = _over(arr, whole)[sel]
@@ -283,8 +285,8 @@ def _chunk_file(arr, grid: Grid, ti: int, tj: int) -> str:
     """`` (chunk file 'c/1/0')``: the store key holding tile ``(ti, tj)`` (its
     shard's, for a sharded array), or "" if zarr cannot name it."""
     try:
-        per = (grid.unit[0] // grid.tile[0], grid.unit[1] // grid.tile[1]) if grid.sharded \
-            else (1, 1)
+        shard = grid.within or grid.unit  # read by inner chunks: still its shard's key
+        per = (shard[0] // grid.tile[0], shard[1] // grid.tile[1])
         return f" (chunk file {arr.metadata.encode_chunk_key((ti // per[0], tj // per[1]))!r})"
     except Exception:  # a message detail only
         return ""
@@ -299,6 +301,7 @@ def read_region(
     arr=None,
     max_bytes: int | None = None,
     out: np.ndarray | None = None,
+    inner: bool = False,
 ) -> np.ndarray:
     """Read ``rows x cols`` of the array at ``ref`` through whole-unit requests.
 
@@ -307,16 +310,21 @@ def read_region(
     ``out``, a C-ordered array of the region's shape and the array's dtype,
     is decoded into when the region is unit-aligned and read directly (see
     :mod:`.chunks`); check ``result is out`` -- otherwise it is untouched.
+    ``inner``: a sharded array is read by its inner chunks (byte ranges of
+    its shards, :meth:`~.geometry.Grid.inner`), as the planner chose for
+    shards larger than a task holds.
     """
     stats = stats if stats is not None else IOStats()
     arr = arr if arr is not None else ref.open()
-    grid = grid_of(arr)
+    stored_grid = grid = grid_of(arr)
+    if inner and grid.sharded:
+        grid = grid.inner()
     reqs = plan_reads(grid, rows, cols, arr.dtype.itemsize, max_bytes)
     if not reqs:
         return np.empty((rows[1] - rows[0], cols[1] - cols[0]), dtype=arr.dtype)
     stored = every_unit_stored(arr)
     direct = (direct_reader(arr, str(ref), ref.store, ref.path)
-              if _config.get("storage.direct-reads") else None)
+              if _config.get("storage.direct-reads") and not grid.within else None)
     if len(reqs) > 1 and direct is not None:
         # one pass: the direct reader's buffers are one chunk whatever the size,
         # so the bands (a bound for Zarr's buffers) would only add a copy
@@ -324,7 +332,8 @@ def read_region(
         reqs = [ReadRequest((reqs[0].rows[0], reqs[-1].rows[1]),
                             (reqs[0].cols[0], reqs[-1].cols[1]),
                             sum(q.store_gets for q in reqs), sum(q.nbytes for q in reqs))]
-    missing = set() if direct is None else None  # keys Zarr's reads found missing
+    # keys Zarr's reads found missing (whole objects only)
+    missing = set() if direct is None and not grid.within else None
     if len(reqs) == 1:
         aligned = (reqs[0].rows, reqs[0].cols) == (tuple(rows), tuple(cols))
         data = _read_request(arr, ref, grid, reqs[0], stats, direct,
@@ -335,8 +344,8 @@ def read_region(
         for req in reqs:
             data[req.rows[0] - r0 : req.rows[1] - r0, req.cols[0] - c0 : req.cols[1] - c0] = \
                 _read_request(arr, ref, grid, req, stats, direct, missing=missing)
-    if stored:
-        check_units_stored(arr, ref, grid, (reqs[0].rows[0], reqs[-1].rows[1]),
+    if stored:  # by shard: what is stored, and marked done
+        check_units_stored(arr, ref, stored_grid, (reqs[0].rows[0], reqs[-1].rows[1]),
                            (reqs[0].cols[0], reqs[-1].cols[1]), missing)
     r0, c0 = reqs[0].rows[0], reqs[0].cols[0]
     if data.shape == (rows[1] - rows[0], cols[1] - cols[0]):

@@ -59,6 +59,7 @@ from ..expr.nodes import (
     SliceNode,
     Source,
     Transpose,
+    sources,
     structure,
 )
 from .cholesky import (
@@ -136,8 +137,10 @@ class Planner:
     matmul temporary, each rewritten reduction, the arrays read so far);
     the lowering functions it calls share none of it."""
 
-    def __init__(self, budget: Budget):
+    def __init__(self, budget: Budget, inner_shards: bool = False):
         self.budget = budget
+        self.inner_shards = inner_shards
+        """Sharded inputs are read by inner chunks (byte ranges), not whole shards."""
         self.stages: list[Stage] = []
         self.creates: list[Create] = []
         self._loose = Tasks()  # constants, barriers: counted with the next stage
@@ -187,7 +190,8 @@ class Planner:
     def spec(self, node: Node, deps: list):
         """Spec for a 2-D node; small operands become ``Dep`` on their keys."""
         if isinstance(node, Source):
-            return Read(node.ref, node.grid, node.dtype)
+            sharded = self.inner_shards and node.grid.sharded
+            return Read(node.ref, node.grid.inner() if sharded else node.grid, node.dtype)
         if isinstance(node, Transpose):
             return Trans(self.spec(node.x, deps))
         if isinstance(node, SliceNode):
@@ -552,13 +556,13 @@ def lower(node, budget, out=None, out_grid=None, skip=()) -> Plan:
     stage's need until all fit).
     """
     try:
-        return _lower(node, budget, out, out_grid, frozenset(skip))
+        return _lower_best(node, budget, out, out_grid, frozenset(skip))
     except DoesNotFit as first:
         err, need = first, None
         for _ in range(16):
             try:
-                _lower(node, dataclasses.replace(budget, memory_per_worker=err.need), out,
-                       out_grid, frozenset(skip))
+                _lower_best(node, dataclasses.replace(budget, memory_per_worker=err.need), out,
+                            out_grid, frozenset(skip))
                 need = err.need
                 break
             except DoesNotFit as again:
@@ -579,7 +583,7 @@ def fitted_output_grid(node, tile, shard, budget, out=None):
 
     def attempt(t):
         g = Grid.regular(tuple(node.shape), t)
-        _lower(node, budget, out, g, frozenset())
+        _lower_best(node, budget, out, g, frozenset())
         return g
 
     try:
@@ -588,8 +592,26 @@ def fitted_output_grid(node, tile, shard, budget, out=None):
         return grid
 
 
-def _lower(node, budget, out, out_grid, skip) -> Plan:
-    p = Planner(budget)
+def _lower_best(node, budget, out, out_grid, skip) -> Plan:
+    """The plan reading sharded inputs by whole shards (one request each: the
+    I/O unit), or by their inner chunks (byte ranges through the shard's
+    index) where a shard is more than a task holds or reading by chunk
+    reads at most half the bytes (a few rows of a large shard)."""
+    if not any(s.grid.sharded for s in sources(node)):
+        return _lower(node, budget, out, out_grid, skip)
+    try:
+        whole = _lower(node, budget, out, out_grid, skip)
+    except DoesNotFit:
+        return _lower(node, budget, out, out_grid, skip, inner_shards=True)
+    try:
+        inner = _lower(node, budget, out, out_grid, skip, inner_shards=True)
+    except DoesNotFit:
+        return whole
+    return inner if 2 * inner.bytes_read <= whole.bytes_read else whole
+
+
+def _lower(node, budget, out, out_grid, skip, inner_shards: bool = False) -> Plan:
+    p = Planner(budget, inner_shards)
     p.fuse_reductions(node)
     side = {}
     if node.small or (node.ndim != 2 and not isinstance(node, MatVec)):
