@@ -223,8 +223,29 @@ def test_bad_inputs(tmp_path, rng):
         ta.linalg.qr(np.ones((3, 2)))
     zarr.create_array(tmp_path / "big.zarr", shape=(3000, 3000), chunks=(512, 512), dtype="f8")
     big = ta.open(tmp_path / "big.zarr")  # metadata only: planning reads no chunk
-    with pytest.raises(ta.PlanningError, match="8 R factors of 3000 x 3000.*too many columns"):
+    with pytest.raises(ta.PlanningError, match="R factors of 3000 x 3000.*too many columns"):
         ta.linalg.qr(big, mode="r").plan(budget=ta.Budget("256MiB", 2, 1))
+
+
+def test_tree_of_few_or_short_r_factors_fits(engine, tmp_path, rng):
+    """A combine holds its children's R factors as they are (a wide X's are
+    as short as its rows, a few leaves make few of them): a 200 x 5000 X and a
+    1200² matrix run under 300 MiB workers, as NumPy (they were refused as if
+    8 full R factors of min(m, n) x n met in one task)."""
+    wide = rng.standard_normal((200, 5000))
+    square = rng.standard_normal((1200, 1200))
+    w = ta.from_numpy(wide, tmp_path / "w.zarr", tile=(50, 1000))
+    sq = ta.from_numpy(square, tmp_path / "s.zarr", tile=(300, 300))
+    budget = ta.Budget.from_config("300MiB", 2, 1)
+    for expr in [ta.linalg.svd(w, compute_uv=False), ta.linalg.qr(sq, mode="r"),
+                 ta.linalg.norm(sq, 2), ta.linalg.svd(ta.open(tmp_path / "s.zarr").T,
+                                                      compute_uv=False)]:
+        assert expr.plan(budget=budget).peak_task_memory <= budget.task_memory, str(expr)
+    assert_close(ta.linalg.svd(w, compute_uv=False).compute(),
+                 np.linalg.svd(wide, compute_uv=False))
+    assert_close(ta.linalg.norm(sq, 2).compute(), np.linalg.norm(square, 2))
+    assert_close(np.abs(ta.linalg.qr(sq, mode="r").compute()),
+                 np.abs(np.linalg.qr(square, mode="r")))
 
 
 def test_q_pieces_held_between_the_passes_are_planned(tmp_path):

@@ -539,6 +539,9 @@ def test_kernels_allocate_what_their_docstrings_say():
     rs = [la.qr_leaf(rng.standard_normal((rows, n)))[1] for rows in (100, 7, 50, 3)]
     s = sum(r.shape[0] for r in rs)  # 32 + 7 + 32 + 3: fan-in 4, two short children
     assert _new_bytes(la.qr_combine, rs) <= s * n * b + 2 * n * n * b + work
+    r = np.triu(rng.standard_normal((300, 300)))  # the root's (memory.tsqr_root_peak)
+    assert _new_bytes(la.svd_from_r, r, compute_uv=False) <= 3 * r.nbytes
+    assert _new_bytes(la.svd_from_r, r, compute_uv=True) <= 9 * r.nbytes
     spd = np.asfortranarray(_spd(t, np.float64, 16))
     assert _new_bytes(blas.potrf, spd) <= 1.1 * t * t * b
     c = np.asfortranarray(rng.standard_normal((t, t)))

@@ -85,7 +85,7 @@ from .npfuncs import (
     lower_values,
 )
 from .reduce import fusable_groups, lower_empty_reduce, lower_reduce, unshifted
-from .sizing import DoesNotFit, fit_tile, leaf_tile, output_grid
+from .sizing import DoesNotFit, leaf_tile, output_grid, shrink_tile
 from .tsqr import lower_tsqr
 from .types import Budget, Create, Output, Plan, Stage
 
@@ -265,7 +265,7 @@ class Planner:
                 raise
 
         # the Cholesky factor's unit is already sized to the budget
-        ref, grid, stage = attempt(tile) if isinstance(node, Factor) else fit_tile(tile, attempt)
+        ref, grid, stage = attempt(tile) if isinstance(node, Factor) else shrink_tile(tile, attempt)
         token = tokenize(structure(node), self.run_id)
         wait = self._loose.add("barrier-" + token, barrier, *stage.outputs["result"].keys)
         self._temps[id(node)] = (Read(ref, grid, np.dtype(node.dtype)), wait)
@@ -575,8 +575,12 @@ def lower(node, budget, out=None, out_grid=None, skip=()) -> Plan:
 def fitted_output_grid(node, tile, shard, budget, out=None):
     """:func:`~.sizing.output_grid`; a tile inherited from the inputs (no
     ``tile`` or ``shard`` given) is halved until the plan of ``node`` into it
-    fits ``budget`` (:func:`~.sizing.fit_tile`); kept as it is when none does
+    fits ``budget`` (:func:`~.sizing.shrink_tile`); kept as it is when none does
     (the plan then refuses it, naming the budget it needs)."""
+    if tile is None and shard is None and budget is not None and isinstance(node, Factor) \
+            and node.part == "L":  # square units: the planner's, as for a temporary factor
+        unit = cholesky_tile(node, Planner(budget).spec(node.x, []), budget)[1]
+        return Grid.regular(tuple(node.shape), (unit, unit))
     grid = output_grid(node, tile, shard)
     if tile is not None or shard is not None or budget is None:
         return grid
@@ -587,7 +591,7 @@ def fitted_output_grid(node, tile, shard, budget, out=None):
         return g
 
     try:
-        return fit_tile(grid.tile, attempt)
+        return shrink_tile(grid.tile, attempt)
     except DoesNotFit:
         return grid
 

@@ -180,13 +180,19 @@ def tsqr_leaf_peak(read_bytes: int, rows: int, width: int, itemsize: int, out_co
     return as_rss(max(reading, factoring, writing))
 
 
-def tsqr_combine_peak(width: int, fan_in: int, itemsize: int, rows: int | None = None) -> int:
-    """A TSQR combine or root: ``fan_in`` R factors of at most ``rows x
-    width`` (``rows``: X's row count when it is below ``width``, a wide X's
-    R is ``m x n``), their stack (which becomes the Q pieces) and R, or the
-    SVDs of a root (``~9 r n``)."""
-    r = width if rows is None else min(rows, width)
-    return as_rss((2 * fan_in * r * width + 9 * r * width) * itemsize)
+def tsqr_combine_peak(stacked: int, width: int, itemsize: int) -> int:
+    """A TSQR combine: its children's R factors, ``stacked`` rows of
+    ``width`` in all, their stack (which becomes the Q pieces) and its R
+    (``min(stacked, width)`` rows)."""
+    return as_rss((2 * stacked + min(stacked, width)) * width * itemsize)
+
+
+def tsqr_root_peak(rows: int, width: int, itemsize: int, part: str) -> int:
+    """The TSQR root: R (``rows x width``) and what ``part`` computes from it:
+    R alone, singular values (LAPACK gesdd without vectors: a copy and its
+    work), or an SVD with vectors or least squares (``~9 r n``)."""
+    extra = {"R": 0, "s": 3}.get(part, 9)
+    return as_rss((1 + extra) * rows * width * itemsize)
 
 
 def cholesky_peak(b: int, panel: int, strip_read: int, a_flight: int, l_flight: int,

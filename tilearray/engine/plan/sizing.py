@@ -152,7 +152,7 @@ under. A tile is the unit of one write and of its encode buffer; keeping it
 moderate lets the planner fit blocks that a 512 MiB chunk would not."""
 
 
-def fit_tile(tile: tuple, attempt):
+def shrink_tile(tile: tuple, attempt):
     """``attempt(tile)`` for an inherited tile, or, where its plan does not fit
     the budget (:class:`DoesNotFit`), for the tile halved along one axis at a
     time -- the longer first, else the halving that lowers the peak more --

@@ -17,7 +17,7 @@ from ...graphs.blocks import group_edges, intervals, max_interval
 from ...graphs.emit import Tasks
 from . import layout
 from .map import check_fits
-from .memory import read_flight, tsqr_combine_peak, tsqr_leaf_peak, write_flight
+from .memory import read_flight, tsqr_combine_peak, tsqr_leaf_peak, tsqr_root_peak, write_flight
 from .sizing import ahead, all_done, short
 from .types import Budget, Output, Stage
 
@@ -90,16 +90,17 @@ def lower_tsqr(node, specs, widths, deps: list, budget: Budget, out=None, out_gr
     big = node.part in ("Q", "U")
     out_cols = node.shape[1] if big else 0
     fan_in = int(_config.get("reduction.split-every"))
-    combine = tsqr_combine_peak(w, fan_in, max(itemsize, 8), m)
+    row_edges, peak = row_blocks(specs, widths, m, itemsize, budget, out_cols if big else 0,
+                                 out_grid if big else None)
+    root_part = {"Q": "R", "U": "Vt"}.get(node.part, node.part)  # "down": R, or U's SVD
+    stacked, combine = _tree_peak(intervals(row_edges), fan_in, w, max(itemsize, 8), root_part)
     if combine > budget.task_memory:
         raise PlanningError(
-            f"{short(node)}: a TSQR combine holds {fan_in} R factors of {min(m, w)} x {w} "
-            f"({format_bytes(combine)} with its SVDs) but the budget allows "
+            f"{short(node)}: a TSQR combine (or its root) holds R factors of {stacked} x {w} "
+            f"(a task of {format_bytes(combine)}) but the budget allows "
             f"{format_bytes(budget.task_memory)} per task: X has too many columns for TSQR "
             "here (use a larger memory_per_worker, fewer columns, or "
             "tilearray.reduction.split-every: 2)")
-    row_edges, peak = row_blocks(specs, widths, m, itemsize, budget, out_cols if big else 0,
-                                 out_grid if big else None)
     check_fits("tsqr", max(peak, combine), str(node), budget)
     name = "tsqr-" + tokenize(node.part, specs, widths, row_edges, deps, node.options,
                               str(out))
@@ -136,6 +137,22 @@ def lower_tsqr(node, specs, widths, deps: list, budget: Budget, out=None, out_gr
         return [first]
     return [first, _down_stage(node, name, specs, widths, deps, row_edges, levels, root,
                                costs, peak, out, out_grid, skip, budget, keep_r)]
+
+
+def _tree_peak(spans, fan_in: int, w: int, itemsize: int, part: str) -> tuple[int, int]:
+    """``(rows, peak)`` of the largest combine or root task of the R tree
+    over leaves ``spans``: a leaf's R is ``min(rows, w) x w``; a combine
+    stacks its children's (at most ``fan_in``) and passes on ``min(stacked,
+    w)`` rows, so a wide X or a few leaves hold far less than ``fan_in``
+    full R's; the root computes ``part`` from the last R."""
+    rows = [min(b - a, w) for a, b in spans] or [0]
+    best = (0, 0)
+    while len(rows) > 1:
+        stacked = [sum(rows[q:q + fan_in]) for q in range(0, len(rows), fan_in)]
+        top = max(stacked)
+        best = max(best, (top, tsqr_combine_peak(top, w, itemsize)), key=lambda x: x[1])
+        rows = [min(s, w) for s in stacked]
+    return max(best, (rows[0], tsqr_root_peak(rows[0], w, itemsize, part)), key=lambda x: x[1])
 
 
 def _check_pieces_fit(node, spans, levels, w: int, itemsize: int, budget: Budget) -> int:
