@@ -594,3 +594,17 @@ def test_solve_with_a_lazy_vector_b(eng, tmp_path, rng):
         close(got, np.linalg.solve(s, s.sum(axis=0)))
     with pytest.raises(ValueError, match=r"b of shape \(119,\)"):
         ta.linalg.solve(a, a.sum(axis=0)[:119])
+
+
+def test_stored_factor_without_a_tile_fits_the_budget(small_eng, tmp_path, rng):
+    """``cholesky(A).to_zarr(path)`` without ``tile=`` stores the planner's
+    square unit, as a temporary factor: A's chunks of 300 would give 1200,
+    one of whose tasks does not fit 16 MiB."""
+    x = spd(rng, 1500)
+    a = stored(tmp_path, "a.zarr", x, (300, 300))
+    low = ta.linalg.cholesky(a)
+    plan = low.plan(tmp_path / "l.zarr")
+    assert plan.peak_task_memory <= plan.budget.task_memory
+    out = low.to_zarr(tmp_path / "l.zarr")
+    assert out.grid.tile[0] == out.grid.tile[1] < 1200
+    assert_close(np.asarray(out), np.linalg.cholesky(x))
