@@ -133,3 +133,25 @@ def test_python_dash_c_gets_worker_processes(tmp_path):
     assert "WORKERS processes" in p.stdout
     assert "RuntimeWarning" not in p.stderr and "Traceback" not in _errors(p.stderr)
     _check_result(tmp_path)
+
+
+def test_workers_dying_as_they_start_is_a_clear_error(tmp_path):
+    """Module-level data every worker process re-runs, over its memory limit:
+    the nannies restart workers that never live; the job stops with a
+    ClusterError naming the cause (it waited at 0 % for ever)."""
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent("""\
+        import numpy as np
+        import tilearray as ta
+        from tilearray.engine.runtime import local
+
+        big = np.ones(40_000_000)  # 320 MB, made again by each worker process
+        if __name__ == "__main__":
+            local.NO_WORKERS_SECONDS = 5.0
+            with ta.Engine(n_workers=1, memory_per_worker="200MiB", quiet=True):
+                print(float(ta.from_numpy(np.ones((10, 10))).sum()))
+        """))
+    p = _run([str(script)], tmp_path)
+    assert p.returncode != 0, p.stdout
+    assert "ClusterError" in p.stderr and "module-level code" in p.stderr, p.stderr[-2000:]
+    assert "200.00 MiB" in p.stderr

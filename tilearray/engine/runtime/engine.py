@@ -214,11 +214,13 @@ class Engine:
         ``plan`` and the unit counts are reported to the scheduler's metrics.
         """
         quiet = self.quiet if quiet is None else quiet
+        watch: dict = {}  # since when the embedded cluster has had no worker
         values, stats = gather(self.client, graph, keys, description=description, quiet=quiet,
                                plan=plan, units_total=units_total, units_skipped=units_skipped,
                                stat_keys=stat_keys,
                                alive=None if not self._owns or self._adaptive else
-                               lambda: check_alive(self.cluster, description))
+                               lambda: check_alive(self.cluster, description, watch,
+                                                   self._spec[0]))
         self.last_run = stats
         return values, stats
 

@@ -7,9 +7,11 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import time
 
 import dask
 import psutil
+from dask.utils import format_bytes
 
 from ... import _config
 from ...errors import ClusterArgumentError, ClusterArgumentTypeError, ClusterError
@@ -93,10 +95,17 @@ def start_local(n_workers, threads, memory_per_worker, processes, adaptive, span
         cluster.adapt(minimum=lo, maximum=hi)
     from .plugins import BlasLimit, IgnoreInterrupt, QuietMatrixErrors
 
-    client.register_plugin(BlasLimit(blas), name=BlasLimit.name)
-    client.register_plugin(QuietMatrixErrors(), name=QuietMatrixErrors.name)
-    if processes:
-        client.register_plugin(IgnoreInterrupt(), name=IgnoreInterrupt.name)
+    try:
+        client.register_plugin(BlasLimit(blas), name=BlasLimit.name)
+        client.register_plugin(QuietMatrixErrors(), name=QuietMatrixErrors.name)
+        if processes:
+            client.register_plugin(IgnoreInterrupt(), name=IgnoreInterrupt.name)
+    except OSError as e:  # distributed's CommClosedError is one
+        client.close()
+        cluster.close()
+        restore_environ(environ)
+        raise ClusterError(f"the LocalCluster's workers died while starting ({e}); "
+                           + dying_hint(format_bytes(mem))) from e
     restore_environ(environ)
     return cluster, client, (mem, threads, n), blas, environ
 
@@ -137,7 +146,24 @@ def _with_settings(cls, settings: dict):
     return make
 
 
-def check_alive(cluster, description: str) -> None:
+NO_WORKERS_SECONDS = 60.0
+"""A run whose embedded cluster has had no worker for this long stops:
+nannies restarting workers that die as they start (a memory limit the main
+script's module-level code already exceeds) would otherwise leave it
+waiting at 0 % for ever."""
+
+
+def dying_hint(memory: str) -> str:
+    """Why workers of the embedded cluster die as they start, and what to do."""
+    return (f"a worker process that dies as it starts most often exceeds its memory "
+            f"limit ({memory}) before running any task: every worker process re-runs "
+            f"the main script's module-level code -- arrays it makes there count "
+            f"against each worker's memory: make them under {GUARD!r}, or pass a "
+            "larger memory_per_worker (or processes=False)")
+
+
+def check_alive(cluster, description: str, state: dict | None = None,
+                memory: int | None = None) -> None:
     """Raise a ClusterError if every worker of an embedded, fixed-size
     LocalCluster has stopped for good: tasks would queue forever.
 
@@ -156,6 +182,21 @@ def check_alive(cluster, description: str) -> None:
             f"have stopped and will not be restarted (nanny status: "
             f"{sorted({w.status.name for w in workers})}); the run cannot finish. Close "
             "this engine, start a new one and rerun with resume=True")
+    if state is None:
+        return
+    scheduler = getattr(cluster, "scheduler", None)  # in this process for a LocalCluster
+    if scheduler is None or getattr(scheduler, "workers", None) is None:
+        return
+    now = time.monotonic()
+    if scheduler.workers:
+        state.pop("empty_since", None)
+        return
+    since = state.setdefault("empty_since", now)
+    if now - since >= NO_WORKERS_SECONDS:
+        raise ClusterError(
+            f"{description}: no worker of the embedded LocalCluster has been alive for "
+            f"{NO_WORKERS_SECONDS:.0f} s (their nannies keep restarting them); "
+            + dying_hint(format_bytes(memory) if memory else "memory_per_worker"))
 
 
 def _keep_nannies(cluster) -> None:
