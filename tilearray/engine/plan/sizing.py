@@ -152,30 +152,39 @@ under. A tile is the unit of one write and of its encode buffer; keeping it
 moderate lets the planner fit blocks that a 512 MiB chunk would not."""
 
 
+SHRINK_STEPS = 8
+"""Halvings :func:`shrink_tile` tries at most (each plans the job again)."""
+SHRINK_MIN = 32
+"""Elements: a side :func:`shrink_tile` does not halve below."""
+
+
 def shrink_tile(tile: tuple, attempt):
     """``attempt(tile)`` for an inherited tile, or, where its plan does not fit
     the budget (:class:`DoesNotFit`), for the tile halved along one axis at a
     time -- the longer first, else the halving that lowers the peak more --
     until one fits (an output or temporary chunk of the inputs' tiling can be
     wider than a task holds: a sort's whole lines, a product's output
-    block). Raises the first refusal when halving no longer helps."""
+    block). Raises the first refusal when halving no longer lowers the peak
+    by 5 % (an input's unit, not the tile, fills the task), after
+    :data:`SHRINK_STEPS` halvings, or at sides of :data:`SHRINK_MIN`."""
     try:
         return attempt(tile)
     except DoesNotFit as e:
         first = best = e
-    while True:
+    for _ in range(SHRINK_STEPS):
         tried = []
         for ax in sorted((0, 1), key=lambda a: -tile[a]):
-            if tile[ax] <= 1:
+            if tile[ax] < 2 * SHRINK_MIN:
                 continue
             t = (-(-tile[0] // 2), tile[1]) if ax == 0 else (tile[0], -(-tile[1] // 2))
             try:
                 return attempt(t)
             except DoesNotFit as e:
                 tried.append((e.peak, t, e))
-        if not tried or min(tried, key=lambda x: x[0])[0] >= best.peak:
-            raise first
+        if not tried or min(tried, key=lambda x: x[0])[0] > 0.95 * best.peak:
+            raise first  # the tile is not what fills the task (an input unit is)
         _, tile, best = min(tried, key=lambda x: x[0])
+    raise first
 
 
 def _capped(tile: tuple, itemsize: int) -> tuple:
