@@ -250,6 +250,7 @@ class MatrixJob:
         self.dims, self.overwrite, self.resume = dims, overwrite, resume
         self.budget = None
         """The engine's budget, once known: an inherited tile is fitted to it."""
+        self._fitted = None  # (budget, grid)
         self.fp = None
 
     def inspect(self, states) -> _State:
@@ -281,8 +282,13 @@ class MatrixJob:
             raise StorageError(
                 f"{str(ref)!r} already exists; pass overwrite=True to replace it "
                 "(or resume=True to finish an interrupted run of the same expression)")
-        grid = output_grid(node, tile, shard) if self.budget is None or node.ndim != 2 else \
-            fitted_output_grid(node, tile, shard, self.budget, ref)
+        if self.budget is None or node.ndim != 2:
+            grid = output_grid(node, tile, shard)
+        else:  # planned once a job (inspect runs again under the lock)
+            if self._fitted is None or self._fitted[0] != self.budget:
+                self._fitted = (self.budget,
+                                fitted_output_grid(node, tile, shard, self.budget, ref))
+            grid = self._fitted[1]
         return _State(existing, False, grid)
 
     def create(self, state: _State) -> None:
