@@ -367,6 +367,9 @@ def _rhs(b, n: int, what: str):
                              "(b must be (n,) or (n, k))")
         return _column(b), b.ndim == 1
     arr = np.asarray(b)
+    if isinstance(b, str | bytes) or arr.dtype.kind not in "biufc":  # "abc", {1: 2}
+        raise TypeError(f"{what}: b must be a numeric array (NumPy, a list or a TiledArray), "
+                        f"got {type(b).__name__}")
     if arr.ndim not in (1, 2) or arr.shape[0] != n:
         raise ValueError(f"{what}: b of shape {arr.shape} does not match a {n} x {n} matrix "
                          "(b must be (n,) or (n, k))")
@@ -408,12 +411,28 @@ def _incore(a: TiledArray, op: str, shape, y=None, **options) -> TiledArray:
                              tuple(sorted({"op": op, **options}.items()))))
 
 
+_ASSUME = {"gen": "gen", "general": "gen", "sym": "gen", "symmetric": "gen", "her": "gen",
+           "hermitian": "gen", "pos": "pos", "positive definite": "pos"}
+"""``assume_a`` as SciPy spells it: a symmetric (real: Hermitian) matrix is
+solved as a general one (LU with partial pivoting), an SPD one by Cholesky."""
+
+
+def _assume(assume_a, what: str) -> str:
+    """``"gen"`` or ``"pos"`` for SciPy's ``assume_a`` spellings, else ValueError."""
+    kind = _ASSUME.get(assume_a) if isinstance(assume_a, str) else None
+    if kind is None:
+        raise ValueError(f"{what}: assume_a={assume_a!r} is not supported: 'gen' (also "
+                         "'general', 'sym', 'symmetric') or 'pos' ('positive definite')")
+    return kind
+
+
 def solve_plan(a: TiledArray, b, assume_a: str = "gen"):
     """The lazy form of :func:`solve`: ``.plan()`` shows its stages, ``.compute()``
     runs it. Where :func:`solve` would run in mixed precision, a
     :class:`MixedSolve` (its plan: the float32 factor, the first correction
     and residual, and what each refinement step repeats); otherwise a lazy
     TiledArray."""
+    assume_a = _assume(assume_a, "solve")
     if assume_a == "pos":
         a = _square(a, "solve")
         ynode, _ = _rhs(_computed_if_blocked(b), a.shape[0], "solve")
@@ -433,8 +452,6 @@ def _solve_plan(a: TiledArray, b, assume_a: str) -> TiledArray:
         low = Factor(tuple(a.shape), result_dtype(a.dtype), a._node, "L")
         y = _trsolve(low, ynode, dtype, lower=True, trans=False)
         return TiledArray(_trsolve(low, y, dtype, lower=True, trans=True, vector=vector))
-    if assume_a not in ("gen", "general", "sym", "symmetric"):
-        raise ValueError(f"solve: assume_a={assume_a!r} is not supported ('gen' or 'pos')")
     shape = (n,) if vector else tuple(ynode.shape)
     return _incore(a, "solve", shape, ynode, vector=bool(vector))
 
@@ -539,6 +556,7 @@ def solve(a: TiledArray, b, assume_a: str = "gen"):
     NotPositiveDefiniteError
         ``assume_a="pos"`` and A is not positive definite (names the tile and column).
     """
+    assume_a = _assume(assume_a, "solve")
     if assume_a == "pos":
         x = _solve_spd_mixed(a, b)
         if x is not None:
@@ -676,6 +694,7 @@ def inv(a: TiledArray, assume_a: str = "gen") -> np.ndarray:
     from . import _config
 
     a = _square(a, "inv")
+    assume_a = _assume(assume_a, "inv")
     n = a.shape[0]
     nbytes = n * n * result_dtype(a.dtype).itemsize
     if nbytes > _config.get_bytes("compute.max-result-size"):
@@ -697,9 +716,10 @@ def matrix_power(a: TiledArray, n: int):
         k = operator.index(n)
     except TypeError:
         raise TypeError(f"matrix_power: exponent must be an integer, got {n!r}") from None
-    if k == 0:
-        raise PlanningError(f"matrix_power: a**0 is the {a.shape[0]} x {a.shape[0]} identity; "
-                            "tilearray has no stored identity: use np.eye")
+    if k == 0:  # the identity, lazily (NumPy: of a's dtype)
+        from .engine.constructors import eye
+
+        return eye(a.shape[0], dtype=a.dtype)
     if k < 0:
         return np.linalg.matrix_power(inv(a), -k)
     result, base = None, a
@@ -720,7 +740,7 @@ def slogdet(a: TiledArray, assume_a: str = "gen"):
     one task when it fits, else by column panels out of core (as
     :func:`solve`): the pivots' parity and U's diagonal. Runs now."""
     a = _square(a, "slogdet")
-    if assume_a == "pos":
+    if _assume(assume_a, "slogdet") == "pos":
         low = Factor(tuple(a.shape), result_dtype(a.dtype), a._node, "L")
         return TiledArray(Factor((), low.dtype, low, "logdiag")).compute()
     return _incore(a, "slogdet", ()).compute()

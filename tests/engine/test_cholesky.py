@@ -608,3 +608,28 @@ def test_stored_factor_without_a_tile_fits_the_budget(small_eng, tmp_path, rng):
     out = low.to_zarr(tmp_path / "l.zarr")
     assert out.grid.tile[0] == out.grid.tile[1] < 1200
     assert_close(np.asarray(out), np.linalg.cholesky(x))
+
+
+def test_assume_a_spellings_and_bad_right_hand_sides(eng, tmp_path, rng):
+    """SciPy's spellings of ``assume_a`` (a symmetric matrix is solved as a
+    general one), one refusal naming the choices everywhere (det too), and a
+    right-hand side that is not an array refused as a TypeError."""
+    n = 60
+    x = spd(rng, n)
+    a = stored(tmp_path, "a.zarr", x, (25, 25))
+    b = rng.standard_normal(n)
+    want = np.linalg.solve(x, b)
+    for kind in ["gen", "general", "sym", "symmetric", "pos", "positive definite"]:
+        assert_close(ta.linalg.solve(a, b, assume_a=kind), want, err_msg=kind)
+    assert_close(ta.linalg.det(a / 10, assume_a="positive definite"), np.linalg.det(x / 10))
+    for call in [lambda: ta.linalg.solve(a, b, assume_a="foo"),
+                 lambda: ta.linalg.solve_plan(a, b, assume_a="foo"),
+                 lambda: ta.linalg.det(a, assume_a="foo"),
+                 lambda: ta.linalg.slogdet(a, assume_a=None),
+                 lambda: ta.linalg.inv(a, assume_a="diagonal")]:
+        with pytest.raises(ValueError, match="assume_a=.*'gen'"):
+            call()
+    with pytest.raises(TypeError, match="b must be a numeric array"):
+        ta.linalg.solve(a, "abc")
+    with pytest.raises(TypeError, match="b must be a numeric array"):
+        ta.linalg.solve(a, {1: 2})
