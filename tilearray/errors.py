@@ -52,6 +52,10 @@ class PlanningAxisError(PlanningError, np.exceptions.AxisError):
         return str(self.args[0])
 
 
+class PlanningIndexError(PlanningError, IndexError):
+    """An index NumPy would refuse with ``IndexError`` (too many indices, out of range)."""
+
+
 class ClusterError(TilearrayError, RuntimeError):
     """The dask cluster could not be started, reached or used."""
 

@@ -221,3 +221,15 @@ def test_eye_shifts_a_stored_matrix_at_any_size(engine, tmp_path, rng):
         ta.eye(-1)
     with pytest.raises(TypeError, match="complex128"):
         ta.eye(3, dtype=complex)
+
+
+def test_integer_bit_operators(engine, tmp_path, rng):
+    x = rng.integers(-1000, 1000, (37, 29)).astype("int32")
+    y = rng.integers(0, 5, (37, 29)).astype("int64")
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(10, 8))
+    b = ta.from_numpy(y, tmp_path / "y.zarr", tile=(16, 16))
+    for expr, want in [(a >> 2, x >> 2), (a << b, x << y), (3 << b, 3 << y), (1024 >> b, 1024 >> y),
+                       (a & b, x & y), (a | 7, x | 7), (a ^ b, x ^ y), (~a, ~x)]:
+        got = expr.compute()
+        assert got.dtype == want.dtype, str(expr)
+        np.testing.assert_array_equal(got, want, err_msg=str(expr))

@@ -10,7 +10,7 @@ import operator
 
 import numpy as np
 
-from ...errors import PlanningError
+from ...errors import PlanningError, PlanningIndexError
 from ...graphs.reduction import NO_IDENTITY
 from ...storage import Grid
 from . import routines, selection
@@ -202,6 +202,8 @@ class LazyArray(ExprBase):
     __and__, __rand__ = _binary("bitwise_and")
     __or__, __ror__ = _binary("bitwise_or")
     __xor__, __rxor__ = _binary("bitwise_xor")
+    __lshift__, __rlshift__ = _binary("left_shift")
+    __rshift__, __rrshift__ = _binary("right_shift")
     __hash__ = object.__hash__
 
     def __neg__(self):
@@ -339,7 +341,7 @@ class LazyArray(ExprBase):
             raise PlanningError(f"indexing a matrix with None (np.newaxis) makes a 3-D array: "
                                 f"{key!r}; tilearray arrays are 1-D or 2-D")
         if len(key) > n.ndim:
-            raise PlanningError(f"too many indices for a {n.ndim}-D array: {key!r}")
+            raise PlanningIndexError(f"too many indices for a {n.ndim}-D array: {key!r}")
         key = key + (slice(None),) * (n.ndim - len(key))
         flips = [ax for ax, k in enumerate(key) if isinstance(k, slice) and (k.step or 1) < 0]
         if flips:  # each such axis gathered in its order, then the rest of the key

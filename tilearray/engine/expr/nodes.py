@@ -227,6 +227,7 @@ _SYMBOLS = {
     "add": "+", "subtract": "-", "multiply": "*", "true_divide": "/", "divide": "/",
     "floor_divide": "//", "power": "**", "mod": "%", "less": "<", "less_equal": "<=",
     "greater": ">", "greater_equal": ">=", "equal": "==", "not_equal": "!=",
+    "left_shift": "<<", "right_shift": ">>",
     "logical_and": "&", "bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^",
 }
 
