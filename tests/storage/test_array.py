@@ -466,6 +466,10 @@ def test_open_group_without_member_says_group(tmp_path, zarr_format):
             ta.open(where, name)
     with pytest.raises(ta.StorageError, match=r"no Zarr array at .*g\.zarr/nope"):
         ta.open(tmp_path / "g.zarr", "nope")
+    nested = zarr.open_group(tmp_path / "n.zarr", mode="w", zarr_format=zarr_format)
+    nested.create_group("sub").create_array("Z", shape=(4, 3), chunks=(2, 2), dtype="f8")
+    with pytest.raises(ta.StorageError, match=r"its arrays: sub/Z\)"):  # not "holds none"
+        ta.open(tmp_path / "n.zarr")
 
 
 def test_tile_larger_than_the_array_is_clipped_to_it(tmp_path):

@@ -149,7 +149,11 @@ def _is_group(ref: ArrayRef) -> bool:
 def _group_message(ref: ArrayRef) -> str:
     """Why a group does not open as a matrix, with the members that would."""
     try:
-        names = sorted(zarr.open_group(ref.store, path=ref.path or None, mode="r").array_keys())
+        group = zarr.open_group(ref.store, path=ref.path or None, mode="r")
+        names = sorted(group.array_keys())
+        if not names:  # arrays in subgroups ("sub/X"): their paths
+            names = sorted(p for p, a in group.members(max_depth=None)
+                           if isinstance(a, zarr.Array))
         listed = (" (its arrays: " + ", ".join(names[:10])
                   + (f", ... ({len(names)} in all)" if len(names) > 10 else "") + ")"
                   if names else " (it holds no arrays)")
