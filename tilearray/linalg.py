@@ -489,7 +489,8 @@ class MixedSolve:
         except PlanningError:  # solve() factors in float64 then
             return double.plan(engine=engine, budget=budget)
         work = [s for p in (first, residual) for s in p.stages if s.kind != "result"]
-        note = Stage("refine", f"each refinement step: stages 2-{len(work)} again (a "
+        factor = next(i for i, s in enumerate(work) if s.kind == "cholesky")  # after A's own
+        note = Stage("refine", f"each refinement step: stages {factor + 2}-{len(work)} again (a "
                      "correction from the float32 factor, then a float64 residual), until "
                      "LAPACK dsposv's test holds (2 steps for a well-conditioned A), at most "
                      f"{REFINE_MAX_ITER}; where float32 cannot factor A or the refinement "

@@ -46,6 +46,18 @@ def test_plans_fit_by_inner_chunks_and_read_each_once(sharded):
     assert whole.bytes_read == x.nbytes and whole.reads <= 4, whole
 
 
+def test_stored_factor_units_of_a_sharded_input(tmp_path):
+    """``cholesky(A).to_zarr()`` without a tile picks its square unit as
+    the run reads A (by inner chunks where shards do not fit): not the tiny
+    units a whole-shard read would leave room for."""
+    zarr.create_array(tmp_path / "a.zarr", shape=(16384, 16384), chunks=(512, 512),
+                      shards=(4096, 4096), dtype="f8")  # metadata only
+    a = ta.open(tmp_path / "a.zarr")
+    stage = ta.linalg.cholesky(a).plan(tmp_path / "l.zarr", budget=SMALL).stages[0]
+    assert "by 1024 x 1024 tiles" in stage.description, stage.description
+    assert stage.peak_task_memory <= SMALL.task_memory
+
+
 def test_results_match_numpy(sharded, tmp_path):
     x, a = sharded
     v = np.linspace(-1, 1, x.shape[1])

@@ -155,6 +155,10 @@ def test_numpy_matrix_operands(engine, tmp_path, rng, monkeypatch, dtype):
     assert_close(ridge, np.linalg.solve(x.T @ x + 0.5 * np.eye(47), x.T @ y),
                  precision=np.result_type(dtype, np.float32),
                  scale=1e3 * np.abs(ridge).max() if dtype == "float32" else None)
+    # every task holds the operands whole: counted in its peak
+    budget = ta.Budget.from_config("512MiB", 2, 1)
+    bare, held = (a + 1).plan(budget=budget), (a + m + 2 * m[::-1]).plan(budget=budget)
+    assert held.peak_task_memory >= bare.peak_task_memory + 2 * m.nbytes
     from tilearray.engine.expr import ops
 
     monkeypatch.setattr(ops, "MATRIX_OPERAND_BYTES", m.nbytes - 1)

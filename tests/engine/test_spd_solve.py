@@ -127,6 +127,11 @@ def test_solve_plan_shows_the_mixed_precision_run(eng, tmp_path, rng, monkeypatc
     assert rel_err(got, np.linalg.solve(x, b)) < 1e-12
     with pytest.raises(ValueError, match="precision='single'"):
         lazy.plan(precision="single")
+    with dask.config.set({"tilearray.linalg.spd-solve": "mixed"}):  # A a product first
+        g = ta.linalg.solve_plan(a.T @ a, b, assume_a="pos").plan()
+        kinds = [st.kind for st in g.stages]
+        first = kinds.index("cholesky") + 2
+        assert kinds[0] == "matmul" and f"stages {first}-" in g.stages[kinds.index("refine")].description
     with dask.config.set({"tilearray.linalg.spd-solve": "double"}):  # one lazy expression
         assert isinstance(ta.linalg.solve_plan(a, b, assume_a="pos"), ta.TiledArray)
 

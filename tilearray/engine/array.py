@@ -51,12 +51,17 @@ class TiledArray(Interop, LazyArray):
         self.stats: runtime.RunStats | None = None
 
     # -- running ----------------------------------------------------------------------
+    @staticmethod
+    def _budget(budget=None, engine=None):
+        """``budget``, else the engine's: the current one, or with none
+        running, the one compute() would start (planned for without starting it)."""
+        if budget is not None:
+            return budget
+        engine = engine or runtime.current_engine(start=False)
+        return engine.budget() if engine is not None else runtime.default_budget()
+
     def _lower(self, out=None, out_grid=None, skip=(), budget=None, engine=None) -> Plan:
-        if budget is None:
-            engine = engine or runtime.current_engine(start=False)
-            # no engine yet: plan for the one compute() would start, without starting it
-            budget = engine.budget() if engine is not None else runtime.default_budget()
-        return lower(self._node, budget, out, out_grid, set(skip))
+        return lower(self._node, self._budget(budget, engine), out, out_grid, set(skip))
 
     def plan(self, path=None, *, name="", tile=None, shard=None, engine=None, budget=None):
         """Plan the run without running it (no I/O, no cluster if ``budget`` given).
@@ -87,10 +92,7 @@ class TiledArray(Interop, LazyArray):
         out_grid = None
         out = ArrayRef.from_location(path, name) if path else None
         small = self._node.small or (self.ndim != 2 and not is_big_vector(self._node))
-        if budget is None:
-            engine = engine or runtime.current_engine(start=False)
-            # no engine yet: plan for the one compute() would start, without starting it
-            budget = engine.budget() if engine is not None else runtime.default_budget()
+        budget = self._budget(budget, engine)
         if not small and (path or tile or shard):
             out_grid = (fitted_output_grid(self._node, tile, shard, budget, out)
                         if self.ndim == 2 else output_grid(self._node, tile, shard))

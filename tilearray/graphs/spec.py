@@ -192,6 +192,30 @@ class Dep:
 
     index: int
     kind: str
+    nbytes: int = 0
+    """A "block" operand's size: every task evaluating the spec holds it whole."""
+
+
+def held_bytes(spec) -> int:
+    """Bytes of the in-memory matrix operands (``Dep`` of kind "block") every
+    task evaluating ``spec`` holds whole, each counted once."""
+    found: dict = {}
+
+    def walk(s):
+        if isinstance(s, Dep):
+            if s.kind == "block":
+                found[s.index] = max(found.get(s.index, 0), s.nbytes)
+        elif isinstance(s, Trans | Slice | Gather):
+            walk(s.x)
+        elif isinstance(s, Op):
+            for a in s.args:
+                walk(a)
+        elif isinstance(s, Concat):
+            for a in s.parts:
+                walk(a)
+
+    walk(spec)
+    return sum(found.values())
 
 
 @dataclass(frozen=True)

@@ -43,8 +43,9 @@ class Source(Node):
 
 @dataclass(frozen=True, eq=False)
 class Constant(Node):
-    """A small in-memory NumPy operand (a row, a column) broadcast in an
-    elementwise expression; held in the graph like a reduction's result."""
+    """An in-memory NumPy operand of an elementwise expression: a row or a
+    column broadcast, or a matrix of the expression's shape sliced block by
+    block; held in the graph like a reduction's result."""
 
     value: Any = None
     token: str = ""

@@ -33,6 +33,7 @@ from ...graphs.spec import (
     Read,
     Slice,
     Trans,
+    held_bytes,
     map_spans,
     reads_along,
     unit_edges,
@@ -317,11 +318,12 @@ def search(spec, shape, hard_rows, hard_cols, max_elems: int, peak_of, budget: i
     """
     m, n = shape
     best = smallest = None
+    held = held_bytes(spec)  # NumPy matrix operands, whole in every task
     for rb in bases(spec, 0, m, hard_rows):
         for cb in bases(spec, 1, n, hard_cols):
             for re, ce in shapes(rb, cb, m, n, max_elems):
                 costs = BlockCosts(spec, re, ce)
-                peak = peak_of(costs)
+                peak = peak_of(costs) + held
                 if smallest is None or peak < smallest[1]:
                     smallest = (costs, peak)
                 if peak <= budget:

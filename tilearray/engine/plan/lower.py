@@ -137,10 +137,12 @@ class Planner:
     matmul temporary, each rewritten reduction, the arrays read so far);
     the lowering functions it calls share none of it."""
 
-    def __init__(self, budget: Budget, inner_shards: bool = False):
+    def __init__(self, budget: Budget, inner_shards: bool = False, shrink: bool = True):
         self.budget = budget
         self.inner_shards = inner_shards
         """Sharded inputs are read by inner chunks (byte ranges), not whole shards."""
+        self.shrink = shrink
+        """Temporaries' inherited tiles are halved until they fit (:func:`~.sizing.shrink_tile`)."""
         self.stages: list[Stage] = []
         self.creates: list[Create] = []
         self._loose = Tasks()  # constants, barriers: counted with the next stage
@@ -234,7 +236,9 @@ class Planner:
             return Const(a)
         if not a.small:
             return self.spec(a, deps)
-        return Dep(self._depend(self.small(a), deps), _dep_kind(a.shape, shape))
+        kind = _dep_kind(a.shape, shape)
+        nbytes = int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize if kind == "block" else 0
+        return Dep(self._depend(self.small(a), deps), kind, nbytes)
 
     def _materialise(self, node: MatMul | TSQR | Factor) -> tuple:
         """A matmul (or a TSQR's Q / U, a Cholesky factor) inside another
@@ -265,7 +269,8 @@ class Planner:
                 raise
 
         # the Cholesky factor's unit is already sized to the budget
-        ref, grid, stage = attempt(tile) if isinstance(node, Factor) else shrink_tile(tile, attempt)
+        ref, grid, stage = attempt(tile) if isinstance(node, Factor) or not self.shrink \
+            else shrink_tile(tile, attempt)
         token = tokenize(structure(node), self.run_id)
         wait = self._loose.add("barrier-" + token, barrier, *stage.outputs["result"].keys)
         self._temps[id(node)] = (Read(ref, grid, np.dtype(node.dtype)), wait)
@@ -560,9 +565,9 @@ def lower(node, budget, out=None, out_grid=None, skip=()) -> Plan:
     except DoesNotFit as first:
         err, need = first, None
         for _ in range(16):
-            try:
+            try:  # inherited tiles kept as they are: a search of its own at each trial
                 _lower_best(node, dataclasses.replace(budget, memory_per_worker=err.need), out,
-                            out_grid, frozenset(skip))
+                            out_grid, frozenset(skip), shrink=False)
                 need = err.need
                 break
             except DoesNotFit as again:
@@ -579,7 +584,9 @@ def fitted_output_grid(node, tile, shard, budget, out=None):
     (the plan then refuses it, naming the budget it needs)."""
     if tile is None and shard is None and budget is not None and isinstance(node, Factor) \
             and node.part == "L":  # square units: the planner's, as for a temporary factor
-        unit = cholesky_tile(node, Planner(budget).spec(node.x, []), budget)[1]
+        # (the larger of reading a sharded A by whole shards and by inner chunks)
+        unit = max(cholesky_tile(node, Planner(budget, inner).spec(node.x, []), budget)[1]
+                   for inner in {False, any(s.grid.sharded for s in sources(node))})
         return Grid.regular(tuple(node.shape), (unit, unit))
     grid = output_grid(node, tile, shard)
     if tile is not None or shard is not None or budget is None:
@@ -592,30 +599,45 @@ def fitted_output_grid(node, tile, shard, budget, out=None):
 
     try:
         return shrink_tile(grid.tile, attempt)
-    except DoesNotFit:
-        return grid
+    except DoesNotFit as e:  # the tile that came closest: the refusal names its need
+        return Grid.regular(tuple(node.shape), getattr(e, "closest", grid.tile))
 
 
-def _lower_best(node, budget, out, out_grid, skip) -> Plan:
+def _lower_best(node, budget, out, out_grid, skip, shrink: bool = True) -> Plan:
     """The plan reading sharded inputs by whole shards (one request each: the
     I/O unit), or by their inner chunks (byte ranges through the shard's
     index) where a shard is more than a task holds or reading by chunk
-    reads at most half the bytes (a few rows of a large shard)."""
-    if not any(s.grid.sharded for s in sources(node)):
-        return _lower(node, budget, out, out_grid, skip)
+    reads at most half the bytes (a few rows of a large shard; not tried
+    when whole shards read each input byte once)."""
+    sharded = [s for s in sources(node) if s.grid.sharded]
+    if not sharded:
+        return _lower(node, budget, out, out_grid, skip, shrink=shrink)
     try:
-        whole = _lower(node, budget, out, out_grid, skip)
+        whole = _lower(node, budget, out, out_grid, skip, shrink=shrink)
     except DoesNotFit:
-        return _lower(node, budget, out, out_grid, skip, inner_shards=True)
+        return _lower(node, budget, out, out_grid, skip, inner_shards=True, shrink=shrink)
+    if not _reads_part(node):  # whole passes: whole shards read no more than chunks
+        return whole
     try:
-        inner = _lower(node, budget, out, out_grid, skip, inner_shards=True)
+        inner = _lower(node, budget, out, out_grid, skip, inner_shards=True, shrink=shrink)
     except DoesNotFit:
         return whole
     return inner if 2 * inner.bytes_read <= whole.bytes_read else whole
 
 
-def _lower(node, budget, out, out_grid, skip, inner_shards: bool = False) -> Plan:
-    p = Planner(budget, inner_shards)
+def _reads_part(node) -> bool:
+    """Whether ``node`` reads only part of some stored input (a slice, a
+    gather, a mask, a diagonal), where whole shards may read far more."""
+    if isinstance(node, SliceNode | nd.Take | nd.Select | nd.Diagonal):
+        return True
+    kids = [getattr(node, c, None) for c in ("x", "a", "b", "y", "w", "mask")]
+    kids += list(getattr(node, "args", ()))
+    return any(isinstance(k, Node) and _reads_part(k) for k in kids)
+
+
+def _lower(node, budget, out, out_grid, skip, inner_shards: bool = False,
+           shrink: bool = True) -> Plan:
+    p = Planner(budget, inner_shards, shrink)
     p.fuse_reductions(node)
     side = {}
     if node.small or (node.ndim != 2 and not isinstance(node, MatVec)):

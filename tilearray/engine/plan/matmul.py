@@ -23,7 +23,7 @@ from ... import _config
 from ...graphs import matmul as gmm
 from ...graphs.blocks import compact, group_edges, intervals, max_interval, split_points, tree
 from ...graphs.emit import Tasks
-from ...graphs.spec import Read, Trans, leaves, unit_edges
+from ...graphs.spec import Read, Trans, held_bytes, leaves, unit_edges
 from ...storage.stream import slab_plan
 from . import layout
 from .map import check_fits
@@ -113,6 +113,7 @@ class _Peaks:
 
     def __init__(self, op: Operands):
         self.op, self._a, self._b = op, {}, {}
+        self.held = held_bytes(op.a_spec) + held_bytes(op.b_spec)  # NumPy matrix operands
 
     def panels(self, rows_edges, cols_edges) -> tuple[int, int, int]:
         """Largest A panel (rows block x K panel) and B panel (K panel x cols
@@ -136,9 +137,9 @@ class _Peaks:
 
     def __call__(self, rows_edges, cols_edges, mode: str) -> int:
         if mode == "slabs":
-            return matmul_peak(self.op.task, rows_edges, cols_edges, mode, None)
+            return matmul_peak(self.op.task, rows_edges, cols_edges, mode, None) + self.held
         return matmul_peak(self.op.task, rows_edges, cols_edges, mode,
-                           self.panels(rows_edges, cols_edges))
+                           self.panels(rows_edges, cols_edges)) + self.held
 
 
 def candidates(op: Operands, peak: _Peaks, budget: int, hard, symmetric_out: bool):

@@ -189,10 +189,10 @@ def tsqr_combine_peak(stacked: int, width: int, itemsize: int) -> int:
 
 def tsqr_root_peak(rows: int, width: int, itemsize: int, part: str) -> int:
     """The TSQR root: R (``rows x width``) and what ``part`` computes from it:
-    R alone, singular values (LAPACK gesdd without vectors: a copy and its
+    R's sign-normalised copy, singular values (LAPACK gesdd without vectors: a copy and its
     work), or an SVD with vectors or least squares (``~9 r n``)."""
-    extra = {"R": 0, "s": 3}.get(part, 9)
-    return as_rss((1 + extra) * rows * width * itemsize)
+    extra = {"R": 1, "s": 3}.get(part, 9)  # R: its sign-normalised copy
+    return as_rss(((1 + extra) * rows * width + rows * rows) * itemsize)  # (+ Q's diag(d))
 
 
 def cholesky_peak(b: int, panel: int, strip_read: int, a_flight: int, l_flight: int,

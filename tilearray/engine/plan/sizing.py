@@ -152,9 +152,9 @@ under. A tile is the unit of one write and of its encode buffer; keeping it
 moderate lets the planner fit blocks that a 512 MiB chunk would not."""
 
 
-SHRINK_STEPS = 8
+SHRINK_STEPS = 10
 """Halvings :func:`shrink_tile` tries at most (each plans the job again)."""
-SHRINK_MIN = 32
+SHRINK_MIN = 4
 """Elements: a side :func:`shrink_tile` does not halve below."""
 
 
@@ -164,9 +164,10 @@ def shrink_tile(tile: tuple, attempt):
     time -- the longer first, else the halving that lowers the peak more --
     until one fits (an output or temporary chunk of the inputs' tiling can be
     wider than a task holds: a sort's whole lines, a product's output
-    block). Raises the first refusal when halving no longer lowers the peak
-    by 5 % (an input's unit, not the tile, fills the task), after
-    :data:`SHRINK_STEPS` halvings, or at sides of :data:`SHRINK_MIN`."""
+    block). Raises the first refusal, with ``closest``, the tile that came
+    nearest, when halving no longer lowers the peak by 5 % (an input's unit,
+    not the tile, fills the task), after :data:`SHRINK_STEPS` halvings, or
+    at sides of :data:`SHRINK_MIN`."""
     try:
         return attempt(tile)
     except DoesNotFit as e:
@@ -182,8 +183,9 @@ def shrink_tile(tile: tuple, attempt):
             except DoesNotFit as e:
                 tried.append((e.peak, t, e))
         if not tried or min(tried, key=lambda x: x[0])[0] > 0.95 * best.peak:
-            raise first  # the tile is not what fills the task (an input unit is)
+            break  # the tile is not what fills the task (an input unit is)
         _, tile, best = min(tried, key=lambda x: x[0])
+    first.closest = tile  # the tile whose task came nearest to fitting
     raise first
 
 

@@ -169,7 +169,10 @@ def check_alive(cluster, description: str, state: dict | None = None,
 
     A nanny restarts a worker process that dies, but a nanny that closed
     (its worker asked it to, or the restart failed) is never replaced by
-    LocalCluster. (Borrowed and adaptive clusters are not checked.)"""
+    LocalCluster. With ``state`` (one dict a run), also raise when the
+    scheduler has had no worker for :data:`NO_WORKERS_SECONDS`: workers
+    dying as they start, restarted for ever (``memory``: their limit, named).
+    (Borrowed and adaptive clusters are not checked.)"""
     if cluster is None:
         return
     from distributed.core import Status
