@@ -402,3 +402,14 @@ def test_failed_job_leaves_no_member_for_xarray(engine, tmp_path, rng):
         (a * 2).to_zarr(g, name="Y", overwrite=True)  # the old Y is gone: not listed either
     ds = xr.open_zarr(g)
     assert set(ds.data_vars) == {"X"}
+
+
+def test_dask_and_xarray_views_of_an_expression_name_themselves(tmp_path, rng):
+    x = rng.standard_normal((20, 10))
+    a = ta.from_numpy(x, tmp_path / "a.zarr", tile=(8, 8))
+    for what in ("to_dask", "to_xarray"):
+        with pytest.raises(ta.PlanningError, match=rf"{what}\(\) needs a stored array.*"
+                                                    rf"to_zarr\(path\)\.{what}\(\)"):
+            getattr(a[:10, :4], what)()
+    np.testing.assert_array_equal(a.to_xarray().values, x)
+    np.testing.assert_array_equal(np.asarray(a.to_dask()), x)

@@ -69,10 +69,14 @@ class Interop:
         PlanningError
             For an expression: call :meth:`to_zarr` first.
         """
+        return self._stored_dask("to_dask")
+
+    def _stored_dask(self, what: str):
         import dask.array as da
 
         if not isinstance(self._node, Source):
-            raise PlanningError("to_dask() needs a stored array; call to_zarr() first")
+            raise PlanningError(f"{what}() needs a stored array, not an expression: store it "
+                                f"first (x.to_zarr(path).{what}())")
         return da.from_zarr(self._node.ref.open())
 
     def to_xarray(self):
@@ -88,6 +92,6 @@ class Interop:
         """
         import xarray as xr
 
-        x = self.to_dask()
+        x = self._stored_dask("to_xarray")
         dims = self.dims or tuple(f"dim_{i}" for i in range(self.ndim))
         return xr.DataArray(x, dims=dims, name=self._node.ref.short_name)
