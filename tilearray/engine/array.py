@@ -18,7 +18,6 @@ from .expr.lazy import LazyArray
 from .expr.nodes import Node, Source, is_big_vector
 from .interop import Interop
 from .plan.lower import fitted_output_grid, lower
-from .plan.sizing import output_grid
 from .plan.types import Plan
 
 log = logging.getLogger("tilearray")
@@ -94,8 +93,7 @@ class TiledArray(Interop, LazyArray):
         small = self._node.small or (self.ndim != 2 and not is_big_vector(self._node))
         budget = self._budget(budget, engine)
         if not small and (path or tile or shard):
-            out_grid = (fitted_output_grid(self._node, tile, shard, budget, out)
-                        if self.ndim == 2 else output_grid(self._node, tile, shard))
+            out_grid = fitted_output_grid(self._node, tile, shard, budget, out)
         # a small result: a worker writes it into ``out``, or compute() brings it back
         return self._lower(out, out_grid, budget=budget)
 

@@ -34,7 +34,6 @@ from ..storage.ref import check_task_writable
 from . import runtime
 from .expr.nodes import TSQR, Factor, Source, derive_dims, is_big_vector, sources, structure
 from .plan.lower import fitted_output_grid, lower
-from .plan.sizing import output_grid
 from .plan.types import Plan
 
 log = logging.getLogger("tilearray")
@@ -282,14 +281,10 @@ class MatrixJob:
             raise StorageError(
                 f"{str(ref)!r} already exists; pass overwrite=True to replace it "
                 "(or resume=True to finish an interrupted run of the same expression)")
-        if self.budget is None or node.ndim != 2:
-            grid = output_grid(node, tile, shard)
-        else:  # planned once a job (inspect runs again under the lock)
-            if self._fitted is None or self._fitted[0] != self.budget:
-                self._fitted = (self.budget,
-                                fitted_output_grid(node, tile, shard, self.budget, ref))
-            grid = self._fitted[1]
-        return _State(existing, False, grid)
+        # planned once a job for its budget (inspect runs again under the lock)
+        if self._fitted is None or self._fitted[0] != self.budget:
+            self._fitted = (self.budget, fitted_output_grid(node, tile, shard, self.budget, ref))
+        return _State(existing, False, self._fitted[1])
 
     def create(self, state: _State) -> None:
         if state.existing is None or self.overwrite:

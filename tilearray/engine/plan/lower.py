@@ -580,16 +580,18 @@ def lower(node, budget, out=None, out_grid=None, skip=()) -> Plan:
 def fitted_output_grid(node, tile, shard, budget, out=None):
     """:func:`~.sizing.output_grid`; a tile inherited from the inputs (no
     ``tile`` or ``shard`` given) is halved until the plan of ``node`` into it
-    fits ``budget`` (:func:`~.sizing.shrink_tile`); kept as it is when none does
-    (the plan then refuses it, naming the budget it needs)."""
-    if tile is None and shard is None and budget is not None and isinstance(node, Factor) \
-            and node.part == "L":  # square units: the planner's, as for a temporary factor
-        # (the larger of reading a sharded A by whole shards and by inner chunks)
+    fits ``budget`` (:func:`~.sizing.shrink_tile`); else the closest halving
+    (the plan then refuses it, naming the budget it needs). A 1-D result, or
+    no budget: :func:`~.sizing.output_grid` as it is."""
+    inherited = tile is None and shard is None and budget is not None and len(node.shape) == 2
+    if inherited and isinstance(node, Factor) and node.part == "L":
+        # square units: the planner's, as for a temporary factor (the larger of
+        # reading a sharded A by whole shards and by inner chunks)
         unit = max(cholesky_tile(node, Planner(budget, inner).spec(node.x, []), budget)[1]
-                   for inner in {False, any(s.grid.sharded for s in sources(node))})
+                   for inner in {False, _sharded(node)})
         return Grid.regular(tuple(node.shape), (unit, unit))
     grid = output_grid(node, tile, shard)
-    if tile is not None or shard is not None or budget is None:
+    if not inherited:
         return grid
 
     def attempt(t):
@@ -609,8 +611,7 @@ def _lower_best(node, budget, out, out_grid, skip, shrink: bool = True) -> Plan:
     index) where a shard is more than a task holds or reading by chunk
     reads at most half the bytes (a few rows of a large shard; not tried
     when whole shards read each input byte once)."""
-    sharded = [s for s in sources(node) if s.grid.sharded]
-    if not sharded:
+    if not _sharded(node):
         return _lower(node, budget, out, out_grid, skip, shrink=shrink)
     try:
         whole = _lower(node, budget, out, out_grid, skip, shrink=shrink)
@@ -623,6 +624,11 @@ def _lower_best(node, budget, out, out_grid, skip, shrink: bool = True) -> Plan:
     except DoesNotFit:
         return whole
     return inner if 2 * inner.bytes_read <= whole.bytes_read else whole
+
+
+def _sharded(node) -> bool:
+    """Whether ``node`` reads a sharded stored array."""
+    return any(s.grid.sharded for s in sources(node))
 
 
 def _reads_part(node) -> bool:

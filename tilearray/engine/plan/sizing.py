@@ -182,9 +182,12 @@ def shrink_tile(tile: tuple, attempt):
                 return attempt(t)
             except DoesNotFit as e:
                 tried.append((e.peak, t, e))
-        if not tried or min(tried, key=lambda x: x[0])[0] > 0.95 * best.peak:
+        if not tried:
+            break
+        peak, t, e = min(tried, key=lambda x: x[0])
+        if peak > 0.95 * best.peak:
             break  # the tile is not what fills the task (an input unit is)
-        _, tile, best = min(tried, key=lambda x: x[0])
+        tile, best = t, e
     first.closest = tile  # the tile whose task came nearest to fitting
     raise first
 
