@@ -16,6 +16,7 @@ from dask.base import tokenize
 from .engine.array import TiledArray
 from .engine.expr.nodes import TSQR, Constant, Elemwise, Factor
 from .engine.expr.ops import HANDLED, build_reduction, elemwise
+from .engine.plan.lower import result_stage
 from .engine.plan.types import Stage
 from .errors import PlanningArgumentTypeError, PlanningError
 from .graphs.blas import result_dtype
@@ -459,8 +460,8 @@ def _solve_plan(a: TiledArray, b, assume_a: str) -> TiledArray:
 class MixedSolve:
     """An SPD solve :func:`solve` runs in mixed precision (``solve_plan(a, b,
     assume_a="pos")`` for a float64 system it takes that way): ``plan()``
-    shows the float32 factor with the first correction (stages 1-3), one
-    residual pass (4), and what each further step repeats; ``compute()``
+    shows the float32 factor (after what A itself needs) with the first
+    correction, one residual pass, and what each further step repeats; ``compute()``
     runs :func:`solve` (the float64 factor where float32 cannot do it: that
     plan is ``plan(precision="double")``)."""
 
@@ -495,8 +496,8 @@ class MixedSolve:
                      "LAPACK dsposv's test holds (2 steps for a well-conditioned A), at most "
                      f"{REFINE_MAX_ITER}; where float32 cannot factor A or the refinement "
                      "stalls, A is factored in float64: plan(precision='double')", 0, 0, 0)
-        result = [s for s in double.plan(engine=engine, budget=budget).stages
-                  if s.kind == "result"]
+        d = double._node  # compute() brings x back, as the float64 plan's last line says
+        result = [result_stage(d)] if d.small or d.ndim != 2 else []
         return dataclasses.replace(
             first, expression=f"solve({self.a._node}, b, assume_a='pos') in mixed precision",
             shape=(n,) if vector else (n, k), dtype="float64",
