@@ -18,6 +18,7 @@ from .engine import (
     random,
 )
 from .errors import (
+    AllNaNSliceError,
     ArgumentError,
     ArgumentTypeError,
     ClusterError,
@@ -34,6 +35,7 @@ from .errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AllNaNSliceError",
     "ArgumentError",
     "ArgumentTypeError",
     "Budget",

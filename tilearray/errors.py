@@ -109,6 +109,11 @@ class SingularMatrixError(TilearrayError, LinAlgError):
 
     def __reduce__(self):  # survives the trip from a worker process
         return (type(self), (self.column, self.panel, self.triangular))
+class AllNaNSliceError(TilearrayError, ValueError):
+    """``np.nanargmin`` / ``np.nanargmax`` over a slice holding only NaNs
+    (NumPy's ``ValueError("All-NaN slice encountered")``)."""
+
+
 # -- bad arguments: ValueError / TypeError, as Python's own, and still the error of
 #    their area (``except ClusterError`` keeps catching a bad Engine argument) --------
 

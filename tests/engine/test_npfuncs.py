@@ -594,6 +594,34 @@ def test_quantiles(thread_engine, mats, dtype):
         np.quantile(a, 1.5, axis=0)
 
 
+def test_quantiles_keepdims_and_empty_lines_like_numpy(thread_engine, mats, tmp_path):
+    """keepdims=True gives NumPy's shape (a 3-D one, from several q, is
+    refused naming it); the median of empty lines is NaN, as NumPy's."""
+    x, a = mats["float64"]
+    with dask.config.set(SMALL_BLOCKS), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for axis in (None, 0, 1, -1):
+            for f in (np.median, np.nanmedian, lambda u, **k: np.percentile(u, 30, **k)):
+                got = f(a, axis=axis, keepdims=True)
+                want = f(x, axis=axis, keepdims=True)
+                assert got.shape == want.shape
+                check(got, want)
+        v = ta.from_numpy(x[:, 1].copy(), tmp_path / "v.zarr", tile=(7,))
+        check(np.median(v, keepdims=True), np.median(x[:, 1], keepdims=True))
+    with pytest.raises(TypeError, match="3-D result"):
+        np.quantile(a, [0.1, 0.9], axis=0, keepdims=True)
+    for shape in [(0, 5), (5, 0)]:
+        e = ta.from_numpy(np.empty(shape), tmp_path / f"e{shape[0]}.zarr", tile=(2, 2))
+        for f in (np.median, np.nanmedian):
+            for axis in (0, 1):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    want = f(np.empty(shape), axis=axis)
+                    got = np.asarray(f(e, axis=axis).compute())
+                assert got.shape == want.shape
+                np.testing.assert_array_equal(got, want)
+
+
 @pytest.fixture
 def tall(tmp_path):
     """A 200,000,000 x 4 float64 array (6 GiB) with only its metadata written."""

@@ -17,7 +17,8 @@ from tilearray.testing import assert_close
 
 DTYPES = ["int8", "uint8", "int32", "int64", "float32", "float64", "bool"]
 REDUCTIONS = ["sum", "prod", "mean", "var", "std", "min", "max", "argmin", "argmax", "any",
-              "all", "nansum", "nanmean", "nanmin", "nanmax", "count_nonzero"]
+              "all", "nansum", "nanmean", "nanmin", "nanmax", "nanargmin", "nanargmax",
+              "count_nonzero"]
 BINARY = ["+", "-", "*", "/", "//", "%", "**", "<", "==", "&"]
 
 
@@ -119,7 +120,7 @@ def test_random_expressions_match_numpy(thread_engine, tmp_path_factory, data, d
     final = data.draw(st.sampled_from(["none", "reduce", "reduce2", "matmul", "centre"]))
     if final == "reduce" or final == "reduce2":
         op = data.draw(st.sampled_from(REDUCTIONS))
-        axis = data.draw(st.sampled_from([None, 0, 1, -1, (0, 1), (1,)] if not op.startswith("arg")
+        axis = data.draw(st.sampled_from([None, 0, 1, -1, (0, 1), (1,)] if "arg" not in op
                                          else [None, 0, 1, -1]))
         kd = data.draw(st.booleans())
         want, err = _numpy(lambda: getattr(np, op)(x, axis=axis, keepdims=kd))

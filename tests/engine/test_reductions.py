@@ -1,5 +1,6 @@
 import warnings
 
+import dask
 import numpy as np
 import pytest
 from helpers import rand
@@ -54,6 +55,40 @@ def test_nan_variants(engine, tmp_path, rng, op, axis):
     got = getattr(a, op)(axis=axis).compute()
     want = _np(op, x, axis, False)
     assert_close(got, want)
+
+
+@pytest.mark.parametrize("op", ["nanargmin", "nanargmax"])
+@pytest.mark.parametrize("dtype", ["float64", "float32", "int16"])
+def test_nanargmin_nanargmax_like_numpy(thread_engine, tmp_path, rng, op, dtype):
+    """NaNs are passed over across blocks and merges; a true +-inf after
+    NaNs ties with them, as in NumPy (NaN read as inf); ties take the first
+    index; a slice of NaNs only raises NumPy's ValueError, at compute."""
+    x = rng.integers(-3, 4, (41, 29)).astype(dtype)  # many ties across blocks
+    if dtype != "int16":
+        x[rng.random(x.shape) < 0.3] = np.nan
+        x[:, 3] = np.nan                        # an all-NaN column
+        x[7, :20] = np.nan                      # a row NaN in its first blocks
+        x[7, 25] = np.inf if op == "nanargmin" else -np.inf
+        x[9, :] = np.inf if op == "nanargmin" else -np.inf
+        x[9, :11] = np.nan                      # NaN ties with inf: NumPy takes the NaN
+    a = ta.from_numpy(x, tmp_path / "n.zarr", tile=(10, 7))
+    f = getattr(np, op)
+    with dask.config.set({"tilearray.map.block-bytes": "256B",
+                          "tilearray.reduction.split-every": 2}):
+        assert f(a).compute() == f(x)
+        rows = f(a, axis=1, keepdims=True).compute()
+        np.testing.assert_array_equal(rows, f(x, axis=1, keepdims=True))
+        assert rows.dtype == np.intp
+        if dtype == "int16":
+            np.testing.assert_array_equal(f(a, axis=0).compute(), f(x, axis=0))
+            return
+        np.testing.assert_array_equal(f(a[:, 4:], axis=0).compute(), f(x[:, 4:], axis=0))
+        with pytest.raises(ValueError, match="All-NaN slice"):
+            f(a, axis=0).compute()
+        with pytest.raises(ValueError, match="All-NaN slice"):
+            f(a[:, 3:4]).compute()
+    with pytest.raises(ta.PlanningError, match="axis"):
+        f(a, axis=(0, 1))
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32", "int32"])

@@ -16,6 +16,7 @@ import warnings
 
 import numpy as np
 
+from ..errors import AllNaNSliceError
 from ..storage import IOStats, buffers, read_region
 from .matmul import counted, merge_stats
 from .spec import Op, Read, Trans, evaluate, func, reads
@@ -35,9 +36,11 @@ SIMPLE = {
 VARIANCES = ("var", "std", "nanvar", "nanstd")
 """Reductions that carry ``(count, mean, M2)`` and take ``ddof``."""
 MOMENTS = {"mean", "nanmean", *VARIANCES}
-ARG = {"argmin", "argmax"}
+ARG = {"argmin", "argmax", "nanargmin", "nanargmax"}
+"""Reductions giving an index; the ``nan`` ones skip NaNs and raise NumPy's
+``ValueError`` for a slice that is all NaN."""
 OPS = tuple(SIMPLE) + ("count_nonzero",) + tuple(sorted(MOMENTS)) + tuple(sorted(ARG))
-NO_IDENTITY = {"min", "max", "nanmin", "nanmax", "argmin", "argmax"}
+NO_IDENTITY = {"min", "max", "nanmin", "nanmax", *ARG}
 
 
 def accumulation_dtype(op: str, dtype: np.dtype) -> np.dtype | None:
@@ -118,16 +121,22 @@ def _kept_shape(shape, axis):
 
 
 def _arg_partial(x, op, axis, offset, ncols):
-    fn = np.argmin if op == "argmin" else np.argmax
+    """``(value, index)`` of the block's first minimum / maximum; the
+    ``nan`` ops, as NumPy's, take NaN as +inf (nanargmin) or -inf and add
+    whether the slice held any other value."""
+    fn = np.argmin if op.endswith("argmin") else np.argmax
+    extra = ()
+    if op.startswith("nan"):
+        nan = np.isnan(x)
+        extra = (~np.all(nan, axis=axis, keepdims=True),)
+        x = np.where(nan, np.inf if op == "nanargmin" else -np.inf, x)
     if axis is None:
-        flat = int(fn(x))
-        i, j = divmod(flat, x.shape[1])
-        val = x[i, j]
+        i, j = divmod(int(fn(x)), x.shape[1])
         idx = (offset[0] + i) * ncols + (offset[1] + j)
-        return (np.array([[val]]), np.array([[idx]], dtype=np.intp))
+        return (np.array([[x[i, j]]]), np.array([[idx]], dtype=np.intp), *extra)
     loc = fn(x, axis=axis, keepdims=True)
     val = np.take_along_axis(x, loc, axis=axis)
-    return (val, loc.astype(np.intp) + offset[axis])
+    return (val, loc.astype(np.intp) + offset[axis], *extra)
 
 
 def merge(op: str, p, q):
@@ -146,15 +155,13 @@ def merge(op: str, p, q):
             m2 = m2a + m2b + delta**2 * na * w
         return (n, mean, m2)
     if op in ARG:
-        (va, ia), (vb, ib) = p, q
-        na, nb = _isnan(va), _isnan(vb)
-        if op == "argmin":
-            take_b = (vb < va) | (nb & ~na)
-        else:
-            take_b = (vb > va) | (nb & ~na)
+        (va, ia), (vb, ib) = p[:2], q[:2]
+        na, nb = _isnan(va), _isnan(vb)  # a NaN wins: NumPy's argmin is the first NaN
+        take_b = ((vb < va) if op.endswith("argmin") else (vb > va)) | (nb & ~na)
         # ties (equal values, or both NaN): the first occurrence in flat order
         take_b |= ((vb == va) | (na & nb)) & (ib < ia)
-        return (np.where(take_b, vb, va), np.where(take_b, ib, ia))
+        seen = (p[2] | q[2],) if op.startswith("nan") else ()
+        return (np.where(take_b, vb, va), np.where(take_b, ib, ia), *seen)
     raise ValueError(f"unknown reduction {op!r}")
 
 
@@ -179,6 +186,8 @@ def finalize(op: str, p, out_dtype, ddof: float = 0):
         if op in ("std", "nanstd"):
             value = np.sqrt(value)
     elif op in ARG:
+        if op.startswith("nan") and not np.all(p[2]):
+            raise AllNaNSliceError(f"np.{op}: All-NaN slice encountered")
         value = p[1]
     else:
         raise ValueError(f"unknown reduction {op!r}")

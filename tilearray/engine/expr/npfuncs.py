@@ -58,6 +58,7 @@ _REDUCTIONS = {
     np.nansum: "nansum", np.nanmean: "nanmean", np.nanmin: "nanmin", np.nanmax: "nanmax",
     np.nanvar: "nanvar", np.nanstd: "nanstd",
     np.count_nonzero: "count_nonzero", np.argmin: "argmin", np.argmax: "argmax",
+    np.nanargmin: "nanargmin", np.nanargmax: "nanargmax",
 }
 for _f, _op in _REDUCTIONS.items():
     HANDLED[_f] = _reduction(_f, _op)

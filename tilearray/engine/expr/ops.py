@@ -187,12 +187,12 @@ def build_reduction(op, x, axis, keepdims, ddof) -> ExprBase:
     n = as_node(x)
     if op not in OPS:
         raise PlanningError(f"unknown reduction {op!r}; choose from {', '.join(OPS)}")
-    if op in ("nanvar", "nanstd") and n.dtype.kind != "f":
+    if op in ("nanvar", "nanstd", "nanargmin", "nanargmax") and n.dtype.kind != "f":
         op = op[3:]  # no NaN to skip: NumPy's nanvar is var there (inf where dof <= 0)
     if n.ndim == 0 and isinstance(axis, int | np.integer) and not isinstance(axis, bool) \
             and axis in (0, -1) and op not in ("mean", "var", "std"):
         axis = None  # NumPy's ufunc reductions accept axis 0 / -1 of a 0-d array
-    if isinstance(axis, tuple | list) and not op.startswith("arg"):  # NumPy's tuple of axes
+    if isinstance(axis, tuple | list) and "arg" not in op:  # NumPy's tuple of axes
         axes = {int(a) % n.ndim if isinstance(a, int | np.integer) and
                 not isinstance(a, bool) and -n.ndim <= a < n.ndim else None
                 for a in axis}

@@ -231,8 +231,15 @@ def quantile(op: str, a, q, axis=None, method="linear", keepdims=False,
     budget; refused when one line does not fit. ``axis=None``: over all
     elements, computed now (:func:`.selection.quantile`)."""
     n = as_node(a)
-    if keepdims:
-        raise TypeError(f"np.{op}: keepdims=True is not supported on TiledArrays")
+    if keepdims:  # NumPy's shape: q's, then the input's with the axis (or all) as 1
+        res = quantile(op, a, q, axis, method, False, dtype)
+        ax = None if axis is None else routines.axis_index(axis, op, n.ndim)
+        kept = np.shape(q) + tuple(1 if ax in (None, i) else s for i, s in enumerate(n.shape))
+        if len(kept) > 2:
+            raise TypeError(f"np.{op}: keepdims=True with {np.size(q)} quantiles of a "
+                            f"{n.ndim}-D array makes a {len(kept)}-D result; tilearray arrays "
+                            "are 1-D or 2-D (pass keepdims=False, or one q)")
+        return res.reshape(kept)
     qa = np.asarray(q, dtype=np.float64)
     if qa.ndim > 1:
         raise TypeError(f"np.{op}: q of shape {qa.shape} (more than 1-D) is not supported on "
@@ -242,6 +249,15 @@ def quantile(op: str, a, q, axis=None, method="linear", keepdims=False,
     if 0 in n.shape and op.endswith("median") and axis is None:  # NumPy: nan, warned
         warnings.warn("Mean of empty slice.", RuntimeWarning, stacklevel=3)
         return selection.held(a, np.full((), np.nan, dtype or np.float64))
+    if 0 in n.shape and axis is not None:  # NumPy: NaN for each empty line, warned
+        ax = routines.axis_index(axis, op, n.ndim)
+        lines = n.shape[1 - ax] if n.ndim == 2 else 1
+        shape = ((lines,) if n.ndim == 2 else ()) if qa.ndim == 0 else \
+            (qa.size,) + ((lines,) if n.ndim == 2 else ())
+        if op.endswith("median") or 0 in shape:
+            if n.shape[ax] == 0 and lines:
+                warnings.warn("Mean of empty slice.", RuntimeWarning, stacklevel=3)
+            return selection.held(a, np.full(shape, np.nan, dtype or np.float64))
     if 0 in n.shape:
         raise PlanningError(f"{op}: an empty array (shape {n.shape}) has no quantile")
     if dtype is None:

@@ -83,8 +83,10 @@ def lower_reduce(nodes: list[Reduce], specs: list, deps: list, budget: Budget,
     combine tree and final value per reduction: outputs ``"0"``, ``"1"``, ...
     (one per node, in order). ``note`` is appended to the description."""
     m, n = nodes[0].x.shape
-    # op results, plus the float64 accumulation copy / (x - mean)**2 of var
-    temps = sum((op_temporaries(spec) + (2 if r.op in gred.VARIANCES else 1))
+    # op results, plus the float64 accumulation copy / (x - mean)**2 of var,
+    # the NaN mask and filled copy of nanargmin
+    temps = sum((op_temporaries(spec) + (2 if r.op in gred.VARIANCES or
+                                         r.op.startswith("nanarg") else 1))
                 * max(np.dtype(r.x.dtype).itemsize, 8) for r, spec in zip(nodes, specs,
                                                                             strict=True))
     joint = specs[0] if len(specs) == 1 else Op("fused", tuple(specs))  # for costs only

@@ -10,7 +10,13 @@ import itertools
 import time
 import warnings
 
+import dask
+
 from .stats import RunStats
+
+LARGE_GRAPH_WARNING = "512MiB"
+"""dask's threshold for its "Sending large graph" warning, raised while
+tilearray submits (its own default, 10 MB, is met by a NumPy operand alone)."""
 
 
 def _prioritized(graph: dict, plan):
@@ -52,7 +58,12 @@ def gather(client, graph: dict, keys: list, *, description: str, quiet: bool, pl
     # tasks finished plus running tasks' fractions (progress events from inside tasks)
     bar = Bar(client, graph, description, quiet)
     try:
-        futures = client.get(_prioritized(graph, plan), keys, sync=False)
+        # NumPy operands (a right-hand side, a matrix under 32 MiB) travel
+        # inside the graph once (pickled once, however many tasks use them):
+        # dask's advice at 10 MB, scatter the data, is what that already is
+        with dask.config.set({"distributed.admin.large-graph-warning-threshold":
+                              LARGE_GRAPH_WARNING}):
+            futures = client.get(_prioritized(graph, plan), keys, sync=False)
         keep: set = set()  # keys listed twice must not be released early
         seen: set = set()
         for f in futures:

@@ -45,14 +45,14 @@ class IgnoreInterrupt(WorkerPlugin):
 
 
 class QuietMatrixErrors(WorkerPlugin):
-    """A task that finds its matrix not positive definite or singular fails
-    without the worker's "Compute Failed" log record (a traceback on the
-    user's terminal before the error itself): the client raises the same
-    error, whose message names the tile and column. Other failures keep
-    distributed's log."""
+    """A task that finds its matrix not positive definite or singular (or a
+    ``nanargmin`` slice all NaN) fails without the worker's "Compute Failed"
+    log record (a traceback on the user's terminal before the error itself):
+    the client raises the same error, whose message names the tile and
+    column. Other failures keep distributed's log."""
 
     name = "tilearray-quiet-matrix-errors"
-    ERRORS = ("NotPositiveDefiniteError", "SingularMatrixError")
+    ERRORS = ("NotPositiveDefiniteError", "SingularMatrixError", "AllNaNSliceError")
     _users = 0  # workers of this process using the filter (in-process workers share it)
     _lock = threading.Lock()
 
