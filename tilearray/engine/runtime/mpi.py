@@ -58,7 +58,8 @@ wheel, dask-mpi 2026.3, distributed 2026.8):
   class was chosen; ``worker_class="distributed.Nanny"`` is used instead.
 
 The scheduler rank and the client rank are single points of failure: if the
-client rank dies, the scheduler closes after ``timeout`` without a client and
+client rank dies, the scheduler closes after ``timeout`` without a client (at
+once under the launcher, which tells it the client's process is gone) and
 every rank exits; if the scheduler rank dies, the workers lose it and exit and
 the client's run fails.
 
@@ -95,6 +96,7 @@ from .mpirun import (  # noqa: F401  (the launcher's public names live here too)
     SHELL_WRAPPER,
     STATUS_ENV,
     await_client,
+    client_alive,
     find_mpiexec,
     leave_launcher_group,
     main,
@@ -159,6 +161,7 @@ def dask_setup(scheduler) -> None:
 
     t0 = time.monotonic()
     state = {"seen": False, "gone": None, "closing": False}
+    status = os.environ.get(STATUS_ENV)
 
     async def shutdown(reason: str) -> None:
         import asyncio
@@ -193,6 +196,11 @@ def dask_setup(scheduler) -> None:
                 close(f"no client connected within {cfg['first']:.0f} s")
         elif state["gone"] is None:
             state["gone"] = now
+        elif status and os.path.exists(status + ".alive") and \
+                not client_alive(status, cfg["grace"]):
+            # under the launcher: the client rank's process is gone (its pid on
+            # this host, else its heartbeat): no reason to wait out the grace
+            close("the client rank died without shutting down the cluster")
         elif now - state["gone"] > cfg["grace"]:
             close(f"the client rank left without shutting down the cluster "
                   f"({cfg['grace']:.0f} s ago)")
