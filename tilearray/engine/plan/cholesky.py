@@ -310,13 +310,15 @@ def trsolve_tile(n: int, ncols: int, t_spec, itemsize: int, budget: Budget) -> i
                                                         itemsize), budget)
 
 
-def lower_trsolve(node, t_spec, b_spec, deps: list, budget: Budget) -> Stage:
+def lower_trsolve(node, t_spec, b_spec, deps: list, budget: Budget,
+                  label: str | None = None) -> Stage:
     """Blocked substitution ``T X = B`` (``node.options``: ``lower`` of the stored
     S, ``trans``: T = S^T, ``unit``, ``vector``): one task per tile left of
     (or right of, backwards) the diagonal, its term ``T_ik X_k`` computed as
     soon as ``X_k`` is solved (the workers read the tiles side by side), one
     task per row tile summing its terms and solving the diagonal tile, in
-    order, then a gather task whose value is X."""
+    order, then a gather task whose value is X. ``label`` names the system
+    in the plan where ``node`` does not (a factor read from a temporary)."""
     n, ncols = node.x.shape[0], node.y.shape[1]
     dtype = np.dtype(node.dtype)
     opts = dict(node.options)
@@ -342,7 +344,7 @@ def lower_trsolve(node, t_spec, b_spec, deps: list, budget: Budget) -> Stage:
     key = work.add(name + "-gather", gch.gather, bool(opts.get("vector")),
                    *[(name, i) for i in range(len(edges))])
     return Stage(
-        "trsolve", f"{short(node)}: {'forward' if forward else 'backward'} substitution by "
+        "trsolve", f"{label or short(node)}: {'forward' if forward else 'backward'} substitution by "
         f"{len(edges)} row tiles of {b} (each tile of T read once, by the task of its term "
         "as soon as the row tile it multiplies is solved)", len(work), peak,
         tot.nbytes, flops=n * n * ncols, reads=tot.reads, store_gets=tot.gets, work=work.freeze(),

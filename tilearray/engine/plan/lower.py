@@ -388,7 +388,8 @@ class Planner:
                       tuple(sorted(opts.items())))
         tdeps = [keys[-1], fwd.outputs["last"].keys[0]]
         return self.add(lower_trsolve(back, Read(u_ref, grid, np.dtype(node.dtype)),
-                                      Dep(1, "block"), tdeps, self.budget))
+                                      Dep(1, "block"), tdeps, self.budget,
+                                      label="U x = y (U of the LU factors)"))
 
     def map(self, node: Node, out=None, out_grid=None, skip=frozenset()) -> Stage:
         deps: list = []
