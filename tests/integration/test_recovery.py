@@ -72,6 +72,10 @@ def test_driver_killed_then_resumed(tmp_path):
         assert 0 < c.stats.tasks <= n_blocks - done_before // per_block
         x, y = a.compute(engine=eng), b.compute(engine=eng)
         assert_close(c.compute(engine=eng), x @ y)
+        again = (a @ b).to_zarr(out, resume=True)  # complete: nothing runs
+        assert again.stats.tasks == 0 and again.stats.bytes_read == 0
+        assert again.stats.skipped_units == total
+        assert f"{total} unit(s) already done (resumed)" in str(again.stats)
 
 
 @pytest.mark.timeout(120)

@@ -53,12 +53,9 @@ def _plan_summary(plan) -> str:
 
 
 def _run_summary(stats) -> str:
-    if stats is None:
+    if stats is None or (not stats.tasks and stats.skipped_units):
         return "nothing to run: the output was already complete"
-    s = f"ran {stats}"
-    if stats.skipped_units:
-        s += f", {stats.skipped_units} unit(s) already done (resumed)"
-    return s
+    return f"ran {stats}"
 
 
 def job_summary(what: str, plan, stats) -> str:

@@ -123,7 +123,8 @@ class Ran:
     values: list | None
     """The gathered values of the plan's result (None: nothing ran)."""
     stats: object
-    """:class:`~tilearray.engine.runtime.RunStats` of the run (None: nothing ran)."""
+    """:class:`~tilearray.engine.runtime.RunStats` of the run (no task, every
+    unit skipped: the output was already complete)."""
     state: _State | None
     """The target as the job found it (None without a target)."""
     plan: Plan | None
@@ -131,6 +132,12 @@ class Ran:
     outputs: dict | None = None
     """Values of the plan's other named outputs that are in memory (``"factors"``
     of a TSQR: R, s, Vt computed on the way to Q or U)."""
+
+
+def _nothing_ran(state: _State):
+    """The figures of a resumed job whose output was already complete: no
+    task, every unit skipped (a small result, written whole, is one unit)."""
+    return runtime.RunStats(skipped_units=state.grid.n_units if state.grid is not None else 1)
 
 
 def commit(node, engine, job=None, description: str = "compute") -> Ran:
@@ -156,13 +163,13 @@ def commit(node, engine, job=None, description: str = "compute") -> Ran:
     state = refusing(job.ref, job.inspect, states)
     if state.complete:
         log.info("%s is already complete", job.ref)
-        return Ran(None, None, state, None)
+        return Ran(None, _nothing_ran(state), state, None)
     plan = job_plan(node, engine, job.ref, state)  # refuse before disk
     sarray.acquire_lock(job.ref)  # before anything is created or replaced
     try:
         again = job.inspect(states)  # the truth, now that no other job can change it
         if again.complete:
-            return Ran(None, None, again, None)
+            return Ran(None, _nothing_ran(again), again, None)
         if again.key() != state.key():
             plan = job_plan(node, engine, job.ref, again)
         job.create(again)
@@ -360,8 +367,8 @@ class SmallJob:
 
 def write(x, path, tile, shard, overwrite, resume, engine, name="", dims=None):
     """``x.to_zarr(...)``: run ``x`` into the Zarr array at ``path``/``name``
-    under :func:`commit`; returns ``(Source of the output, RunStats or None
-    when nothing ran)``, or for a reduction's small result ``(its NumPy
+    under :func:`commit`; returns ``(Source of the output, RunStats)`` (no
+    task when the output was already complete), or for a reduction's small result ``(its NumPy
     value, None)`` (``x.stats`` then holds the run's figures)."""
     node = x._node
     ref = ArrayRef.from_location(path, name)
@@ -379,7 +386,7 @@ def write(x, path, tile, shard, overwrite, resume, engine, name="", dims=None):
         job.budget = engine.budget()
     ran = commit(node, engine, job, f"-> {os.path.basename(str(ref))}")
     if small:
-        x.stats = ran.stats if ran.stats is not None else x.stats
+        x.stats = ran.stats
         return small_return(ran.state.existing if ran.state.complete else job.arr), None
     return source(ref), ran.stats
 

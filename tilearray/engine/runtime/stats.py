@@ -57,4 +57,6 @@ class RunStats:
             f"{format_bytes(self.bytes_written)}, peak worker memory "
             f"{format_bytes(self.peak_worker_memory)}, retries: {self.task_retries} task(s), "
             f"{self.read_retries} read(s)"
+            + (f", {self.skipped_units} unit(s) already done (resumed)"
+               if self.skipped_units else "")
         )
