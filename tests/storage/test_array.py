@@ -342,6 +342,28 @@ def test_regular_file_target_refused_also_with_overwrite(tmp_path, how, name):
     assert f.read_text() == "keep me"
 
 
+@pytest.mark.parametrize("how", ["random", "from_numpy", "from_dask"])
+def test_existing_format_2_array_refused_without_overwrite(tmp_path, how):
+    """zarr refuses to create over a format 3 node but writes zarr.json beside
+    a format 2 array's .zarray, after which readers of either format see
+    different arrays: refused as an existing output, replaced with overwrite."""
+    import dask.array as da
+
+    p = tmp_path / "v2.zarr"
+    old = np.arange(16.0).reshape(4, 4)
+    zarr.create_array(str(p), shape=(4, 4), chunks=(2, 2), dtype="f8", zarr_format=2)[...] = old
+    make = {"random": lambda **k: ta.random((3, 3), p, tile=(2, 2), **k),
+            "from_numpy": lambda **k: ta.from_numpy(np.full((3, 3), 7.0), p, tile=(2, 2), **k),
+            "from_dask": lambda **k: ta.from_dask(da.full((3, 3), 7.0, chunks=2), p, **k)}[how]
+    before = sorted(os.listdir(p))
+    with pytest.raises(ta.StorageError, match="already exists.*format 2 array.*overwrite=True"):
+        make()
+    assert sorted(os.listdir(p)) == before
+    np.testing.assert_array_equal(zarr.open_array(str(p), mode="r")[...], old)
+    x = make(overwrite=True)
+    assert x.shape == (3, 3) and not (p / ".zarray").exists()
+
+
 def test_member_inside_an_array_refused(tmp_path):
     p = tmp_path / "bare.zarr"
     ta.from_numpy(np.ones((4, 4)), p, tile=(2, 2))

@@ -347,6 +347,11 @@ def create(
         prepare_member(ref, replacing=bool(overwrite))
     if overwrite:
         overwrite = clear_for_overwrite(ref)
+    else:  # zarr refuses an existing format 3 node itself, but writes beside a format 2 one
+        kind, fmt = node_at(ref.store, ref.path)
+        if fmt == 2:
+            raise StorageError(f"{loc!r} already exists (a Zarr format 2 {kind}); pass "
+                               "overwrite=True to replace it")
     default_dims = ("row", "col")
     if vector:
         shape, tile, shard, default_dims = shape[:1], tile[:1], shard and shard[:1], ("row",)
