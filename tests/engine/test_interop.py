@@ -35,6 +35,30 @@ def test_from_dask_writes_tile_aligned_blocks_without_dask_warnings(tmp_path, rn
     assert_close(np.asarray(s), 2 * x)
 
 
+@pytest.mark.parametrize("how", ["to_dask", "from_zarr", "from_zarr_v2", "inline"])
+def test_from_dask_refuses_to_replace_what_its_graph_reads(tmp_path, rng, how):
+    """ta.from_dask(x, path, overwrite=True) where x reads path: the target
+    was cleared before x was computed, leaving zeros; refused as to_zarr is,
+    nothing touched."""
+    import zarr
+
+    x = rng.standard_normal((6, 8))
+    p = tmp_path / "a.zarr"
+    if how == "from_zarr_v2":
+        zarr.create_array(str(p), shape=x.shape, chunks=(4, 4), dtype="f8",
+                          zarr_format=2)[...] = x
+    else:
+        ta.from_numpy(x, p, tile=(4, 4))
+    d = {"to_dask": lambda: ta.open(p).to_dask(), "from_zarr": lambda: da.from_zarr(str(p)),
+         "from_zarr_v2": lambda: da.from_zarr(str(p)),
+         "inline": lambda: da.from_array(zarr.open_array(str(p)), inline_array=True)}[how]()
+    with pytest.raises(ta.StorageError, match="holds an input of the dask array"):
+        ta.from_dask(d * 2, p, overwrite=True)
+    np.testing.assert_array_equal(zarr.open_array(str(p), mode="r")[...], x)
+    out = ta.from_dask(d * 2, tmp_path / "b.zarr")  # elsewhere: fine
+    assert_close(np.asarray(out), 2 * x)
+
+
 def test_compute_refuses_large_results(tmp_path, rng):
     import dask
 

@@ -24,7 +24,7 @@ from ..storage.ref import check_task_writable
 from . import runtime
 from .array import TiledArray
 from .expr.ops import HANDLED
-from .output import source
+from .output import check_not_an_input, source
 
 
 def open(store=None, name: str = "", *, path: str | None = None,  # noqa: A001
@@ -335,6 +335,10 @@ def from_dask(x, path=None, *, name="", dims=None, overwrite=False, shard=None,
     path = scratch_path("from_dask") if path is None else path
     from ..storage.array import mark_unit_done
 
+    # refused before anything is written: replacing what the graph reads leaves zeros
+    check_not_an_input(ArrayRef.from_location(path, name, storage_options),
+                       _zarr_inputs(x), "the dask array")
+
     with _new_array(path, name, x.shape, x.dtype, tile, shard, overwrite, dims,
                     storage_options) as (ref, z):
         # one dask block per tile (or shard): each write is one whole I/O unit, and
@@ -351,6 +355,42 @@ def from_dask(x, path=None, *, name="", dims=None, overwrite=False, shard=None,
 
 
 __all__ = ["from_dask", "from_numpy", "open", "random"]
+
+
+def _zarr_inputs(x) -> list:
+    """ArrayRefs of the Zarr arrays dask array ``x`` reads (``da.from_zarr``,
+    ``from_array`` of a ``zarr.Array``, ``TiledArray.to_dask()``): held in
+    its graph as values, or inside its tasks' arguments."""
+    import zarr
+
+    found, seen = [], set()
+
+    def ref_of(arr):
+        store = arr.store
+        protocol = getattr(getattr(store, "fs", None), "protocol", ())
+        if {"file", "local"} & set((protocol,) if isinstance(protocol, str) else protocol):
+            # dask's from_zarr(path) opens a local path through fsspec
+            return ArrayRef.from_location(os.path.join(store.path, arr.path or ""))
+        return ArrayRef.from_location(arr)
+
+    def visit(v, depth):
+        if isinstance(v, zarr.Array):
+            if id(v) not in seen:
+                seen.add(id(v))
+                with contextlib.suppress(Exception):  # a store tilearray cannot name
+                    found.append(ref_of(v))
+        elif depth and isinstance(v, tuple | list):
+            for item in v:
+                visit(item, depth - 1)
+        elif depth and hasattr(v, "args"):  # dask's Task: its function's arguments
+            visit(tuple(v.args), depth - 1)
+            visit(tuple(getattr(v, "kwargs", {}).values()), depth - 1)
+        elif depth and hasattr(v, "value"):  # dask's DataNode: an inlined value
+            visit(v.value, depth - 1)
+
+    for value in x.__dask_graph__().values():
+        visit(value, 3)
+    return found
 
 
 def eye(N, M=None, k=0, dtype=float, order="C", *, device=None, like=None) -> TiledArray:

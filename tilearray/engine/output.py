@@ -71,13 +71,24 @@ def check_target(ref: ArrayRef, node) -> None:
     """Refuse, before anything is written, a target that is (or holds, or lies
     inside) one of the expression's inputs -- symbolic links resolved -- a
     symbolic link itself (see also :func:`check_target_kind`)."""
+    check_not_an_input(ref, [leaf.ref for leaf in sources(node)], "the expression")
+    out_file = local_path(ref)
+    if out_file is not None and os.path.islink(out_file):
+        raise StorageError(
+            f"{str(ref)!r} is a symbolic link (to {os.path.realpath(out_file)!r}); tilearray "
+            "does not replace a link: write to its target itself, or remove the link")
+
+
+def check_not_an_input(ref: ArrayRef, inputs, what: str) -> None:
+    """Refuse a target ``ref`` that is, holds or lies inside one of the
+    ``inputs`` (ArrayRefs), symbolic links resolved; ``what`` reads them."""
     out_loc = str(ref).rstrip("/")
     out_file = local_path(ref)
     out_real = os.path.realpath(out_file) if out_file is not None else None
-    for leaf in sources(node):
-        loc = str(leaf.ref).rstrip("/")
+    for in_ref in inputs:
+        loc = str(in_ref).rstrip("/")
         same = loc == out_loc or loc.startswith(out_loc + "/")
-        in_file = local_path(leaf.ref)
+        in_file = local_path(in_ref)
         if not same and out_real is not None and in_file is not None:
             in_real = os.path.realpath(in_file)
             same = in_real == out_real or in_real.startswith(out_real + os.sep) \
@@ -86,13 +97,9 @@ def check_target(ref: ArrayRef, node) -> None:
             via = f" (through symbolic links: {out_real!r})" if out_real and \
                 out_real != os.path.abspath(out_file) else ""
             raise StorageError(
-                f"{str(ref)!r} holds an input of the expression ({loc!r}){via}; write the "
+                f"{str(ref)!r} holds an input of {what} ({loc!r}){via}; write the "
                 "result elsewhere"
             )
-    if out_file is not None and os.path.islink(out_file):
-        raise StorageError(
-            f"{str(ref)!r} is a symbolic link (to {os.path.realpath(out_file)!r}); tilearray "
-            "does not replace a link: write to its target itself, or remove the link")
 
 
 # -- the commit protocol -------------------------------------------------------------------
