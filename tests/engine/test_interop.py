@@ -59,6 +59,29 @@ def test_from_dask_refuses_to_replace_what_its_graph_reads(tmp_path, rng, how):
     assert_close(np.asarray(out), 2 * x)
 
 
+def test_memory_urls_are_refused_where_worker_processes_cannot_see_them(engine, thread_engine,
+                                                                       tmp_path):
+    """fsspec's memory:// is this process's alone: tasks in worker processes
+    found it empty and failed with a bare Exception saying "(deleted?)".
+    Refused before any work, naming it; threads of this process read it."""
+    import uuid
+
+    import zarr
+
+    url = f"memory://{uuid.uuid4().hex}/m.zarr"
+    z = zarr.create_array(url, shape=(4, 4), chunks=(2, 2), dtype="f8", fill_value=1.5)
+    for a in (ta.open(z), ta.open(url)):
+        with pytest.raises(ta.StorageError, match="memory:// filesystem lives in this process"):
+            a.sum().compute(engine=engine)
+        with pytest.raises(ta.StorageError, match="memory://"):
+            (a * 2).to_zarr(tmp_path / "out.zarr", engine=engine)
+        assert not (tmp_path / "out.zarr").exists()
+        assert float(a.sum().compute(engine=thread_engine)) == 24.0
+    x = ta.from_numpy(np.ones((3, 3)), tmp_path / "x.zarr")
+    with pytest.raises(ta.StorageError, match="cannot write.*memory://"):
+        (x * 2).to_zarr(f"memory://{uuid.uuid4().hex}/out.zarr", engine=thread_engine)
+
+
 def test_compute_refuses_large_results(tmp_path, rng):
     import dask
 

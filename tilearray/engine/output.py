@@ -30,7 +30,7 @@ from ..storage.commit import (
     small_return,
     verify_inputs,
 )
-from ..storage.ref import check_task_writable
+from ..storage.ref import check_task_readable, check_task_writable
 from . import runtime
 from .expr.nodes import TSQR, Factor, Source, derive_dims, is_big_vector, sources, structure
 from .plan.lower import fitted_output_grid, lower
@@ -162,6 +162,8 @@ def commit(node, engine, job=None, description: str = "compute") -> Ran:
     inputs verified: a result read from changing inputs is never returned."""
     check_sources(node)  # inputs overwritten since they were opened: refused before anything
     states = input_states(node)
+    for ref, _ in states.values():  # memory:// inputs are empty in worker processes
+        check_task_readable(ref, engine.in_process)
     if job is None:
         plan = job_plan(node, engine, None)
         values, stats, side = _run(plan, states, None, engine, description)

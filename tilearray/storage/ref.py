@@ -188,25 +188,48 @@ def refusal_of_non_directory(location: str, what: str, wanted: str) -> StorageEr
 
 def process_local(store: Store) -> bool:
     """Whether ``store`` (or the store it wraps) keeps its data in this
-    process's memory (a zarr ``MemoryStore``): tasks that run in dask workers
-    get a copy of it, so what they write never reaches this process."""
+    process's memory (a zarr ``MemoryStore``, or fsspec's ``memory://``):
+    tasks that run in dask workers get a copy of it, or an empty one, so
+    what they write never reaches this process."""
     seen = 0
     while store is not None and seen < 8:
-        if isinstance(store, zarr.storage.MemoryStore):
+        if isinstance(store, zarr.storage.MemoryStore) or memory_filesystem(store):
             return True
         store, seen = getattr(store, "_store", None), seen + 1
     return False
 
 
+def memory_filesystem(store: Store) -> bool:
+    """Whether ``store`` is an fsspec store on ``memory://``: a filesystem of
+    this process alone (another process, a dask worker, finds it empty)."""
+    fs = getattr(store, "fs", None)
+    fs = getattr(fs, "sync_fs", fs)  # zarr wraps synchronous filesystems
+    protocol = getattr(fs, "protocol", ())
+    return "memory" in ((protocol,) if isinstance(protocol, str) else tuple(protocol))
+
+
 def check_task_writable(ref: ArrayRef) -> None:
     """Refuse, before any work, an output that tasks on a dask cluster cannot
-    write: one in a process-local ``MemoryStore``."""
+    write: one in a process-local ``MemoryStore`` or ``memory://``."""
     if process_local(ref.store):
         raise StorageError(
-            f"cannot write {str(ref)!r}: a zarr MemoryStore lives in this process only, and "
-            "the tasks that write the output run in dask workers, each on its own copy (the "
-            "result would be lost); write to a path, a file:// URL or another shared store "
-            "(keep in-memory data with ta.from_numpy, which writes from this process)")
+            f"cannot write {str(ref)!r}: a zarr MemoryStore (or memory:// URL) lives in this "
+            "process only, and the tasks that write the output run in dask workers, each on "
+            "its own copy (the result would be lost); write to a path, a file:// URL or "
+            "another shared store (keep in-memory data with ta.from_numpy, which writes "
+            "from this process)")
+
+
+def check_task_readable(ref: ArrayRef, in_process: bool) -> None:
+    """Refuse, before any work, an input on ``memory://`` when the tasks run
+    in other processes (``in_process`` False), where that filesystem is
+    empty; a zarr ``MemoryStore`` goes to the workers with the tasks."""
+    if not in_process and memory_filesystem(ref.store):
+        raise StorageError(
+            f"cannot read {str(ref)!r}: a memory:// filesystem lives in this process only, "
+            "and the tasks that read it run in dask worker processes, where it is empty; "
+            "store it at a path or file:// URL, or run the engine's workers as threads of "
+            "this process (ta.Engine(processes=False))")
 
 
 def describe(store: Store, path: str = "") -> str:
@@ -218,7 +241,9 @@ def describe(store: Store, path: str = "") -> str:
     fs = getattr(store, "fs", None)
     if root is None and fs is not None and isinstance(getattr(store, "path", None), str):
         protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-        base = f"{protocol}://{store.path.lstrip('/')}"
+        # a local path keeps its leading slash (file:///tmp/x, not file://tmp/x)
+        base = f"{protocol}://" + (store.path if protocol in ("file", "local") else
+                                   store.path.lstrip("/"))
     else:
         base = str(root) if root is not None else repr(store)
     return f"{base}/{path}" if path else base

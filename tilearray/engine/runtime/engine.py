@@ -135,6 +135,13 @@ class Engine:
         if dashboard and getattr(client, "dashboard_link", None):
             log.info("dask dashboard: %s", client.dashboard_link)
 
+    @property
+    def in_process(self) -> bool:
+        """Whether the workers are threads of this process (a LocalCluster
+        started with ``processes=False``); False for any cluster given as
+        ``client=``, whose workers may be anywhere."""
+        return self.cluster is not None and not getattr(self.cluster, "processes", True)
+
     # -- budget -----------------------------------------------------------------
     def budget(self) -> Budget:
         """The planning budget, read from the cluster's workers.
