@@ -82,6 +82,27 @@ def test_damaged_metadata_names_the_array(tmp_path, rng, cut, name):
     assert where in str(e.value)
 
 
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_codec_not_installed_is_named_as_such_not_as_damage(tmp_path, fmt):
+    """Arrays from other tools name codecs this machine may lack (zfpy,
+    blosc2, imagecodecs): said so, not "the file is damaged"."""
+    import json
+
+    p = tmp_path / "z.zarr"
+    zarr.create_array(str(p), shape=(4, 4), chunks=(2, 2), dtype="f8", zarr_format=fmt)
+    meta = p / (".zarray" if fmt == 2 else "zarr.json")
+    m = json.loads(meta.read_text())
+    if fmt == 2:
+        m["compressor"] = {"id": "no-such-codec"}
+    else:
+        m["codecs"].append({"name": "no-such-codec", "configuration": {}})
+    meta.write_text(json.dumps(m))
+    with pytest.raises(ta.StorageError, match="codec that is not installed here") as e:
+        ta.open(p)
+    assert str(p) in str(e.value) and "no-such-codec" in str(e.value)
+    assert "damaged" not in str(e.value)
+
+
 def test_open_not_1d_or_2d_names_shape(tmp_path):
     zarr.create_array(tmp_path / "v.zarr", shape=(10, 2, 3), chunks=(5, 2, 3), dtype="f8")
     with pytest.raises(ta.StorageError, match=r"\(10, 2, 3\).*1-D or 2-D"):

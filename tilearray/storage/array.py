@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import numcodecs.errors
 import numpy as np
 import zarr
 from zarr.abc.store import Store
@@ -126,6 +127,11 @@ def open_array(
         raise StorageError(f"no Zarr array at {loc!r}: {e}") from None
     except (ContainsGroupError, NodeTypeValidationError) as e:
         raise StorageError(_group_message(ref)) from e
+    except (numcodecs.errors.UnknownCodecError, zarr.errors.UnknownCodecError) as e:
+        raise StorageError(
+            f"cannot open {loc!r}: its metadata names a codec that is not installed here "
+            f"({e}); install the package that provides it (zfpy, imagecodecs, ...) where "
+            "the driver and the dask workers run") from e
     except (ValueError, TypeError) as e:  # e.g. json's "Expecting value": no path named
         raise StorageError(
             f"cannot read the metadata of {loc!r} (zarr.json / .zarray): {type(e).__name__}: "
