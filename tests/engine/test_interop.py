@@ -82,6 +82,28 @@ def test_memory_urls_are_refused_where_worker_processes_cannot_see_them(engine, 
         (x * 2).to_zarr(f"memory://{uuid.uuid4().hex}/out.zarr", engine=thread_engine)
 
 
+def test_from_dask_of_a_vector_and_an_unwritable_scratch_directory(thread_engine, tmp_path, rng):
+    """1-D dask arrays are stored as from_numpy stores 1-D arrays (to_dask()
+    of a vector came back refused), ragged shards too; a scratch directory
+    that cannot be made is a StorageError naming the config key."""
+    import dask
+
+    v = rng.standard_normal(1000)
+    a = ta.from_dask(da.from_array(v, chunks=300), tmp_path / "v.zarr")
+    assert a.shape == (1000,) and a.grid.tile[:1] == (300,)
+    np.testing.assert_array_equal(a.compute(), v)
+    s = ta.from_dask(da.from_array(v, chunks=100), tmp_path / "s.zarr", shard=300)
+    assert s.grid.unit[:1] == (300,)
+    np.testing.assert_array_equal(np.asarray(ta.from_dask(s.to_dask() * 2)), 2 * v)
+    with pytest.raises(ta.StorageError, match="1-D or 2-D"):
+        ta.from_dask(da.zeros((2, 2, 2)), tmp_path / "c.zarr")
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    with dask.config.set({"tilearray.temporary-directory": str(blocked / "sub")}), \
+            pytest.raises(ta.StorageError, match="tilearray.temporary-directory"):
+        ta.from_numpy(v)
+
+
 def test_compute_refuses_large_results(tmp_path, rng):
     import dask
 

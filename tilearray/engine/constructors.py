@@ -104,7 +104,14 @@ def scratch_path(kind: str) -> str:
     (``ta.from_numpy(x)``): under ``tilearray.temporary-directory`` (default:
     the system's temporary directory), removed when this process exits."""
     base = _config.get("temporary-directory") or tempfile.gettempdir()
-    d = tempfile.mkdtemp(prefix=f"tilearray-{kind}-", dir=base)
+    try:
+        d = tempfile.mkdtemp(prefix=f"tilearray-{kind}-", dir=base)
+    except OSError as e:
+        raise StorageError(
+            f"{kind}: cannot make a directory for an array written without a path in {base!r} "
+            f"(tilearray.temporary-directory, default the system's temporary directory): "
+            f"{type(e).__name__}: {e}; pass a path, or set that key to a writable directory"
+        ) from None
     if not _scratch:
         atexit.register(_remove_scratch)
     _scratch.append(d)
@@ -290,12 +297,12 @@ random.__doc__ = f"""Write a reproducible random matrix (standard normal for flo
 
 def from_dask(x, path=None, *, name="", dims=None, overwrite=False, shard=None,
               storage_options=None) -> TiledArray:
-    """Store a 2-D dask array as Zarr v3 (its largest chunk becomes the tile).
+    """Store a 1-D or 2-D dask array as Zarr v3 (its largest chunk becomes the tile).
 
     Parameters
     ----------
     x : dask.array.Array
-        2-D, bool / integer / float.
+        1-D or 2-D, bool / integer / float.
     path : str, os.PathLike or zarr Store, optional
         The array, or (with ``name``) the group that holds it. Without one,
         a fresh local directory under ``tilearray.temporary-directory``,
@@ -303,7 +310,7 @@ def from_dask(x, path=None, *, name="", dims=None, overwrite=False, shard=None,
         machines, give a path they can all read).
     name, dims, overwrite, storage_options
         As for :func:`from_numpy`.
-    shard : tuple of int, optional
+    shard : int or tuple of int, optional
         I/O unit, a multiple of the chunks.
 
     Returns
@@ -315,7 +322,7 @@ def from_dask(x, path=None, *, name="", dims=None, overwrite=False, shard=None,
     TypeError
         ``x`` is not a dask array (a NumPy array: use :func:`from_numpy`).
     StorageError
-        Not 2-D, unknown (NaN) chunk sizes, unsupported dtype, or something
+        Not 1-D or 2-D, unknown (NaN) chunk sizes, unsupported dtype, or something
         is already at the target; nothing is created.
     """
     import dask.array as da
@@ -324,8 +331,9 @@ def from_dask(x, path=None, *, name="", dims=None, overwrite=False, shard=None,
         hint = ("; for a NumPy array use ta.from_numpy(x, path), or wrap it with "
                 "dask.array.from_array(x)") if isinstance(x, np.ndarray) else ""
         raise TypeError(f"from_dask needs a dask array, got {type(x).__name__}{hint}")
-    if x.ndim != 2:
-        raise StorageArgumentError(f"from_dask needs a 2-D dask array, got shape {x.shape}")
+    if x.ndim not in (1, 2):
+        raise StorageArgumentError(
+            f"from_dask needs a 1-D or 2-D dask array, got shape {x.shape}")
     if any(math.isnan(c) for cs in x.chunks for c in cs):
         raise StorageArgumentError(
             f"from_dask: the dask array has unknown (NaN) chunk sizes {x.chunks} (e.g. after "
@@ -345,8 +353,8 @@ def from_dask(x, path=None, *, name="", dims=None, overwrite=False, shard=None,
         # no rechunk to dask's "auto" chunks (array.chunk-size, 128 MiB) that
         # dask.array.to_zarr would do, with a PerformanceWarning when they do not
         # divide the tile
-        da.store(x.rechunk(shard or tile), z, lock=False)
-        grid = grid_of(z)
+        grid = grid_of(z)  # a vector's is the column (n, 1)
+        da.store(x.rechunk(grid.unit[: x.ndim]), z, lock=False)
         for i in range(grid.unit_grid[0]):
             for j in range(grid.unit_grid[1]):
                 mark_unit_done(ref, i, j)
