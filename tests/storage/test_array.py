@@ -513,6 +513,15 @@ def test_open_group_without_member_says_group(tmp_path, zarr_format):
     nested.create_group("sub").create_array("Z", shape=(4, 3), chunks=(2, 2), dtype="f8")
     with pytest.raises(ta.StorageError, match=r"its arrays: sub/Z\)"):  # not "holds none"
         ta.open(tmp_path / "n.zarr")
+    import warnings
+
+    with warnings.catch_warnings():  # zarr warns that consolidated metadata is not in v3
+        warnings.simplefilter("ignore")
+        zarr.consolidate_metadata(str(tmp_path / "g.zarr"))
+    zarr.open_group(tmp_path / "g.zarr", mode="a", use_consolidated=False).create_array(
+        "W", shape=(2, 2), dtype="f8")  # after consolidating: the listing is stale
+    with pytest.raises(ta.StorageError, match=r"its arrays: W, X\)"):
+        ta.open(tmp_path / "g.zarr")
 
 
 def test_tile_larger_than_the_array_is_clipped_to_it(tmp_path):

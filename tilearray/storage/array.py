@@ -155,7 +155,9 @@ def _is_group(ref: ArrayRef) -> bool:
 def _group_message(ref: ArrayRef) -> str:
     """Why a group does not open as a matrix, with the members that would."""
     try:
-        group = zarr.open_group(ref.store, path=ref.path or None, mode="r")
+        # the members as stored, not a consolidated listing that may be stale
+        group = zarr.open_group(ref.store, path=ref.path or None, mode="r",
+                                use_consolidated=False)
         names = sorted(group.array_keys())
         if not names:  # arrays in subgroups ("sub/X"): their paths
             names = sorted(p for p, a in group.members(max_depth=None)
