@@ -16,6 +16,7 @@ from dask.base import tokenize
 from .engine.array import TiledArray
 from .engine.expr.nodes import TSQR, Constant, Elemwise, Factor
 from .engine.expr.ops import HANDLED, build_reduction, elemwise
+from .engine.expr.selection import held
 from .engine.plan.lower import result_stage
 from .engine.plan.types import Stage
 from .errors import PlanningArgumentTypeError, PlanningError
@@ -29,14 +30,14 @@ SVDResult = type(np.linalg.svd(np.eye(1)))
 # -- TSQR: QR, SVD, least squares of tall-skinny matrices -------------------------------------
 
 
-def _tall(x, what: str) -> TiledArray:
+def _tall(x, what: str, empty: bool = False) -> TiledArray:
     if not isinstance(x, TiledArray):
         raise TypeError(f"{what}: expected a TiledArray, got {type(x).__name__} (NumPy arrays: "
                         f"use numpy.linalg, or store it with ta.from_numpy first)")
     if x.ndim != 2:  # NumPy's LinAlgError (a ValueError)
         raise np.linalg.LinAlgError(f"{what}: {x.ndim}-dimensional array given (shape "
                                     f"{x.shape}). Array must be two-dimensional")
-    if x.size == 0:
+    if x.size == 0 and not empty:
         raise ValueError(f"{what}: the array of shape {x.shape} is empty")
     try:
         result_dtype(x.dtype)
@@ -90,9 +91,12 @@ def qr(x: TiledArray, mode: str = "reduced"):
     PlanningError
         X has too many columns for a task to combine its R factors.
     """
-    x = _tall(x, "qr")
+    x = _tall(x, "qr", empty=True)
     if mode not in ("reduced", "r"):
         raise ValueError(f"qr: mode={mode!r} is not supported (use 'reduced' or 'r')")
+    if x.size == 0:  # NumPy's empty factors
+        got = np.linalg.qr(np.empty(x.shape, result_dtype(x.dtype)), mode=mode)
+        return held(x, got) if mode == "r" else QRResult(*(held(x, v) for v in got))
     if mode == "r":
         return _part(x, "R")
     return QRResult(_part(x, "Q"), _part(x, "R"))
@@ -133,10 +137,14 @@ def svd(x: TiledArray, full_matrices: bool = False, compute_uv: bool = True,
         return SVDResult(u, s, vt) if compute_uv else s
     if randomized:
         raise TypeError(f"svd: {sorted(randomized)} apply with k= (the randomized SVD)")
-    x = _tall(x, "svd")
+    x = _tall(x, "svd", empty=True)
     if full_matrices:
         raise ValueError("svd: full_matrices=True would build an m x m U; tilearray computes "
                          "the thin SVD (full_matrices=False)")
+    if x.size == 0:  # NumPy's empty factors
+        got = np.linalg.svd(np.empty(x.shape, result_dtype(x.dtype)), full_matrices=False,
+                            compute_uv=compute_uv)
+        return SVDResult(*(held(x, v) for v in got)) if compute_uv else held(x, got)
     if not compute_uv:
         return _part(x, "s")
     return SVDResult(_part(x, "U"), _part(x, "s"), _part(x, "Vt"))
@@ -260,6 +268,11 @@ def lstsq(x: TiledArray, y, rcond=None):
     s : numpy.ndarray
         Singular values of X.
     """
+    if _tall(x, "lstsq", empty=True).size == 0:  # NumPy's minimum-norm answer: zeros
+        y = _computed_if_blocked(y)
+        y = np.asarray(y.compute() if isinstance(y, TiledArray) else y)
+        return np.linalg.lstsq(np.empty(x.shape, result_dtype(np.result_type(x.dtype, y.dtype))),
+                               y, rcond=rcond)
     return lstsq_plan(x, y, rcond).compute()
 
 
@@ -295,11 +308,19 @@ def lstsq_plan(x: TiledArray, y, rcond=None) -> TiledArray:
 # -- square matrices: tiled Cholesky, solves, determinants, eigh ------------------------------
 
 
-def _square(a, what: str) -> TiledArray:
-    a = _tall(a, what)
+def _square(a, what: str, empty: bool = False) -> TiledArray:
+    """``a``, checked square (NumPy's LinAlgError); a 0 x 0 one only where
+    ``empty`` (the caller gives NumPy's answer for it)."""
+    a = _tall(a, what, empty=True)
     if a.shape[0] != a.shape[1]:
         raise np.linalg.LinAlgError(f"{what}: expected a square matrix, got shape {a.shape}")
-    return a
+    return _tall(a, what, empty)
+
+
+def _numpy_of_empty(fn, a: TiledArray, *args, **kwargs):
+    """NumPy's ``fn`` of the 0 x 0 matrix ``a`` (in its result dtype): an
+    empty factor, a determinant of 1, no eigenvalues."""
+    return fn(np.empty((0, 0), result_dtype(a.dtype)), *args, **kwargs)
 
 
 def cholesky(a: TiledArray, upper: bool = False) -> TiledArray:
@@ -338,7 +359,9 @@ def cholesky(a: TiledArray, upper: bool = False) -> TiledArray:
         When run: a pivot is not positive; names the diagonal tile and the
         column. The output is left incomplete.
     """
-    a = _square(a, "cholesky")
+    a = _square(a, "cholesky", empty=True)
+    if a.size == 0:
+        return held(a, _numpy_of_empty(np.linalg.cholesky, a))
     low = TiledArray(Factor(tuple(a.shape), result_dtype(a.dtype), a._node, "L"))
     return low.T if upper else low
 
@@ -377,7 +400,7 @@ def _rhs(b, n: int, what: str):
     if arr.dtype.kind not in "biuf":
         raise TypeError(f"{what}: b of dtype {arr.dtype} is not supported")
     vector = arr.ndim == 1
-    arr = np.array(arr.reshape(n, -1), copy=True)
+    arr = np.array(arr.reshape(n, 1 if vector else arr.shape[1]), copy=True)
     return Constant(tuple(arr.shape), arr.dtype, arr, tokenize(arr)), vector
 
 
@@ -559,6 +582,10 @@ def solve(a: TiledArray, b, assume_a: str = "gen"):
         ``assume_a="pos"`` and A is not positive definite (names the tile and column).
     """
     assume_a = _assume(assume_a, "solve")
+    if _square(a, "solve", empty=True).size == 0:
+        ynode, vector = _rhs(b, 0, "solve")
+        rhs = np.empty(((0,) if vector else (0, ynode.shape[1])), ynode.dtype)
+        return _numpy_of_empty(np.linalg.solve, a, rhs)
     if assume_a == "pos":
         x = _solve_spd_mixed(a, b)
         if x is not None:
@@ -678,8 +705,11 @@ def solve_triangular(a: TiledArray, b, lower: bool = False, trans=0,
     tiles (each task reads its row of tiles of ``a`` once, only on ``a``'s
     triangle), any size of ``a``; ``b`` ``(n,)`` or ``(n, k)``, the result in
     memory. Runs now."""
-    a = _square(a, "solve_triangular")
+    a = _square(a, "solve_triangular", empty=True)
     ynode, vector = _rhs(b, a.shape[0], "solve_triangular")
+    if a.size == 0:
+        return np.empty((0,) if vector else (0, ynode.shape[1]),
+                        result_dtype(np.result_type(a.dtype, ynode.dtype)))
     t = {0: False, "N": False, 1: True, "T": True, 2: True, "C": True}.get(trans)
     if t is None:
         raise ValueError(f"solve_triangular: trans={trans!r} is not 0/'N', 1/'T' or 2/'C'")
@@ -695,8 +725,10 @@ def inv(a: TiledArray, assume_a: str = "gen") -> np.ndarray:
     size whose inverse fits."""
     from . import _config
 
-    a = _square(a, "inv")
+    a = _square(a, "inv", empty=True)
     assume_a = _assume(assume_a, "inv")
+    if a.size == 0:
+        return _numpy_of_empty(np.linalg.inv, a)
     n = a.shape[0]
     nbytes = n * n * result_dtype(a.dtype).itemsize
     if nbytes > _config.get_bytes("compute.max-result-size"):
@@ -741,10 +773,12 @@ def slogdet(a: TiledArray, assume_a: str = "gen"):
     size; sign 1). Default: LU with partial pivoting, of the whole matrix in
     one task when it fits, else by column panels out of core (as
     :func:`solve`): the pivots' parity and U's diagonal. Runs now."""
-    a = _square(a, "slogdet")
-    if _assume(assume_a, "slogdet") == "pos":
+    a = _square(a, "slogdet", empty=True)
+    if _assume(assume_a, "slogdet") == "pos" and a.size:
         low = Factor(tuple(a.shape), result_dtype(a.dtype), a._node, "L")
         return TiledArray(Factor((), low.dtype, low, "logdiag")).compute()
+    if a.size == 0:  # NumPy: sign 1, log 0 (the determinant of 0 x 0 is 1)
+        return _numpy_of_empty(np.linalg.slogdet, a)
     return _incore(a, "slogdet", ()).compute()
 
 
@@ -759,14 +793,18 @@ def eigh(a: TiledArray, UPLO: str = "L"):
     covariance, a Gram), like :func:`numpy.linalg.eigh`: the matrix is read
     whole into one task; a larger one is refused with a PlanningError
     naming the sizes. Runs now."""
-    a = _square(a, "eigh")
+    a = _square(a, "eigh", empty=True)
+    if a.size == 0:
+        return _numpy_of_empty(np.linalg.eigh, a, UPLO=UPLO)
     return _incore(a, "eigh", (), UPLO=UPLO).compute()
 
 
 def eigvalsh(a: TiledArray, UPLO: str = "L"):
     """Eigenvalues of a symmetric matrix one task can hold, like
     :func:`numpy.linalg.eigvalsh` (see :func:`eigh`)."""
-    a = _square(a, "eigvalsh")
+    a = _square(a, "eigvalsh", empty=True)
+    if a.size == 0:
+        return _numpy_of_empty(np.linalg.eigvalsh, a, UPLO=UPLO)
     return _incore(a, "eigvalsh", (a.shape[0],), UPLO=UPLO).compute()
 
 
@@ -776,14 +814,18 @@ def eig(a: TiledArray):
     the matrix is read whole into one task; a larger one is refused with a
     PlanningError naming the sizes. For a symmetric matrix :func:`eigh` is
     faster and real. Runs now."""
-    a = _square(a, "eig")
+    a = _square(a, "eig", empty=True)
+    if a.size == 0:
+        return _numpy_of_empty(np.linalg.eig, a)
     return _incore(a, "eig", ()).compute()
 
 
 def eigvals(a: TiledArray):
     """Eigenvalues of a general square matrix one task can hold, like
     :func:`numpy.linalg.eigvals` (see :func:`eig`). Runs now."""
-    a = _square(a, "eigvals")
+    a = _square(a, "eigvals", empty=True)
+    if a.size == 0:
+        return _numpy_of_empty(np.linalg.eigvals, a)
     return _incore(a, "eigvals", (a.shape[0],)).compute()
 
 
@@ -841,6 +883,9 @@ def norm(x: TiledArray, ord=None, axis=None, keepdims=False) -> TiledArray:
             sums = build_reduction("sum", a, row if ord in (1, -1) else col, True, 0)
             return build_reduction("max" if ord > 0 else "min", sums, None, keepdims, 0)
         if ord in (2, -2, "nuc"):  # from the singular values (TSQR of the tall side)
+            if x.size == 0 and ord != -2:  # NumPy: 0 (-2: the min of none, refused)
+                zero = np.zeros((1, 1) if keepdims else (), result_dtype(x.dtype))
+                return held(x, zero)
             s = svd(_tall_side(x), compute_uv=False)
             s = build_reduction({2: "max", -2: "min", "nuc": "sum"}[ord], s, None, False, 0)
             if keepdims:
@@ -877,7 +922,7 @@ def _tall_side(x: TiledArray) -> TiledArray:
 def _singular_values(x: TiledArray, what: str) -> np.ndarray:
     """All singular values of a 2-D ``x``, descending: TSQR of its tall side
     (one read; the short side must fit a task, see :func:`svd`)."""
-    return np.asarray(svd(_tall_side(_tall(x, what)), compute_uv=False).compute())
+    return np.asarray(svd(_tall_side(_tall(x, what, empty=True)), compute_uv=False).compute())
 
 
 def matrix_rank(a: TiledArray, tol=None, hermitian: bool = False, *, rtol=None) -> int:
@@ -915,7 +960,9 @@ def pinv(a: TiledArray, rcond=None, hermitian: bool = False, *, rtol=_NO_RTOL) -
     and ``Vt`` come from one read of X, now; the result is lazy, ``n x m``
     for an ``m x n`` X: ``(U @ (diag(1/s) Vt)).T``, whose storing or use
     reads X again (U applied down the TSQR tree)."""
-    x = _tall(a, "pinv")
+    x = _tall(a, "pinv", empty=True)
+    if x.size == 0:  # NumPy's empty n x m (of x's own dtype, as NumPy)
+        return held(x, np.linalg.pinv(np.empty(x.shape, x.dtype)))
     if rcond is None:
         rcond = 1e-15 if rtol is _NO_RTOL else (
             max(x.shape) * np.finfo(result_dtype(x.dtype)).eps if rtol is None else rtol)

@@ -635,3 +635,52 @@ def test_assume_a_spellings_and_bad_right_hand_sides(eng, tmp_path, rng):
         ta.linalg.solve(a, "abc")
     with pytest.raises(TypeError, match="b must be a numeric array"):
         ta.linalg.solve(a, {1: 2})
+
+
+EMPTY_CASES = {
+    "cholesky": lambda L, A: L.cholesky(A), "inv": lambda L, A: L.inv(A),
+    "det": lambda L, A: L.det(A), "slogdet": lambda L, A: tuple(L.slogdet(A)),
+    "eigh": lambda L, A: tuple(L.eigh(A)), "eigvalsh": lambda L, A: L.eigvalsh(A),
+    "eigvals": lambda L, A: L.eigvals(A),
+    "solve": lambda L, A: L.solve(A, np.ones((A.shape[0], 2))),
+    "solve_vector": lambda L, A: L.solve(A, np.ones(A.shape[0])),
+    "qr": lambda L, A: tuple(L.qr(A)), "qr_r": lambda L, A: L.qr(A, mode="r"),
+    "svd": lambda L, A: tuple(L.svd(A, full_matrices=False)),
+    "svdvals": lambda L, A: L.svd(A, compute_uv=False),
+    "lstsq": lambda L, A: L.lstsq(A, np.ones(A.shape[0]))[0],
+    "matrix_rank": lambda L, A: L.matrix_rank(A), "pinv": lambda L, A: L.pinv(A),
+    "norm2": lambda L, A: L.norm(A, 2), "nuc": lambda L, A: L.norm(A, "nuc"),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "int32"])
+@pytest.mark.parametrize("shape", [(0, 0), (0, 3), (3, 0)])
+def test_empty_matrices_as_numpy(eng, tmp_path, shape, dtype):
+    """Empty inputs give NumPy's answers (an empty factor, det 1, rank 0,
+    zero norms, minimum-norm zeros) in NumPy's shapes and dtypes; NumPy's
+    refusals (a non-square empty matrix to a square function) are
+    LinAlgErrors here too. They had all been refused as empty."""
+    import warnings
+
+    def value(v):
+        if isinstance(v, tuple):
+            return tuple(value(u) for u in v)
+        return np.asarray(v.compute() if hasattr(v, "compute") else v)
+
+    x = np.empty(shape, dtype)
+    a = ta.from_numpy(x, tmp_path / "e.zarr")
+    for name, f in EMPTY_CASES.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                want = value(f(np.linalg, x))
+            except np.linalg.LinAlgError:
+                with pytest.raises(np.linalg.LinAlgError, match="square"):
+                    value(f(ta.linalg, a))
+                continue
+            got = value(f(ta.linalg, a))
+        want, got = (want, got) if isinstance(want, tuple) else ((want,), (got,))
+        assert len(got) == len(want), name
+        for g, w in zip(got, want, strict=True):
+            assert g.shape == w.shape and g.dtype == w.dtype, (name, g.shape, w.shape, g.dtype)
+            np.testing.assert_array_equal(g, w, err_msg=name)
