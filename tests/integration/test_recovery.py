@@ -1,5 +1,6 @@
 """Recovery: worker loss, driver killed then resumed, changed inputs refused."""
 
+import contextlib
 import os
 import re
 import signal
@@ -253,3 +254,51 @@ def test_worker_killed_mid_cholesky(tmp_path):
         assert victim not in eng.client.run(os.getpid).values()  # a new worker process
     assert killed_mid_job
     assert_close(got, np.linalg.cholesky(x))
+
+
+@pytest.mark.timeout(180)
+def test_scheduler_lost_mid_job_is_a_clear_cluster_error(tmp_path):
+    """A scheduler process killed mid-job (an external cluster, or the
+    scheduler rank under MPI): the job fails with a ClusterError saying the
+    connection to the scheduler was lost (it was a bare 'Future cancelled',
+    or 'the cluster has no workers' when planning), the output incomplete."""
+    import socket
+
+    from distributed import Client
+
+    a, b = _inputs(tmp_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dask_cli = os.path.join(os.path.dirname(sys.executable), "dask")
+    address = f"tcp://127.0.0.1:{port}"
+    procs = [subprocess.Popen([dask_cli, "scheduler", "--host", "127.0.0.1", "--port",
+                               str(port), "--no-dashboard"], stderr=subprocess.DEVNULL)]
+    try:
+        procs.append(subprocess.Popen([dask_cli, "worker", address, "--nthreads", "1",
+                                       "--memory-limit", "600MiB", "--no-dashboard"],
+                                      stderr=subprocess.DEVNULL))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # the scheduler listening: then a short timeout,
+            with socket.socket() as s, contextlib.suppress(OSError):  # the client's reconnect
+                s.connect(("127.0.0.1", port))
+                break
+            time.sleep(0.2)
+        client = Client(address, timeout=8)
+        client.wait_for_workers(1, timeout=60)
+        out = str(tmp_path / "c.zarr")
+        with ta.Engine(client=client, quiet=True):
+            started = threading.Event()
+            threading.Thread(target=lambda: started.wait(60) and (time.sleep(1), procs[0].kill()),
+                             daemon=True).start()
+            with pytest.raises(ta.ClusterError, match="lost the connection to the scheduler"):
+                while True:
+                    started.set()
+                    (a @ b).to_zarr(out, tile=(TILE, TILE), overwrite=True)
+        with pytest.raises(ta.StorageError):
+            ta.open(out)  # never marked complete
+        client.close(timeout=5)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(timeout=30)

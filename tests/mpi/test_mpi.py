@@ -270,6 +270,8 @@ def test_launcher_status_when_a_process_is_killed(small, target, finishes):
         assert "client rank done" not in out
         if target == "client":  # seen by its pid, not after the 30 s without a client
             assert "the client rank died without shutting down the cluster" in err, err
+        else:  # the client's error says what happened (it said "no workers")
+            assert "lost the connection to the scheduler" in err, err
         if (d / "c.zarr").exists():
             with pytest.raises(ta.StorageError, match="incomplete"):
                 ta.open(d / "c.zarr")

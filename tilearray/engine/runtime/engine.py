@@ -119,6 +119,7 @@ class Engine:
         else:
             self.blas_threads = None
         self.client = client
+        self._address = getattr(client.scheduler, "address", None)  # gone once closed
         self._closed = False
         try:
             from . import metrics
@@ -155,6 +156,8 @@ class Engine:
             mem, threads, n = self._spec
             if len(workers) <= n:
                 return Budget.from_config(mem, n, threads)
+        if not workers and self.client.status != "running":  # reconnecting failed
+            raise self._lost_scheduler()
         if not workers:
             raise ClusterError(
                 f"the cluster at {self.client.scheduler.address} has no workers; start some "
@@ -220,16 +223,31 @@ class Engine:
         On failure every pending task is cancelled and the first error raised.
         ``plan`` and the unit counts are reported to the scheduler's metrics.
         """
+        from concurrent.futures import CancelledError as FutureCancelled
+
+        from distributed.client import ClosedClientError
+
         quiet = self.quiet if quiet is None else quiet
         watch: dict = {}  # since when the embedded cluster has had no worker
-        values, stats = gather(self.client, graph, keys, description=description, quiet=quiet,
-                               plan=plan, units_total=units_total, units_skipped=units_skipped,
-                               stat_keys=stat_keys,
-                               alive=None if not self._owns or self._adaptive else
-                               lambda: check_alive(self.cluster, description, watch,
-                                                   self._spec[0]))
+        try:
+            values, stats = gather(
+                self.client, graph, keys, description=description, quiet=quiet, plan=plan,
+                units_total=units_total, units_skipped=units_skipped, stat_keys=stat_keys,
+                alive=None if not self._owns or self._adaptive else
+                lambda: check_alive(self.cluster, description, watch, self._spec[0]))
+        except (ClosedClientError, FutureCancelled) as e:
+            if isinstance(e, ClosedClientError) or self.client.status != "running":
+                # the scheduler is gone: futures cancelled, the client closed
+                raise self._lost_scheduler() from e
+            raise
         self.last_run = stats
         return values, stats
+
+    def _lost_scheduler(self) -> ClusterError:
+        return ClusterError(
+            f"lost the connection to the scheduler at {self._address} (client "
+            f"{self.client.status}): the scheduler process exited or died (under MPI: the "
+            "scheduler rank, 0); rerun the job (resume=True keeps finished output blocks)")
 
     @property
     def metrics_url(self) -> str | None:
