@@ -92,9 +92,10 @@ def gather(client, graph: dict, keys: list, *, description: str, quiet: bool, pl
                     values[i] = value
                 del pending[fut.key]
                 bar.finished(fut.key)
-                if fut.key not in keep and value[0] is not None:
-                    # a data-carrying result (a compute() block): free it on the
-                    # worker now; stats-only results stay until retries are counted
+                if fut.key not in keep:
+                    # free the result on its worker now (a compute() block, or a
+                    # written block's stats): a worker lost later then takes no
+                    # finished task with it, so only its running tasks rerun
                     fut.release()
             bar.refresh()
         ok = True

@@ -28,7 +28,8 @@ class RunStats:
     tasks: int = 0
     """Tasks that did work (reads, BLAS or writes)."""
     task_retries: int = 0
-    """Tasks rerun because the worker running them died."""
+    """Tasks started again because the worker they were assigned to died
+    (running, or queued on it); finished tasks are not rerun."""
     wall_seconds: float = 0.0
     """Wall-clock time of the run, in seconds, as seen by the client."""
     peak_worker_memory: int = 0
