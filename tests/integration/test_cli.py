@@ -133,6 +133,21 @@ def test_info_reports_incomplete_output(tmp_path):
     assert "complete:    NO: 0 of 4 I/O units written" in p.stdout and "--resume" in p.stdout
     info = json.loads(ok(cli("info", "--json", "half.zarr", cwd=tmp_path)).stdout)
     assert info["complete"] is False and info["units_done"] == 0
+    assert info["being_written_by"] is None
+    # a live job holds its lock: said so (with the pid), not "rerun with --resume"
+    import socket
+
+    import psutil
+
+    me = psutil.Process(os.getpid())
+    lock = {"host": socket.gethostname(), "pid": me.pid, "started": me.create_time(),
+            "taken": "2026-01-01T00:00:00.000+00:00", "token": "other-job", "what": "output"}
+    (tmp_path / "half.zarr.tilearray.lock").write_text(json.dumps(lock))
+    p = ok(cli("info", "half.zarr", cwd=tmp_path))
+    assert f"NO: being written right now by pid {me.pid}" in p.stdout, p.stdout
+    assert "--resume" not in p.stdout
+    info = json.loads(ok(cli("info", "--json", "half.zarr", cwd=tmp_path)).stdout)
+    assert f"pid {me.pid}" in info["being_written_by"]
 
 
 def test_incomplete_random_output_is_not_said_resumable(tmp_path):

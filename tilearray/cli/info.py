@@ -119,6 +119,7 @@ def _matrix_facts(path: str, full: str, x) -> tuple[dict, dict]:
     meta = info_attrs(z)
     complete = bool(meta.get("complete", True))
     state = local_files_state(ref)
+    writer = None if complete else _writer(ref)
     return {
         "path": path,
         "shape": list(x.shape),
@@ -135,8 +136,18 @@ def _matrix_facts(path: str, full: str, x) -> tuple[dict, dict]:
         "tilearray_output": bool(meta),
         "complete": complete,
         "units_done": g.n_units if complete else len(done_units(ref)),
+        "being_written_by": writer,
         "expression": meta.get("expression"),
     }, meta
+
+
+def _writer(ref) -> str | None:
+    """Who is writing the incomplete output ``ref`` right now (a live job
+    holding its lock: pid and host), or None."""
+    from tilearray.storage.array import describe_holder, live_writer
+
+    holder = live_writer(ref)
+    return None if holder is None else describe_holder(holder)
 
 
 def _print_matrix(x, info: dict, meta: dict, full: str) -> None:
@@ -152,6 +163,9 @@ def _print_matrix(x, info: dict, meta: dict, full: str) -> None:
             else f"{g.unit[0]} x {g.unit[1]} (one chunk, unsharded)")
     if info["complete"]:
         status = "yes" if meta else "yes (not written by tilearray)"
+    elif info["being_written_by"]:
+        status = (f"NO: being written right now by {info['being_written_by']}: {done} of "
+                  f"{g.n_units} I/O units written; wait for that job to finish")
     else:
         what, how = unfinished(meta, g.n_units - done, g.n_units)
         how = cli_words(how[:1].lower() + how[1:])
@@ -201,6 +215,7 @@ def _info_other(path: str, full: str, z, as_json: bool, first: bool) -> None:
     meta = info_attrs(z)
     complete = bool(meta.get("complete", True))
     state = local_files_state(ArrayRef.from_location(full))
+    writer = None if complete else _writer(ArrayRef.from_location(full))
     nbytes = int(z.nbytes)
     info = {
         "path": path,
@@ -212,6 +227,7 @@ def _info_other(path: str, full: str, z, as_json: bool, first: bool) -> None:
         "stored_bytes": state[1] if state else None,
         "tilearray_output": bool(meta),
         "complete": complete,
+        "being_written_by": writer,
         "expression": meta.get("expression"),
     }
     if as_json:
@@ -223,6 +239,8 @@ def _info_other(path: str, full: str, z, as_json: bool, first: bool) -> None:
     chunks = " x ".join(str(n) for n in z.chunks) if z.ndim else "()"
     if complete:
         status = "yes" if meta else "yes (not written by tilearray)"
+    elif writer:
+        status = f"NO: being written right now by {writer}; wait for that job to finish"
     else:
         status = "NO: its job did not finish; rerun it"
     how = "a 1-D TiledArray with ta.open, or read it" if z.ndim == 1 else \
