@@ -617,3 +617,39 @@ def test_existing_output_being_written_names_the_writer(tmp_path, capsys, monkey
     err = one_line_error(p)
     assert "is being written by another job" in err and f"pid {me.pid}" in err, err
     assert "C.tilearray.lock" in err
+
+
+@pytest.mark.parametrize("signals", [("SIGTERM",), ("SIGINT", "SIGINT")])
+def test_sigterm_and_a_second_ctrl_c_stop_a_job_cleanly(tmp_path, signals):
+    """SIGTERM (a batch time limit) stops a job as Ctrl-C does: one line,
+    exit 143, the lock released, resumable (it exited silently, leaving the
+    lock); a second Ctrl-C during the cleanup is noted, not a 10 s stall."""
+    import signal
+    import time
+
+    import tilearray as ta
+
+    ta.random((4000, 3000), tmp_path / "A.zarr", tile=(500, 500), seed=1)
+    ta.random((3000, 3000), tmp_path / "B.zarr", tile=(500, 500), seed=2)
+    p = subprocess.Popen([sys.executable, "-m", "tilearray", "matmul", "A.zarr", "B.zarr", "-o",
+                          "C.zarr", "--workers", "2", "--memory-per-worker", "200MiB",
+                          "--quiet"], cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    done = tmp_path / "C.zarr" / "tilearray.done"
+    deadline = time.monotonic() + 90
+    while not (done.is_dir() and any(done.iterdir())) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for name in signals:
+        p.send_signal(getattr(signal, name))
+        time.sleep(0.2)
+    err = p.communicate(timeout=60)[1]
+    term = signals[0] == "SIGTERM"
+    assert p.returncode == (143 if term else 130), err
+    assert f"tilearray: error: {'terminated (SIGTERM)' if term else 'interrupted'}" in err, err
+    assert "Traceback" not in err
+    if not term:
+        assert "press Ctrl-C again to exit at once" in err
+    assert not (tmp_path / "C.zarr.tilearray.lock").exists()
+    if term:
+        ok(cli("matmul", "A.zarr", "B.zarr", "-o", "C.zarr", "--resume", *JOB, cwd=tmp_path))
+        a, b = read(tmp_path / "A.zarr"), read(tmp_path / "B.zarr")
+        assert_close(read(tmp_path / "C.zarr"), a @ b)

@@ -33,6 +33,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import traceback
 
 from tilearray.cli import deploy, info, jobs
@@ -120,6 +121,45 @@ def _logging(debug: bool):
                 os.environ[k] = v
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (a batch system's time limit, ``timeout``, ``kill``): ends the
+    job as Ctrl-C does -- the run cancelled, the cluster and the output's lock
+    released -- where Python's default would exit at once, silently."""
+
+
+@contextlib.contextmanager
+def _signals():
+    """Ctrl-C and SIGTERM stop the command through its cleanup. A second
+    Ctrl-C during that cleanup (which takes a second or two) is ignored,
+    with a note; a third exits at once (130), leaving what cleanup had left
+    (a lock the next run reclaims, worker processes that exit with us)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    presses = [0]
+
+    def on_int(signum, frame):
+        presses[0] += 1
+        if presses[0] == 1:
+            raise KeyboardInterrupt
+        if presses[0] == 2:
+            print(f"{PROG}: stopping (cleaning up); press Ctrl-C again to exit at once",
+                  file=sys.stderr)
+            return
+        os._exit(130)
+
+    def on_term(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise _Terminated
+
+    old = signal.signal(signal.SIGINT, on_int), signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old[0])
+        signal.signal(signal.SIGTERM, old[1])
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (0, 1, 2 or 130)."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -135,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # --help, --version, or a usage error (already printed)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     try:
-        with _logging(args.debug):
+        with _signals(), _logging(args.debug):
             return int(args.func(args) or 0)
     except UsageError as e:
         print(f"{PROG}: error: {e} (see '{PROG} {args.command} --help')", file=sys.stderr)
@@ -147,12 +187,13 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.suppress(OSError, ValueError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + signal.SIGPIPE
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         if args.debug:
             traceback.print_exc()
         hint = " (rerun with --resume to continue)" if args.command == "matmul" else ""
-        print(f"{PROG}: error: interrupted{hint}", file=sys.stderr)
-        return 130
+        what = "terminated (SIGTERM)" if isinstance(e, _Terminated) else "interrupted"
+        print(f"{PROG}: error: {what}{hint}", file=sys.stderr)
+        return 128 + signal.SIGTERM if isinstance(e, _Terminated) else 130
     except Exception as e:
         if args.debug:
             traceback.print_exc()
