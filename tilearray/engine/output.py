@@ -230,6 +230,17 @@ def job_plan(node, engine, ref=None, state=None) -> Plan:
     return lower(node, engine.budget(), ref, grid, state.skip if state is not None else ())
 
 
+def _not_rewritten(stats, plan: Plan, done: int, n_units: int) -> int:
+    """Of the ``done`` output units found done before a resumed run, those it
+    did not write again: a task whose block holds a missing unit writes the
+    whole block (a plan with other blocks than the killed job's), so the
+    output units it wrote beyond the missing ones were done already."""
+    if not done:
+        return 0
+    output_written = stats.units_written - plan.temporary_units()
+    return max(0, done - max(0, output_written - (n_units - done)))
+
+
 def _run(plan: Plan, states, ref, engine, description, units_skipped=0, units_total=0):
     """Create the plan's temporaries, run it, delete them, verify the inputs.
     Returns the result's values, the RunStats and the plan's other in-memory
@@ -243,7 +254,7 @@ def _run(plan: Plan, states, ref, engine, description, units_skipped=0, units_to
             states, ref, engine.run, plan.graph(), keys + [k for _, k in side],
             description=description, plan=plan, units_skipped=units_skipped,
             stat_keys=list(plan.stat_keys), units_total=units_total + plan.temporary_units())
-        stats.skipped_units = units_skipped
+        stats.skipped_units = _not_rewritten(stats, plan, units_skipped, units_total)
     finally:
         cleanup(plan)
     verify_inputs(states, ref)  # read unchanged from start to end: else never complete
