@@ -142,6 +142,10 @@ class StorageArgumentTypeError(StorageError, ArgumentTypeError):
     """A storage argument of the wrong type."""
 
 
+class PlanningArgumentError(PlanningError, ArgumentError):
+    """A bad value for an output's layout or the budget (``tile``, ``shard``)."""
+
+
 class PlanningArgumentTypeError(PlanningError, ArgumentTypeError):
     """An expression or budget argument of the wrong type (``PlanningError`` is
     already a ``ValueError``)."""

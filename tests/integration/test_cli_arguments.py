@@ -178,3 +178,32 @@ def test_name_writes_members_of_the_output_group(work, remote):
             *remote, cwd=work)
     assert p.returncode == 1 and "grp.zarr/G' already exists" in error_line(p)
     assert "--overwrite" in error_line(p)
+
+
+def test_bad_flag_values_are_usage_errors_in_cli_words(work, capsys, monkeypatch):
+    """A tile that does not divide the shard, a bad member name: exit 2 (bad
+    usage) with the flags' spelling (it was 1, and 'tile=(75, 75)'); an
+    option the subcommand lacks gets the subcommand's usage; a group given
+    for an array names the CLI form of a member."""
+    p = here("matmul", "a.zarr", "a.zarr", "--transpose-a", "-o", "x.zarr", "--tile", 16, 16,
+             "--shard", 24, 24, cwd=work, capsys=capsys, monkeypatch=monkeypatch)
+    assert p.returncode == 2 and "e.g. --tile 12 12" in error_line(p), p.stderr
+    p = here("random", "r.zarr", "--shape", 10, 10, "--name", "../x", cwd=work, capsys=capsys,
+             monkeypatch=monkeypatch)
+    assert p.returncode == 2 and "'..'" in error_line(p)
+    p = here("random", "r.zarr", "--shape", 10, 10, "--resume", cwd=work, capsys=capsys,
+             monkeypatch=monkeypatch)
+    assert p.returncode == 2 and "usage: tilearray random" in p.stderr
+    assert "unrecognized arguments: --resume" in p.stderr
+    assert not (work / "r.zarr").exists()
+    p = here("info", "grp.zarr", cwd=work, capsys=capsys, monkeypatch=monkeypatch)
+    assert "GROUP.zarr/NAME" in p.stderr and "ta.open" not in p.stderr
+    p = here("--help", cwd=work, capsys=capsys, monkeypatch=monkeypatch)
+    assert p.returncode == 0 and "tilearray mpirun -n N -- script.py" in p.stdout
+
+
+def test_launcher_needs_three_ranks_before_starting_mpi(tmp_path):
+    (tmp_path / "job.py").write_text("print('ran')\n")
+    p = subprocess.run([sys.executable, "-m", "tilearray.engine.mpi", "-n", "2", "--", "job.py"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "-n must be at least 3" in p.stderr and "ran" not in p.stdout

@@ -39,6 +39,7 @@ import traceback
 from tilearray.cli import deploy, info, jobs
 from tilearray.cli.common import PROG, UsageError, parents
 from tilearray.cli.options import cli_words, join_option_values, value_options
+from tilearray.errors import ArgumentError
 
 # -- the parser -------------------------------------------------------------------------
 
@@ -58,14 +59,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Out-of-core tiled matrix compute on Zarr v3 with dask.distributed.",
-        epilog="Exit status: 0 success, 1 the job failed, 2 bad usage. "
-               "See 'tilearray COMMAND --help'.",
+        epilog="Batch jobs on MPI ranks: 'tilearray mpirun -n N -- script.py' (see "
+               "'tilearray mpirun --help'). Exit status: 0 success, 1 the job failed, "
+               "2 bad usage, 130 interrupted, 143 terminated. See 'tilearray COMMAND --help'.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     for group in (info, jobs, deploy):  # in the order of the help
         group.add_parsers(sub, common, budget, cluster)
+    return parser
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices.get(command, parser)
     return parser
 
 
@@ -171,14 +180,18 @@ def main(argv: list[str] | None = None) -> int:
         return mpirun_main(argv[1:], prog=f"{PROG} mpirun")
     parser = build_parser()
     try:
-        args = parser.parse_args(join_option_values(argv, value_options(parser)))
+        args, extra = parser.parse_known_args(join_option_values(argv, value_options(parser)))
+        if extra:  # refused by the subcommand, with its usage (not the top level's)
+            _subparser(parser, args.command).error(
+                f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as e:  # --help, --version, or a usage error (already printed)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     try:
         with _signals(), _logging(args.debug):
             return int(args.func(args) or 0)
-    except UsageError as e:
-        print(f"{PROG}: error: {e} (see '{PROG} {args.command} --help')", file=sys.stderr)
+    except (UsageError, ArgumentError) as e:  # a flag's value (tile, shard, name...)
+        print(f"{PROG}: error: {cli_words(str(e))} (see '{PROG} {args.command} --help')",
+              file=sys.stderr)
         return 2
     except BrokenPipeError:
         # whoever read stdout stopped (`tilearray reduce ... | head`): not a job error;

@@ -80,6 +80,8 @@ _CLI_WORDS = [
     (r"open it with allow_incomplete=True to inspect it", "inspect it with 'tilearray info'"),
     (r"\bname=(?=[\s)])", "--name"),
     (r"\btile=/shard=", "--tile/--shard"),
+    (r"\b(tile|shard)=\((\d+), (\d+)\)", r"--\1 \2 \3"),
+    (r"e\.g\. ta\.open\(path, name\)", "e.g. GROUP.zarr/NAME"),
     (r"\bmemory_per_worker[=≥ ]+[\"']?([0-9.]+ ?[KMGTP]?i?B)[\"']?", r"--memory-per-worker \1"),
     (r"\bmemory_per_worker\b", "--memory-per-worker"),
     (r"\bn_workers\b", "--workers"),

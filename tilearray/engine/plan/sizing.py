@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from dask.utils import format_bytes
 
-from ...errors import PlanningError
+from ...errors import PlanningArgumentError, PlanningError
 from ...graphs.blocks import group_edges
 from ...storage import Grid, int_pair
 from ..expr.nodes import (
@@ -97,17 +97,17 @@ def output_grid(node, tile, shard) -> Grid:
         how = "given"
     given, tile = tile, int_pair(tile)
     if tile is None or any(t <= 0 for t in tile):
-        raise PlanningError(f"tile must be 2 positive integers, got {given!r}")
+        raise PlanningArgumentError(f"tile must be 2 positive integers, got {given!r}")
     if shard is None:  # a tile larger than the array is clipped to it
         tile = tuple(min(t, max(n, 1)) for t, n in zip(tile, node.shape, strict=True))
     if shard is not None:
         given, shard = shard, int_pair(shard)
         if shard is None:
-            raise PlanningError(f"shard must be 2 positive integers, got {given!r}")
+            raise PlanningArgumentError(f"shard must be 2 positive integers, got {given!r}")
         if any(s <= 0 or s % t for s, t in zip(shard, tile, strict=True)):
             hint = tuple(max(d for d in range(1, min(t, s) + 1) if s % d == 0) if s > 0 else 1
                          for s, t in zip(shard, tile, strict=False))
-            raise PlanningError(
+            raise PlanningArgumentError(
                 f"shard {shard} is not a positive multiple of the tile {tile} ({how}); pass a "
                 f"tile that divides the shard, e.g. tile={hint}"
             )
@@ -140,7 +140,7 @@ def _vector_grid(node, tile, shard) -> Grid:
     if s is None:
         t = min(t, max(m, 1))
     elif s % t:
-        raise PlanningError(f"shard {s} is not a positive multiple of the tile {t}")
+        raise PlanningArgumentError(f"shard {s} is not a positive multiple of the tile {t}")
     return Grid.regular((m, 1), (t, 1), None if s is None else (s, 1))
 
 

@@ -415,6 +415,7 @@ def main(argv=None, prog: str = "python -m tilearray.engine.mpi") -> int:
         p.error("nothing to run")
     if cmd[0].endswith(".py") and not os.path.isfile(cmd[0]):  # not once per rank, later
         p.error(f"no such script: {cmd[0]!r}")
-    if a.n < 1:
-        p.error(f"-n must be at least 1, got {a.n}")
+    if a.n < 3:  # Engine.mpi() refuses fewer, but only once every rank has started
+        p.error(f"-n must be at least 3 (rank 0 the scheduler, rank 1 the script, ranks 2.. "
+                f"the workers), got {a.n}")
     return mpirun(a.n, cmd, mpiexec=a.mpiexec, mpiexec_args=extra, timeout=a.timeout)
