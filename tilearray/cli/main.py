@@ -34,6 +34,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 
 from tilearray.cli import deploy, info, jobs
@@ -136,6 +137,11 @@ class _Terminated(KeyboardInterrupt):
     released -- where Python's default would exit at once, silently."""
 
 
+CLEANUP_SECONDS = 5.0
+"""A Ctrl-C this long after the first interrupts again (the first was lost in
+a destructor, or the cleanup is stuck); sooner, it is noted and ignored."""
+
+
 @contextlib.contextmanager
 def _signals():
     """Ctrl-C and SIGTERM stop the command through its cleanup. A second
@@ -145,28 +151,34 @@ def _signals():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    presses = [0]
+    first = []  # when the first Ctrl-C came
 
     def on_int(signum, frame):
-        presses[0] += 1
-        if presses[0] == 1:
+        if not first or time.monotonic() - first[0] > CLEANUP_SECONDS:
+            # the first, or one long after it (that one was lost, or is stuck)
+            first[:] = [time.monotonic()]
             raise KeyboardInterrupt
-        if presses[0] == 2:
+        if len(first) == 1:
+            first.append(True)
             print(f"{PROG}: stopping (cleaning up); press Ctrl-C again to exit at once",
                   file=sys.stderr)
             return
         os._exit(130)
 
     def on_term(signum, frame):
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise _Terminated
 
-    old = signal.signal(signal.SIGINT, on_int), signal.signal(signal.SIGTERM, on_term)
+    handlers = {signal.SIGINT: on_int, signal.SIGTERM: on_term}
+    # a signal the parent ignored (a shell's background job: SIGINT) stays ignored
+    old = {sig: signal.getsignal(sig) for sig in handlers}
+    for sig, handler in handlers.items():
+        if old[sig] is not signal.SIG_IGN:
+            signal.signal(sig, handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, old[0])
-        signal.signal(signal.SIGTERM, old[1])
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,6 +23,7 @@ from ..storage.commit import abandoned, existing_array, has_data
 from ..storage.ref import check_task_writable
 from . import runtime
 from .array import TiledArray
+from .expr.nodes import sources
 from .expr.ops import HANDLED
 from .output import check_not_an_input, source
 
@@ -343,9 +344,11 @@ def from_dask(x, path=None, *, name="", dims=None, overwrite=False, shard=None,
     path = scratch_path("from_dask") if path is None else path
     from ..storage.array import mark_unit_done
 
-    # refused before anything is written: replacing what the graph reads leaves zeros
-    check_not_an_input(ArrayRef.from_location(path, name, storage_options),
-                       _zarr_inputs(x), "the dask array")
+    # refused before anything is written: replacing what the graph reads leaves
+    # zeros; a process-local store, written by a cluster's workers, stays empty
+    target = ArrayRef.from_location(path, name, storage_options)
+    check_task_writable(target)
+    check_not_an_input(target, _zarr_inputs(x), "the dask array")
 
     with _new_array(path, name, x.shape, x.dtype, tile, shard, overwrite, dims,
                     storage_options) as (ref, z):
@@ -367,8 +370,8 @@ __all__ = ["from_dask", "from_numpy", "open", "random"]
 
 def _zarr_inputs(x) -> list:
     """ArrayRefs of the Zarr arrays dask array ``x`` reads (``da.from_zarr``,
-    ``from_array`` of a ``zarr.Array``, ``TiledArray.to_dask()``): held in
-    its graph as values, or inside its tasks' arguments."""
+    ``from_array`` of a ``zarr.Array`` or of a TiledArray, ``TiledArray.to_dask()``):
+    held in its graph as values, or inside its tasks' arguments."""
     import zarr
 
     found, seen = [], set()
@@ -382,11 +385,12 @@ def _zarr_inputs(x) -> list:
         return ArrayRef.from_location(arr)
 
     def visit(v, depth):
-        if isinstance(v, zarr.Array):
+        if isinstance(v, zarr.Array | TiledArray):
             if id(v) not in seen:
                 seen.add(id(v))
                 with contextlib.suppress(Exception):  # a store tilearray cannot name
-                    found.append(ref_of(v))
+                    found.extend([ref_of(v)] if isinstance(v, zarr.Array) else
+                                 [leaf.ref for leaf in sources(v._node)])
         elif depth and isinstance(v, tuple | list):
             for item in v:
                 visit(item, depth - 1)
@@ -397,7 +401,8 @@ def _zarr_inputs(x) -> list:
             visit(v.value, depth - 1)
 
     for value in x.__dask_graph__().values():
-        visit(value, 3)
+        with contextlib.suppress(Exception):  # an object whose attributes raise
+            visit(value, 3)
     return found
 
 

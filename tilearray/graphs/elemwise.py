@@ -50,7 +50,14 @@ def small_op(name, kwargs, *args, merge: bool = True):
                 stats = merge_stats(stats, a[1])
         else:
             values.append(a)
-    return func(name)(*values, **dict(kwargs)), counted(stats)
+    try:
+        return func(name)(*values, **dict(kwargs)), counted(stats)
+    except ValueError as e:  # as the blocked reductions raise it (no worker traceback)
+        if name in ("nanargmin", "nanargmax") and "All-NaN" in str(e):
+            from ..errors import AllNaNSliceError
+
+            raise AllNaNSliceError(f"np.{name}: All-NaN slice encountered") from None
+        raise
 
 
 def small_op_alone(name, kwargs, *args):

@@ -252,9 +252,10 @@ def quantile(op: str, a, q, axis=None, method="linear", keepdims=False,
     if 0 in n.shape and axis is not None:  # NumPy: NaN for each empty line, warned
         ax = routines.axis_index(axis, op, n.ndim)
         lines = n.shape[1 - ax] if n.ndim == 2 else 1
-        shape = ((lines,) if n.ndim == 2 else ()) if qa.ndim == 0 else \
-            (qa.size,) + ((lines,) if n.ndim == 2 else ())
-        if op.endswith("median") or 0 in shape:
+        # NumPy's nan-quantiles of an empty array drop q's axis (its fallback is a mean)
+        shape = ((lines,) if n.ndim == 2 else ()) if qa.ndim == 0 or op.startswith("nan") \
+            else (qa.size,) + ((lines,) if n.ndim == 2 else ())
+        if op.endswith("median") or op.startswith("nan") or 0 in shape:
             if n.shape[ax] == 0 and lines:
                 warnings.warn("Mean of empty slice.", RuntimeWarning, stacklevel=3)
             return selection.held(a, np.full(shape, np.nan, dtype or np.float64))

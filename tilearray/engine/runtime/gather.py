@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
+import threading
 import time
 import warnings
 
@@ -17,6 +18,30 @@ from .stats import RunStats
 LARGE_GRAPH_WARNING = "512MiB"
 """dask's threshold for its "Sending large graph" warning, raised while
 tilearray submits (its own default, 10 MB, is met by a NumPy operand alone)."""
+
+
+_RAISED = {"runs": 0, "saved": None}
+_RAISED_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _large_graphs():
+    """dask's large-graph threshold at :data:`LARGE_GRAPH_WARNING` while any
+    run submits; restored when the last one is done (runs of several threads
+    interleave: a ``dask.config.set`` block each could leave it raised)."""
+    key = "distributed.admin.large-graph-warning-threshold"
+    with _RAISED_LOCK:
+        if _RAISED["runs"] == 0:
+            _RAISED["saved"] = dask.config.get(key, None)
+            dask.config.set({key: LARGE_GRAPH_WARNING})
+        _RAISED["runs"] += 1
+    try:
+        yield
+    finally:
+        with _RAISED_LOCK:
+            _RAISED["runs"] -= 1
+            if _RAISED["runs"] == 0:
+                dask.config.set({key: _RAISED["saved"]})
 
 
 def _prioritized(graph: dict, plan):
@@ -61,8 +86,7 @@ def gather(client, graph: dict, keys: list, *, description: str, quiet: bool, pl
         # NumPy operands (a right-hand side, a matrix under 32 MiB) travel
         # inside the graph once (pickled once, however many tasks use them):
         # dask's advice at 10 MB, scatter the data, is what that already is
-        with dask.config.set({"distributed.admin.large-graph-warning-threshold":
-                              LARGE_GRAPH_WARNING}):
+        with _large_graphs():
             futures = client.get(_prioritized(graph, plan), keys, sync=False)
         keep: set = set()  # keys listed twice must not be released early
         seen: set = set()
