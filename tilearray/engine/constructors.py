@@ -20,7 +20,7 @@ from ..graphs import elemwise as gel
 from ..storage import ArrayRef, create, grid_of, int_pair, locks, mark_complete
 from ..storage import array as sarray
 from ..storage.commit import abandoned, existing_array, has_data
-from ..storage.ref import check_task_writable
+from ..storage.ref import check_task_writable, fs_protocols
 from . import runtime
 from .array import TiledArray
 from .expr.nodes import sources
@@ -378,8 +378,7 @@ def _zarr_inputs(x) -> list:
 
     def ref_of(arr):
         store = arr.store
-        protocol = getattr(getattr(store, "fs", None), "protocol", ())
-        if {"file", "local"} & set((protocol,) if isinstance(protocol, str) else protocol):
+        if {"file", "local"} & set(fs_protocols(store)):
             # dask's from_zarr(path) opens a local path through fsspec
             return ArrayRef.from_location(os.path.join(store.path, arr.path or ""))
         return ArrayRef.from_location(arr)

@@ -199,13 +199,19 @@ def process_local(store: Store) -> bool:
     return False
 
 
-def memory_filesystem(store: Store) -> bool:
-    """Whether ``store`` is an fsspec store on ``memory://``: a filesystem of
-    this process alone (another process, a dask worker, finds it empty)."""
+def fs_protocols(store: Store) -> tuple[str, ...]:
+    """The fsspec protocols of ``store``'s filesystem (``("file", "local")``,
+    ``("memory",)``, ``("s3", "s3a")``); empty for a store without one."""
     fs = getattr(store, "fs", None)
     fs = getattr(fs, "sync_fs", fs)  # zarr wraps synchronous filesystems
     protocol = getattr(fs, "protocol", ())
-    return "memory" in ((protocol,) if isinstance(protocol, str) else tuple(protocol))
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
+
+
+def memory_filesystem(store: Store) -> bool:
+    """Whether ``store`` is an fsspec store on ``memory://``: a filesystem of
+    this process alone (another process, a dask worker, finds it empty)."""
+    return "memory" in fs_protocols(store)
 
 
 def check_task_writable(ref: ArrayRef) -> None:
