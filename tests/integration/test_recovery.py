@@ -92,6 +92,30 @@ def test_resume_with_changed_input_or_expression_refused(tmp_path, engine):
         (a @ ta.open(tmp_path / "b.zarr")).to_zarr(out, resume=True)
 
 
+def test_refused_resume_names_why(tmp_path, thread_engine):
+    """A resume refused names its reason where the target tells it: the input
+    recorded by the stopped job that changed since, or the shape / dtype."""
+    import numpy as np
+
+    x = np.random.default_rng(0).standard_normal((150, 150))
+    a = ta.from_numpy(x, tmp_path / "a.zarr", tile=(64, 64))
+    out = tmp_path / "L.zarr"
+    with pytest.raises(ta.NotPositiveDefiniteError):  # stops, its output incomplete
+        ta.linalg.cholesky(a).to_zarr(out, engine=thread_engine)
+    a = ta.from_numpy(x @ x.T + 150 * np.eye(150), tmp_path / "a.zarr", tile=(64, 64),
+                      overwrite=True)
+    with pytest.raises(ta.StorageError, match=r"inputs changed since its job started: "
+                                              r".*a\.zarr' was modified"):
+        ta.linalg.cholesky(a).to_zarr(out, resume=True, engine=thread_engine)
+    with pytest.raises(ta.StorageError, match=r"holds a \(150, 150\) float64 array, the "
+                                              r"expression gives \(100, 100\) float64"):
+        ta.linalg.cholesky(a[:100, :100]).to_zarr(out, resume=True, engine=thread_engine)
+    with pytest.raises(ta.StorageError, match="expression gives .150, 150. float32"):
+        ta.linalg.cholesky(a.astype("f4")).to_zarr(out, resume=True, engine=thread_engine)
+    with pytest.raises(ta.IncompleteOutputError):  # nothing was written by the refusals
+        ta.open(out)
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("axis", [0, 1])
 def test_resume_of_small_result_with_other_dims_refused(tmp_path, thread_engine, axis):

@@ -262,10 +262,19 @@ def _run(plan: Plan, states, ref, engine, description, units_skipped=0, units_to
                                         zip(side, values[len(keys):], strict=True)}
 
 
-def _resume_refused(ref) -> StorageError:
-    return StorageError(
-        f"cannot resume {str(ref)!r}: it was written by a different expression or from "
-        "inputs that have changed since; pass overwrite=True to start again")
+def _resume_refused(ref, existing=None, meta=None, node=None) -> StorageError:
+    """The refusal of a resume whose target was not written by this job,
+    naming why where the target tells: its shape or dtype, or the inputs
+    recorded when its job started that changed since."""
+    why = "it was written by a different expression or from inputs that have changed since"
+    if existing is not None and node is not None and (
+            existing.shape != tuple(node.shape) or
+            (node.dtype is not None and existing.dtype != node.dtype)):
+        why = (f"it holds a {existing.shape} {existing.dtype} array, the expression gives "
+               f"{tuple(node.shape)} {node.dtype}")
+    elif meta and (changed := sarray.changed_inputs(meta)):
+        why = "its inputs changed since its job started: " + "; ".join(changed)
+    return StorageError(f"cannot resume {str(ref)!r}: {why}; pass overwrite=True to start again")
 
 
 class MatrixJob:
@@ -289,7 +298,7 @@ class MatrixJob:
             meta = sarray.info_attrs(existing)
             if meta.get("fingerprint") != self.fp or existing.shape != tuple(node.shape) \
                     or existing.dtype != node.dtype:
-                raise _resume_refused(ref)
+                raise _resume_refused(ref, existing, meta, node)
             old = grid_of(existing)
             for what, asked, has in (("tile", tile, old.tile), ("shard", shard, old.unit)):
                 if asked is not None and tuple(int(v) for v in asked) != has:
@@ -352,7 +361,7 @@ class SmallJob:
         if existing is not None and self.resume and not self.overwrite:
             meta = sarray.info_attrs(existing)
             if meta.get("fingerprint") != self.fp or existing.shape != tuple(node.shape):
-                raise _resume_refused(ref)
+                raise _resume_refused(ref, existing, meta, node)
             stored_dims = sarray.dims_of(existing)
             asked = None if dims is None else ((dims,) if isinstance(dims, str) else tuple(dims))
             if asked is not None and stored_dims is not None and asked != stored_dims:
