@@ -217,6 +217,30 @@ def test_big_vector_results_are_written_block_by_block(tmp_path, thread_engine, 
     assert_close(Z.compute(engine=thread_engine), W.compute(engine=thread_engine))
 
 
+def test_one_d_products_with_vectors_and_small_matrices(tmp_path, thread_engine, rng):
+    """A 1-D product ``X @ w`` times another vector (NumPy, stored, itself) or
+    a small matrix, on either side, and ``np.outer`` of it: joined in memory
+    as in its other uses, NumPy's values, shapes and dtypes (int32 stays int32)."""
+    x, w, y = rng.standard_normal((300, 11)), rng.standard_normal(11), rng.standard_normal(300)
+    m = rng.standard_normal((300, 3))
+    X = ta.from_numpy(x, tmp_path / "x.zarr", tile=(64, 5))
+    Y = ta.from_numpy(y, tmp_path / "y.zarr", tile=70)
+    v, xv = X @ w, x @ w
+    for expr, want in [(v @ y, xv @ y), (np.dot(v, y), xv @ y), (y @ v, y @ xv),
+                       (v @ v, xv @ xv), (v @ Y, xv @ y), (v @ m, xv @ m), (m.T @ v, m.T @ xv),
+                       (np.outer(v, w), np.outer(xv, w)), (v @ X, xv @ x)]:
+        got = expr.compute(engine=thread_engine)
+        assert np.shape(got) == np.shape(want) and np.asarray(got).dtype == want.dtype
+        assert_close(got, want)
+    xi = rng.integers(-3, 4, (200, 7)).astype(np.int32)
+    XI = ta.from_numpy(xi, tmp_path / "xi.zarr", tile=(64, 4))
+    wi = np.arange(7, dtype=np.int32)
+    got = ((XI @ wi) @ (XI @ wi)).compute(engine=thread_engine)
+    assert got.dtype == np.int32 and got == (xi @ wi) @ (xi @ wi)
+    with pytest.raises(ta.PlanningError, match="not aligned"):
+        v @ np.ones(299)
+
+
 # -- the user script of issue 30 (the pieces that are products) --------------------------
 
 

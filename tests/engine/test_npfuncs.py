@@ -148,6 +148,8 @@ def test_integer_indexing(thread_engine, mats, tmp_path, dtype):
         check(np.take(a, np.array([4, 4, 0]), axis=0), np.take(x, [4, 4, 0], axis=0),
               exact=True)
         check(a.take([], axis=1), x.take([], axis=1), exact=True)
+        check(a.sum(0)[[]], x.sum(0)[[]], exact=True)  # an empty list: positions, as NumPy
+        check(a.sum(0)[[2, -1]], x.sum(0)[[2, -1]], exact=True)
         check(a[:, 3], x[:, 3], exact=True)
         check(a[7], x[7], exact=True)
         check(a[7, 30], x[7, 30], exact=True)
@@ -590,8 +592,15 @@ def test_quantiles(thread_engine, mats, dtype):
     with warnings.catch_warnings():  # all elements (see test_quantile_of_all_elements...)
         warnings.simplefilter("ignore")
         np.testing.assert_array_equal(np.asarray(np.median(a)), np.median(x))
+        for axes in [(0, 1), (1, -2), (1,), [0]]:  # a tuple of axes, as NumPy
+            check(np.median(a, axis=axes), np.median(x, axis=axes))
+            check(np.quantile(a, [0.3, 0.6], axis=axes), np.quantile(x, [0.3, 0.6], axis=axes))
     with pytest.raises(ValueError, match="range"):
         np.quantile(a, 1.5, axis=0)
+    with pytest.raises(ValueError, match="repeated axis"):
+        np.median(a, axis=(0, 0))
+    with pytest.raises(np.exceptions.AxisError):
+        np.median(a, axis=(2,))
 
 
 def test_quantiles_keepdims_and_empty_lines_like_numpy(thread_engine, mats, tmp_path):

@@ -378,7 +378,7 @@ class LazyArray(ExprBase):
                                 "store it with .to_zarr(path) and index ta.open(path)")
         # a lazy index or mask (small: means[means > 0]) is computed now; lists as NumPy's
         key = tuple(np.asarray(k.compute()) if isinstance(k, ExprBase) else
-                    np.asarray(k) if isinstance(k, list) else k for k in key)
+                    _list_index(k) if isinstance(k, list) else k for k in key)
         shape = np.empty(n.shape, dtype=bool)[key].shape  # NumPy's own rules and IndexErrors
         if len(shape) > 2:
             raise PlanningError(f"indexing {n} with {key!r} makes a {len(shape)}-D array; "
@@ -528,3 +528,10 @@ def _reshaped(old: tuple, new: tuple) -> tuple:
             (-1 not in new and known != size):
         raise ValueError(f"cannot reshape array of size {size} into shape {new}")
     return tuple(size // known if k == -1 else k for k in new)
+
+
+def _list_index(k: list) -> np.ndarray:
+    """A list index as NumPy reads it: an empty list selects nothing (NumPy
+    takes ``[]`` as integer positions, though ``np.asarray([])`` is float)."""
+    a = np.asarray(k)
+    return a.astype(np.intp) if a.size == 0 and a.dtype.kind == "f" else a

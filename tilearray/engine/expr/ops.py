@@ -15,7 +15,7 @@ from dask.utils import format_bytes
 from ...errors import PlanningAxisError, PlanningError
 from ...graphs.reduction import NO_IDENTITY, OPS, VARIANCES
 from ...graphs.spec import func
-from .nodes import Constant, Elemwise, Full, MatMul, MatVec, Node, Reduce
+from .nodes import Constant, Elemwise, Full, MatMul, MatVec, Node, Reduce, is_big_vector
 
 
 class ExprBase:
@@ -300,6 +300,8 @@ def matmul(a, b) -> ExprBase:
         return _wrap((a, b), MatVec(shape, dtype, na, nb, "right"))
     if not nb.small and nb.ndim == 2:
         return _wrap((a, b), MatVec(shape, dtype, nb, na, "left"))
+    if is_big_vector(na) or is_big_vector(nb):  # the rest in memory: joined, as elsewhere
+        return _wrap((a, b), Elemwise(shape, dtype, "matmul", (na, nb)))
     raise PlanningError(f"matmul: {na.shape} @ {nb.shape} needs one 2-D TiledArray operand "
                         "read from storage and one small (in-memory) operand")
 

@@ -93,6 +93,19 @@ def axis_index(axis, fn: str, ndim: int = 2) -> int:
     return a % ndim
 
 
+def axes_as_one(axis, fn: str, ndim: int = 2):
+    """A tuple of axes as the one axis it names, or None for all of them
+    (NumPy's ``median(a, axis=(0, 1))`` is ``axis=None``); other values as given."""
+    if not isinstance(axis, tuple | list):
+        return axis
+    axes = {axis_index(a, fn, ndim) for a in axis}
+    if len(axes) != len(axis):
+        raise ValueError(f"{fn}: repeated axis in {tuple(axis)!r}")
+    if not axes:
+        raise PlanningError(f"{fn}: axis=() (over nothing) is not supported")
+    return None if len(axes) == ndim else axes.pop()
+
+
 def take(a, indices, axis=None) -> ExprBase:
     """``np.take(a, indices, axis)``: rows (0) or columns (1) at integer
     positions (negative ones count from the end), in the order given,

@@ -12,7 +12,7 @@ import numpy as np
 
 from ...errors import PlanningError
 from . import routines, selection
-from .nodes import Elemwise, Full, Outer, Quantile, Unique
+from .nodes import Elemwise, Full, Outer, Quantile, Unique, is_big_vector
 from .ops import ExprBase, as_constant, as_node, elemwise, wrap_like
 
 
@@ -164,8 +164,8 @@ def outer(a, b) -> ExprBase:
 
 def _vector(v):
     n = as_node(v) if isinstance(v, ExprBase) else as_constant(np.asarray(v).reshape(-1))
-    if not getattr(n, "small", False) or n.ndim != 1:
-        raise PlanningError(f"np.outer: the operands must be vectors (small 1-D results or "
+    if not (getattr(n, "small", False) or is_big_vector(n)) or n.ndim != 1:
+        raise PlanningError(f"np.outer: the operands must be vectors (1-D results or "
                             f"NumPy vectors), got shape {n.shape}")
     return n
 
@@ -229,8 +229,10 @@ def quantile(op: str, a, q, axis=None, method="linear", keepdims=False,
     ``axis=0``: the column read plus NumPy's partitioned float64 copy, about
     ``N * (3 * itemsize + 16)`` bytes for N rows) in bands as wide as fit the
     budget; refused when one line does not fit. ``axis=None``: over all
-    elements, computed now (:func:`.selection.quantile`)."""
+    elements, computed now (:func:`.selection.quantile`); a tuple of axes as
+    the one it names, or None when it names both."""
     n = as_node(a)
+    axis = routines.axes_as_one(axis, f"np.{op}", n.ndim)
     if keepdims:  # NumPy's shape: q's, then the input's with the axis (or all) as 1
         res = quantile(op, a, q, axis, method, False, dtype)
         ax = None if axis is None else routines.axis_index(axis, op, n.ndim)
