@@ -513,6 +513,24 @@ def test_tiled_lu_singular_names_the_column(small_eng, tmp_path, rng):
     assert sign == 0.0 and logabs == -np.inf
 
 
+def test_tiled_lu_with_too_many_right_hand_sides_is_refused_before_running(small_eng,
+                                                                           tmp_path, rng):
+    """``inv`` (and ``solve`` with many columns) of a matrix the tiled LU takes:
+    the forward sweep holds every right-hand side with a panel; when no task
+    can, the plan is refused naming the memory needed -- before the LU runs,
+    not by workers killed for memory."""
+    n = 1000
+    g = rng.standard_normal((n, n))
+    a = stored(tmp_path, "g.zarr", g, (96, 96))
+    for attempt in (lambda: ta.linalg.solve_plan(a, np.eye(n)).plan(), lambda: np.linalg.inv(a),
+                    lambda: np.linalg.cond(a, 1)):
+        with pytest.raises(ta.PlanningError, match=r"LU forward substitution task needs .* "
+                                                   r"it would fit with memory_per_worker >="):
+            attempt()
+    b = rng.standard_normal((n, 4))  # a few columns still fit
+    close(ta.linalg.solve(a, b), np.linalg.solve(g, b))
+
+
 def test_big_endian_and_zero_diagonal(small_eng, tmp_path, rng):
     """Big-endian data (v2 arrays from netCDF) is factored in native order; a
     zero on a triangular matrix's diagonal is SciPy's LinAlgError, never inf."""

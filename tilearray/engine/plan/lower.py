@@ -381,7 +381,7 @@ class Planner:
         keys = panels.outputs["panels"].keys
         if dict(node.options)["op"] == "slogdet":
             return self.add(lower_lu_slogdet(node, keys))
-        fwd = self.add(lower_lu_forward(node, y_spec, deps, l_ref, grid, keys, b))
+        fwd = self.add(lower_lu_forward(node, y_spec, deps, l_ref, grid, keys, b, self.budget))
         opts = {"lower": False, "trans": False, "unit": False,
                 "vector": bool(dict(node.options).get("vector"))}
         back = Factor(node.shape, node.dtype, node.x, "trsolve", node.y,

@@ -87,10 +87,23 @@ def lower_lu(node, spec, deps: list, budget: Budget, b: int, l_ref, u_ref, grid)
         outputs={"panels": Output("stats", keys), "last": Output("value", (keys[-1],))})
 
 
-def lower_lu_forward(node, b_spec, deps: list, l_ref, grid, panels: tuple, b: int) -> Stage:
-    """``L y = P b`` by a chain of tasks, one per L panel; its output "last" is ``y``."""
+def lu_forward_peak(n: int, b: int, ncols: int, itemsize: int) -> int:
+    """A step of ``L y = P b``: one L panel (read, pivoted, its rows) and the
+    whole right-hand side (``n x ncols``: read, pivoted, updated)."""
+    return as_rss(3 * n * b * itemsize + 3 * n * ncols * max(itemsize, 8))
+
+
+def lower_lu_forward(node, b_spec, deps: list, l_ref, grid, panels: tuple, b: int,
+                     budget: Budget) -> Stage:
+    """``L y = P b`` by a chain of tasks, one per L panel; its output "last"
+    is ``y``. Refused (before the LU runs) when a step cannot hold the
+    right-hand sides with a panel: ``inv`` of a matrix one task cannot hold."""
     n, ncols = node.x.shape[0], node.y.shape[1]
     dtype = np.dtype(node.dtype)
+    peak = lu_forward_peak(n, b, ncols, dtype.itemsize)
+    check_fits("LU forward substitution", peak,
+               f"{short(node)}: {ncols} right-hand sides of {n} rows held whole, with a panel "
+               f"of {b} columns", budget)
     edges = tuple(tile_edges(n, b))
     cuts = [0, *(e[1] for e in edges)]
     l_costs = layout.BlockCosts(Read(l_ref, grid, dtype), [0, n], cuts)
@@ -102,8 +115,6 @@ def lower_lu_forward(node, b_spec, deps: list, l_ref, grid, panels: tuple, b: in
         prev = work.add((name, k), glu.forward, *args + ((prev,) if prev else ()))
         tot.add(l_costs.at(0, k))
     keys = tuple(t.key for t in work.freeze())
-    item = dtype.itemsize
-    peak = as_rss(3 * n * b * item + 3 * n * ncols * max(item, 8))
     return Stage("lu-fwd", f"L y = P b: forward sweep over the {len(edges)} L panels",
                  len(work), peak, tot.nbytes, flops=n * n * ncols, reads=tot.reads,
                  store_gets=tot.gets, work=work.freeze(),
