@@ -472,8 +472,8 @@ def _solve_plan(a: TiledArray, b, assume_a: str) -> TiledArray:
     n = a.shape[0]
     ynode, vector = _rhs(b, n, "solve")
     dtype = result_dtype(np.result_type(a.dtype, ynode.dtype))
-    if assume_a == "pos":
-        low = Factor(tuple(a.shape), result_dtype(a.dtype), a._node, "L")
+    if assume_a == "pos":  # factored in the promoted dtype, as NumPy (f32 A, f64 b: f64)
+        low = Factor(tuple(a.shape), dtype, a._node, "L")
         y = _trsolve(low, ynode, dtype, lower=True, trans=False)
         return TiledArray(_trsolve(low, y, dtype, lower=True, trans=True, vector=vector))
     shape = (n,) if vector else tuple(ynode.shape)
@@ -943,11 +943,11 @@ def matrix_rank(a: TiledArray, tol=None, hermitian: bool = False, *, rtol=None) 
         raise ValueError("matrix_rank: `tol` and `rtol` can't be both set.")
     s = _singular_values(a, "matrix_rank")
     if s.size == 0:
-        return 0
+        return np.int64(0)
     if tol is None:
         rtol = max(a.shape) * np.finfo(s.dtype).eps if rtol is None else rtol
         tol = s.max() * rtol
-    return int(np.count_nonzero(s > tol))
+    return np.int64(np.count_nonzero(s > tol))  # NumPy's type
 
 
 _NO_RTOL = object()

@@ -531,6 +531,24 @@ def test_tiled_lu_with_too_many_right_hand_sides_is_refused_before_running(small
     close(ta.linalg.solve(a, b), np.linalg.solve(g, b))
 
 
+def test_spd_solve_promotes_as_numpy(small_eng, tmp_path, rng):
+    """A float32 SPD matrix with a float64 right-hand side is solved in
+    float64, as NumPy promotes (it had been factored in float32: a float64
+    answer with float32's accuracy); both float32 stays float32."""
+    n = 300
+    x = spd(rng, n, "float32")
+    a = stored(tmp_path, "s32.zarr", x, (64, 96))
+    b = rng.standard_normal(n)
+    want = np.linalg.solve(x.astype("f8"), b)
+    for assume in ("pos", "gen"):
+        got = ta.linalg.solve(a, b, assume_a=assume)
+        assert got.dtype == np.float64
+        close(got, want, rtol=1e-12)
+    got = ta.linalg.solve(a, b.astype("f4"), assume_a="pos")
+    assert got.dtype == np.float32
+    close(got, want, "float32")
+
+
 def test_big_endian_and_zero_diagonal(small_eng, tmp_path, rng):
     """Big-endian data (v2 arrays from netCDF) is factored in native order; a
     zero on a triangular matrix's diagonal is SciPy's LinAlgError, never inf."""

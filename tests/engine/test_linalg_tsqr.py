@@ -149,6 +149,9 @@ def test_lstsq_vector_and_stored_matrix_rhs(thread_engine, tmp_path, rng):
     got = ta.linalg.lstsq(a, y)
     want = np.linalg.lstsq(x, y, rcond=None)
     assert got[0].shape == (N,) and got[2] == want[2]
+    assert type(got[2]) is type(want[2])  # NumPy's integer type, not a Python int
+    plan = ta.linalg.lstsq_plan(a, y).plan()  # names x's shape and the tuple it comes in
+    assert plan.shape == (N,) and f"lstsq tuple to the driver: x ({N},)" in str(plan), plan
     for g, w in zip((got[0], got[1], got[3]), (want[0], want[1], want[3]), strict=True):
         assert_close(g, w, scale=np.abs(w).max())
     ys = np.stack([y, 2 * y - 1], axis=1)
@@ -396,6 +399,7 @@ def test_matrix_rank_and_cond_match_numpy(thread_engine, tmp_path, rng, dtype, s
         x = (left @ right).astype(dtype)
     a = ta.from_numpy(x, tmp_path / "x.zarr", tile=tile)
     assert np.linalg.matrix_rank(a) == np.linalg.matrix_rank(x) == rank
+    assert type(np.linalg.matrix_rank(a)) is type(np.linalg.matrix_rank(x))
     assert ta.linalg.matrix_rank(a, rtol=0.5) == np.linalg.matrix_rank(x, rtol=0.5)
     big = float(np.linalg.svd(x.astype("f8"), compute_uv=False)[0])
     assert ta.linalg.matrix_rank(a, tol=big / 2) == np.linalg.matrix_rank(x, tol=big / 2)

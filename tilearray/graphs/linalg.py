@@ -440,7 +440,7 @@ def lstsq_from_r(r_aug: np.ndarray, n: int, m: int, rcond: float | None = None,
     if vector:
         x = x[:, 0]
         res = res[:1]
-    return x, res, rank, s
+    return x, res, np.int32(rank), s  # NumPy's (LAPACK's) integer
 
 
 def _min_norm(r11: np.ndarray, r12: np.ndarray, rank: int) -> np.ndarray:

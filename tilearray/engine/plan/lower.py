@@ -126,8 +126,23 @@ def lower_load(node: Source) -> Stage:
 
 def result_stage(node: Node) -> Stage:
     """No task: ``compute()`` brings the small result to the driver."""
+    if isinstance(node, TSQR) and node.part == "lstsq":  # NumPy's tuple
+        (m, n), k = node.x.shape, node.y.shape[1]
+        x = result_shape(node)
+        nbytes = (n * k + k + min(m, n)) * np.dtype(node.dtype).itemsize + 4
+        return Stage("result", f"compute() brings NumPy's lstsq tuple to the driver: x {x}, "
+                     f"the residuals, the rank and the {min(m, n)} singular values "
+                     f"({format_bytes(nbytes)})", 0, 0, 0)
     nbytes = int(np.prod(node.shape, dtype=np.int64)) * np.dtype(node.dtype).itemsize
     return Stage("result", f"compute() brings {format_bytes(nbytes)} to the driver", 0, 0, 0)
+
+
+def result_shape(node: Node) -> tuple:
+    """The shape a plan names for ``node``'s result: an lstsq's is its solution x's."""
+    if isinstance(node, TSQR) and node.part == "lstsq":
+        n, k = node.x.shape[1], node.y.shape[1]
+        return (n,) if dict(node.options).get("vector") else (n, k)
+    return tuple(node.shape)
 
 
 class Planner:
@@ -662,6 +677,6 @@ def _lower(node, budget, out, out_grid, skip, inner_shards: bool = False,
             side = {"factors": p.stages[-2].outputs["factors"]}
         p.finish()
         stat_keys = p.stat_keys([])
-    return Plan(str(node), tuple(node.shape), str(node.dtype), budget, tuple(p.stages),
+    return Plan(str(node), result_shape(node), str(node.dtype), budget, tuple(p.stages),
                 str(out) if out is not None else None, {"result": result, **side},
                 tuple(p.creates), tuple(stat_keys))
