@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -358,3 +359,33 @@ def test_input_rewritten_on_s3_is_noticed(s3_url, storage_options, s3fs_fs, rng)
                     mode="r+")[:16, :16] = 1.0  # another writer, same metadata
     after = input_state(ref)
     assert after != before and after[2] == before[2]
+
+
+def test_store_not_answering_is_not_a_deleted_input(s3_url, storage_options, rng):
+    """An input whose store does not answer when a job checks it (a server
+    down, refused credentials) is named as such -- its state unknown, never
+    equal to the one taken before, and resumable -- not as "deleted"
+    (which advised overwriting the output); a deleted one still is."""
+    import s3fs
+
+    from tilearray.storage.commit import changed_input, input_state
+    from tilearray.storage.objects import Unreachable
+
+    url = f"{s3_url}/gone.zarr"
+    ta.from_numpy(rng.standard_normal((8, 8)), url, tile=(4, 4), storage_options=storage_options)
+    ref = ArrayRef.from_location(url, storage_options=storage_options)
+    states = {url: (ref, input_state(ref))}
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    down = {**storage_options, "endpoint_url": dead,
+            "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 2}}
+    down_ref = ArrayRef.from_location(url, storage_options=down)
+    now = input_state(down_ref)
+    assert isinstance(now, Unreachable) and now != now
+    err = changed_input({url: (down_ref, states[url][1])}, ArrayRef.from_location(
+        f"{s3_url}/out.zarr", storage_options=storage_options))
+    assert "could not be checked: its store did not answer" in str(err), err
+    assert "resume=True" in str(err) and "deleted" not in str(err)
+    s3fs.S3FileSystem(**storage_options).rm(url.removeprefix("s3://"), recursive=True)
+    assert "was deleted while compute() read it" in str(changed_input(states, None))

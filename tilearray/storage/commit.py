@@ -14,6 +14,7 @@ from ..errors import IncompleteOutputError, StorageError
 from . import array as sarray
 from . import locks
 from .array import ArrayRef
+from .objects import Unreachable
 from .ref import not_a_directory, refusal_of_non_directory
 
 
@@ -34,6 +35,12 @@ def changed_input(states: dict, out: ArrayRef | None) -> StorageError | None:
     ``out``: the output being written; None for ``compute()`` (nothing written)."""
     for loc, (ref, before) in states.items():
         now = input_state(ref)
+        if isinstance(now, Unreachable):  # not known to have changed: resumable
+            then = ("its result is discarded — compute again once the store answers"
+                    if out is None else f"{str(out)!r} is not marked complete — finish it "
+                    "with resume=True once the store answers")
+            return StorageError(f"input {loc!r} could not be checked: its store did not "
+                                f"answer ({now.why}); {then}")
         if now != before:
             gone = now is None or (isinstance(now, tuple) and now[2] == 0)
             what = 'was deleted' if gone else 'was modified'

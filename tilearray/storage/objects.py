@@ -20,6 +20,23 @@ from zarr.core.sync import sync
 _LOCK_MARK = "tilearray.lock"
 
 
+class Unreachable:
+    """The state of an array whose store did not answer the listing (a
+    server down, refused credentials): unknown, so never equal to a state
+    taken before -- and not an empty listing, which is a deleted array."""
+
+    def __init__(self, why: str):
+        self.why = why
+
+    def __eq__(self, other) -> bool:
+        return False
+
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:
+        return f"Unreachable({self.why!r})"
+
+
 def fsspec_of(store: Store):
     """``(filesystem, root path)`` of a zarr ``FsspecStore`` (seen through
     wrapper stores), else None."""
@@ -36,10 +53,11 @@ def protocol_of(fs) -> str:
     return fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
 
 
-def objects_state(ref) -> tuple[str, int, int] | None:
+def objects_state(ref) -> tuple[str, int, int] | Unreachable | None:
     """``(digest of every object's key, size and ETag, total bytes, object
     count)`` of the array at ``ref`` on an fsspec store (None for other
-    stores, or when the listing fails). Locks are left out: on object stores
+    stores; :class:`Unreachable` when the listing fails: a deleted array
+    lists empty, 0 objects). Locks are left out: on object stores
     an array's own lock lives inside its prefix. The ETag is the content's
     (not the time's): an object rewritten with the same bytes is unchanged."""
     found = fsspec_of(ref.store)
@@ -49,8 +67,8 @@ def objects_state(ref) -> tuple[str, int, int] | None:
     prefix = "/".join(p for p in (root.rstrip("/"), ref.path.strip("/")) if p)
     try:
         listing = sync(fs._find(prefix, detail=True))
-    except Exception:  # unreachable or gone: the caller reports what it can read
-        return None
+    except Exception as e:  # unknown, not gone: the caller says the store did not answer
+        return Unreachable(f"{type(e).__name__}: {e}")
     digest, total, count = hashlib.sha256(), 0, 0
     for path in sorted(listing):
         if _LOCK_MARK in path.rsplit("/", 1)[-1]:
