@@ -131,3 +131,20 @@ def test_engine_usable_after_a_failure_whose_inputs_were_gathered(thread_engine,
     assert np.array_equal(values[0], np.full(4, 2.0))
     handler_errors = [r.getMessage() for r in caplog.records if "while handling" in r.getMessage()]
     assert not handler_errors, handler_errors
+
+
+def test_error_raised_while_handling_a_zarr_error_keeps_its_class(engine, tmp_path):
+    """A tilearray error a worker raises while handling an exception that does
+    not unpickle (zarr's ArrayNotFoundError, pickled as its context by tblib)
+    reaches the caller as itself, not distributed's stand-in ``Exception(repr)``
+    that ``except ta.StorageError`` would miss."""
+    from tilearray.engine.runtime.gather import _restored
+
+    a = ta.from_numpy(np.ones((400, 400)), tmp_path / "a.zarr", tile=(100, 100))
+    plan = a.sum(axis=0)._lower()
+    os.remove(tmp_path / "a.zarr" / "zarr.json")  # gone after planning: each task's open fails
+    with pytest.raises(ta.StorageError, match=r"no Zarr array at .*a\.zarr.* \(deleted\?\)"):
+        engine.run(plan.graph(), list(plan.result.keys), quiet=True)
+    err = _restored(Exception(repr(ta.NotPositiveDefiniteError((2, 2), 17))))
+    assert type(err) is ta.NotPositiveDefiniteError and "column 17" in str(err)
+    assert _restored(Exception("ValueError('x')")) is None and _restored(Exception("x")) is None

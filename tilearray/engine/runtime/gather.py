@@ -4,9 +4,11 @@ summed into :class:`~.stats.RunStats`, job events for the scheduler's metrics.""
 
 from __future__ import annotations
 
+import ast
 import collections
 import contextlib
 import itertools
+import re
 import threading
 import time
 import warnings
@@ -111,7 +113,10 @@ def gather(client, graph: dict, keys: list, *, description: str, quiet: bool, pl
                 alive()
             stall.check(len(pending))
             for fut in [f for f in pending.values() if f.done()]:
-                value = fut.result()  # raises the task's exception
+                try:
+                    value = fut.result()  # raises the task's exception
+                except Exception as e:
+                    raise (_restored(e) or e) from None
                 for i in index[fut.key]:
                     values[i] = value
                 del pending[fut.key]
@@ -231,3 +236,30 @@ def _worker_peaks(client) -> dict:
         return client.run(take_peak, on_error="ignore")
     except Exception:
         return {}
+
+
+def _restored(e: Exception) -> Exception | None:
+    """The tilearray error a task raised, where distributed could only return
+    a plain ``Exception(repr)``: tblib pickles an error's ``__context__`` too,
+    and one raised while handling, say, zarr's ``ArrayNotFoundError`` (which
+    does not unpickle) then arrives as ``Exception('StorageError("...")')``,
+    which ``except ta.StorageError`` would not catch. None when ``e`` is not
+    such a stand-in."""
+    from ... import errors
+
+    if type(e) is not Exception or len(e.args) != 1 or not isinstance(e.args[0], str):
+        return None
+    m = re.fullmatch(r"(\w+)\((.*)\)", e.args[0], re.S)
+    cls = getattr(errors, m.group(1), None) if m else None
+    if not (isinstance(cls, type) and issubclass(cls, errors.TilearrayError)):
+        return None
+    try:
+        args = ast.literal_eval(f"({m.group(2)},)" if m.group(2) else "()")
+    except (ValueError, SyntaxError):
+        return None
+    try:
+        return cls(*args)
+    except Exception:  # an __init__ taking other arguments: the message kept
+        err = cls.__new__(cls)
+        err.args = args
+        return err
