@@ -389,3 +389,19 @@ def test_store_not_answering_is_not_a_deleted_input(s3_url, storage_options, rng
     assert "resume=True" in str(err) and "deleted" not in str(err)
     s3fs.S3FileSystem(**storage_options).rm(url.removeprefix("s3://"), recursive=True)
     assert "was deleted while compute() read it" in str(changed_input(states, None))
+
+
+def test_store_refusing_or_not_answering_is_a_storage_error(storage_options, rng):
+    """Opening or writing an array whose store does not answer (or refuses the
+    credentials) is a StorageError naming the array, not the client library's
+    raw exception (botocore's EndpointConnectionError, NoCredentialsError)."""
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    down = {**storage_options, "endpoint_url": dead,
+            "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 2}}
+    with pytest.raises(ta.StorageError, match=r"cannot open 's3://nowhere/a.zarr': its store "
+                                              r"refused or did not answer \(EndpointConnection"):
+        ta.open("s3://nowhere/a.zarr", storage_options=down)
+    with pytest.raises(ta.StorageError, match=r"cannot write 's3://nowhere/w.zarr'"):
+        ta.from_numpy(rng.standard_normal((4, 4)), "s3://nowhere/w.zarr", storage_options=down)

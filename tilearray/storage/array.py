@@ -48,6 +48,7 @@ from .locks import (  # noqa: F401  (the output lock, re-exported)
     output_lock_key,
     release_lock,
 )
+from .objects import store_failure
 from .ref import (  # noqa: F401  (re-exported: callers use storage.array's names)
     ATTR_KEY,
     DONE_DIR,
@@ -136,6 +137,12 @@ def open_array(
         raise StorageError(
             f"cannot read the metadata of {loc!r} (zarr.json / .zarray): {type(e).__name__}: "
             f"{e} — the file is damaged or cut short (a copy that ran out of space?)") from e
+    except Exception as e:  # credentials refused, an endpoint that does not answer
+        if not store_failure(e):
+            raise
+        raise StorageError(f"cannot open {loc!r}: its store refused or did not answer "
+                           f"({type(e).__name__}: {e}); check the endpoint, the credentials "
+                           "and storage_options") from e
     if arr.ndim not in (1, 2):
         raise StorageError(not_a_matrix_message(ref, arr))
     check_dtype(arr.dtype, loc)
@@ -385,6 +392,12 @@ def create(
         ) from None
     except (PermissionError, OSError, ValueError) as e:
         raise StorageError(f"cannot create {loc!r}: {type(e).__name__}: {e}") from None
+    except Exception as e:  # an object store's client: no credentials, no endpoint
+        if not store_failure(e):
+            raise
+        raise StorageError(f"cannot create {loc!r}: its store refused or did not answer "
+                           f"({type(e).__name__}: {e}); check the endpoint, the credentials "
+                           "and storage_options") from None
     # an overwritten member leaves the group's listing until it is complete again
     refresh_consolidated(ref)
     return arr

@@ -51,7 +51,7 @@ from zarr.core.sync import sync
 from zarr.storage import LocalStore
 
 from ..errors import OutputLockedError, StorageError
-from .objects import fsspec_of, protocol_of
+from .objects import fsspec_of, protocol_of, store_failure
 from .ref import describe
 
 LOCK_SUFFIX = ".tilearray.lock"
@@ -99,13 +99,14 @@ def _exclusive_put(store: Store, key: str, value: bytes) -> bool | None:
     return True
 
 
-def _cannot_create(slot: _Slot, target: str, e: OSError) -> StorageError:
+def _cannot_create(slot: _Slot, target: str, e: Exception) -> StorageError:
     """Why the lock for writing ``target`` cannot be created: a read-only
     store or a directory this process may not write into is said so."""
     if getattr(slot.store, "read_only", False):
         return StorageError(f"cannot write {target!r}: the store {describe(slot.store)!r} was "
                             "opened read-only; write to a location this process can write to")
-    if isinstance(e, PermissionError) or e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+    code = getattr(e, "errno", None)  # None from an object store client's errors
+    if isinstance(e, PermissionError) or code in (errno.EACCES, errno.EPERM, errno.EROFS):
         where = (f"the directory {os.path.dirname(slot.file)!r} is not writable"
                  if slot.file is not None else
                  f"the store {describe(slot.store)!r} is not writable")
@@ -293,7 +294,9 @@ def _acquire(slot: _Slot, what: str, refuse, target: str,
         try:
             if slot.create(mine):
                 return me["token"]
-        except OSError as e:
+        except Exception as e:  # OSError, or an object store client's (no credentials)
+            if not store_failure(e):
+                raise
             if unwritable_ok:
                 return None
             raise _cannot_create(slot, target, e) from None
@@ -305,7 +308,9 @@ def _acquire(slot: _Slot, what: str, refuse, target: str,
         # stale: reclaim it under an exclusive claim, only if it is still that lock
         try:
             claimed = claim.create(mine)
-        except OSError as e:
+        except Exception as e:
+            if not store_failure(e):
+                raise
             if unwritable_ok:
                 return None
             raise _cannot_create(claim, target, e) from None

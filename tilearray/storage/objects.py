@@ -49,6 +49,19 @@ def fsspec_of(store: Store):
     return None
 
 
+_CLIENT_LIBRARIES = ("botocore", "aiobotocore", "aiohttp", "s3fs", "gcsfs", "adlfs", "azure",
+                     "google")
+
+
+def store_failure(e: BaseException) -> bool:
+    """Whether ``e`` is a store refusing or not answering -- an OSError
+    (PermissionError: Forbidden, a connection refused) or an error of an
+    object store's client library (botocore's NoCredentialsError,
+    EndpointConnectionError) -- rather than a bug to let through."""
+    return isinstance(e, OSError) or \
+        type(e).__module__.split(".")[0] in _CLIENT_LIBRARIES
+
+
 def protocol_of(fs) -> str:
     return fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
 
