@@ -381,8 +381,10 @@ def test_store_not_answering_is_not_a_deleted_input(s3_url, storage_options, rng
     down = {**storage_options, "endpoint_url": dead,
             "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 2}}
     down_ref = ArrayRef.from_location(url, storage_options=down)
-    now = input_state(down_ref)
+    now = input_state(down_ref)  # neither a listing nor the metadata answers
     assert isinstance(now, Unreachable) and now != now
+    gone = changed_input({url: (ref, Unreachable("no answer at the start"))}, None)
+    assert "could not be checked" in str(gone) and "no answer at the start" in str(gone)
     err = changed_input({url: (down_ref, states[url][1])}, ArrayRef.from_location(
         f"{s3_url}/out.zarr", storage_options=storage_options))
     assert "could not be checked: its store did not answer" in str(err), err
@@ -405,3 +407,27 @@ def test_store_refusing_or_not_answering_is_a_storage_error(storage_options, rng
         ta.open("s3://nowhere/a.zarr", storage_options=down)
     with pytest.raises(ta.StorageError, match=r"cannot write 's3://nowhere/w.zarr'"):
         ta.from_numpy(rng.standard_normal((4, 4)), "s3://nowhere/w.zarr", storage_options=down)
+
+
+def test_credentials_that_read_but_cannot_list(s3_url, storage_options, rng, monkeypatch,
+                                               thread_engine):
+    """Credentials allowed to read objects but not to list the bucket (no
+    s3:ListBucket, common for shared read-only buckets): an input's state is
+    its metadata, and a job on it runs (a failed listing is not an
+    unreachable store)."""
+    import s3fs
+
+    from tilearray.storage.commit import input_state
+
+    x = rng.standard_normal((12, 10))
+    url = f"{s3_url}/nolist.zarr"
+    ta.from_numpy(x, url, tile=(5, 4), storage_options=storage_options)
+
+    async def refused(*args, **kwargs):
+        raise PermissionError("Access Denied (s3:ListBucket)")
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_find", refused)
+    a = ta.open(url, storage_options=storage_options)
+    assert isinstance(input_state(ArrayRef.from_location(url, storage_options=storage_options)),
+                      bytes)
+    assert_close(a.sum(axis=0).compute(engine=thread_engine), x.sum(axis=0))

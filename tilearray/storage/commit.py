@@ -20,14 +20,16 @@ from .ref import not_a_directory, refusal_of_non_directory
 
 def input_state(ref: ArrayRef):
     """What must not change under a running job: a local array's files (newest
-    mtime, bytes, count), else its stored metadata."""
+    mtime, bytes, count), an object store's listing, else its stored
+    metadata (None when missing: deleted); :class:`~.objects.Unreachable`
+    when the store does not answer (unknown, never unchanged)."""
     state = sarray.local_files_state(ref)
     if state is not None:
         return state
     try:
         return ref.get_key("zarr.json") or ref.get_key(".zarray")
-    except Exception:
-        return None
+    except Exception as e:
+        return Unreachable(f"{type(e).__name__}: {e}")
 
 
 def changed_input(states: dict, out: ArrayRef | None) -> StorageError | None:
@@ -35,12 +37,13 @@ def changed_input(states: dict, out: ArrayRef | None) -> StorageError | None:
     ``out``: the output being written; None for ``compute()`` (nothing written)."""
     for loc, (ref, before) in states.items():
         now = input_state(ref)
-        if isinstance(now, Unreachable):  # not known to have changed: resumable
+        if isinstance(now, Unreachable) or isinstance(before, Unreachable):
+            why = (now if isinstance(now, Unreachable) else before).why  # unknown: resumable
             then = ("its result is discarded — compute again once the store answers"
                     if out is None else f"{str(out)!r} is not marked complete — finish it "
                     "with resume=True once the store answers")
             return StorageError(f"input {loc!r} could not be checked: its store did not "
-                                f"answer ({now.why}); {then}")
+                                f"answer ({why}); {then}")
         if now != before:
             gone = now is None or (isinstance(now, tuple) and now[2] == 0)
             what = 'was deleted' if gone else 'was modified'

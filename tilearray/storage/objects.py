@@ -21,9 +21,9 @@ _LOCK_MARK = "tilearray.lock"
 
 
 class Unreachable:
-    """The state of an array whose store did not answer the listing (a
-    server down, refused credentials): unknown, so never equal to a state
-    taken before -- and not an empty listing, which is a deleted array."""
+    """The state of an array whose store did not answer (a server down,
+    refused credentials): unknown, so never equal to a state taken before --
+    and not a missing array, which is a deleted one."""
 
     def __init__(self, why: str):
         self.why = why
@@ -66,11 +66,12 @@ def protocol_of(fs) -> str:
     return fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
 
 
-def objects_state(ref) -> tuple[str, int, int] | Unreachable | None:
+def objects_state(ref) -> tuple[str, int, int] | None:
     """``(digest of every object's key, size and ETag, total bytes, object
     count)`` of the array at ``ref`` on an fsspec store (None for other
-    stores; :class:`Unreachable` when the listing fails: a deleted array
-    lists empty, 0 objects). Locks are left out: on object stores
+    stores, or when the listing fails -- credentials that may read but not
+    list, a store down: the caller falls back to the metadata; a deleted
+    array lists empty, 0 objects). Locks are left out: on object stores
     an array's own lock lives inside its prefix. The ETag is the content's
     (not the time's): an object rewritten with the same bytes is unchanged."""
     found = fsspec_of(ref.store)
@@ -80,8 +81,8 @@ def objects_state(ref) -> tuple[str, int, int] | Unreachable | None:
     prefix = "/".join(p for p in (root.rstrip("/"), ref.path.strip("/")) if p)
     try:
         listing = sync(fs._find(prefix, detail=True))
-    except Exception as e:  # unknown, not gone: the caller says the store did not answer
-        return Unreachable(f"{type(e).__name__}: {e}")
+    except Exception:  # not listable (no s3:ListBucket) or not answering
+        return None
     digest, total, count = hashlib.sha256(), 0, 0
     for path in sorted(listing):
         if _LOCK_MARK in path.rsplit("/", 1)[-1]:

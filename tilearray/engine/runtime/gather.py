@@ -116,7 +116,10 @@ def gather(client, graph: dict, keys: list, *, description: str, quiet: bool, pl
                 try:
                     value = fut.result()  # raises the task's exception
                 except Exception as e:
-                    raise (_restored(e) or e) from None
+                    rebuilt = _restored(e)
+                    if rebuilt is None:
+                        raise  # as it came, its cause kept
+                    raise rebuilt from None
                 for i in index[fut.key]:
                     values[i] = value
                 del pending[fut.key]
@@ -251,15 +254,14 @@ def _restored(e: Exception) -> Exception | None:
         return None
     m = re.fullmatch(r"(\w+)\((.*)\)", e.args[0], re.S)
     cls = getattr(errors, m.group(1), None) if m else None
-    if not (isinstance(cls, type) and issubclass(cls, errors.TilearrayError)):
+    if not (isinstance(cls, type) and issubclass(cls, errors.TilearrayError)
+            and cls.__module__ == errors.__name__):
         return None
     try:
         args = ast.literal_eval(f"({m.group(2)},)" if m.group(2) else "()")
     except (ValueError, SyntaxError):
         return None
-    try:
+    try:  # an error whose __init__ takes other arguments (a tile, a column) stays the stand-in
         return cls(*args)
-    except Exception:  # an __init__ taking other arguments: the message kept
-        err = cls.__new__(cls)
-        err.args = args
-        return err
+    except Exception:
+        return None
