@@ -625,34 +625,43 @@ def test_ctrl_c_presses_during_cleanup_and_ignored_signals(capsys):
     first interrupts again. A signal the parent ignored (a shell's background
     job) stays ignored."""
     import importlib
-    import os
     import signal
+    import threading
+    import time
 
     cli_main = importlib.import_module("tilearray.cli.main")  # the module, not main()
 
     def press():
-        os.kill(os.getpid(), signal.SIGINT)
+        # to the main thread, where Python runs handlers, then a moment for the
+        # handler to run inside press() (os.kill may land on another thread of
+        # this process, and the main thread see it only after the with-block)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        for _ in range(100):
+            time.sleep(0.002)
 
-    with cli_main._signals():
-        with pytest.raises(KeyboardInterrupt):
-            press()
-        press()  # during the cleanup: a note, no exception
-        assert "press Ctrl-C again to exit at once" in capsys.readouterr().err
-        old = cli_main.CLEANUP_SECONDS
-        cli_main.CLEANUP_SECONDS = 0.0
-        try:
-            with pytest.raises(KeyboardInterrupt):  # long after: the first was lost
-                press()
-        finally:
-            cli_main.CLEANUP_SECONDS = old
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Python's own handler, as a terminal leaves it: pytest run as a background
+    # job (`make test &` from a script) inherits SIGINT ignored, which _signals keeps
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
+        with cli_main._signals():
+            with pytest.raises(KeyboardInterrupt):
+                press()
+            press()  # during the cleanup: a note, no exception
+            assert "press Ctrl-C again to exit at once" in capsys.readouterr().err
+            old = cli_main.CLEANUP_SECONDS
+            cli_main.CLEANUP_SECONDS = 0.0
+            try:
+                with pytest.raises(KeyboardInterrupt):  # long after: the first was lost
+                    press()
+            finally:
+                cli_main.CLEANUP_SECONDS = old
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         with cli_main._signals():
             assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
             press()  # ignored, as before
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGINT, inherited)
 
 
 @pytest.mark.parametrize("signals", [("SIGTERM",)])
