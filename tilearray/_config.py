@@ -13,6 +13,9 @@ import math
 import numbers
 import os
 import re
+import threading
+from collections.abc import Callable
+from contextlib import contextmanager
 from typing import Any
 
 import dask.config
@@ -217,3 +220,31 @@ def check_all() -> None:
 
     for key in walk(_schema["properties"]["tilearray"], ""):
         get(key)
+
+
+class SharedSetting:
+    """A process-wide setting that nested and concurrent users share: the
+    first to enter applies it (``apply()`` returns what undoes it), the last
+    to leave restores it with ``restore(saved)``. A plain set-and-restore
+    block per user could restore the old value while another thread still
+    relies on the new one. Use as ``with setting(): ...``."""
+
+    def __init__(self, apply: Callable[[], Any], restore: Callable[[Any], None]):
+        self._apply, self._restore = apply, restore
+        self._lock = threading.Lock()
+        self._users, self._saved = 0, None
+
+    @contextmanager
+    def __call__(self):
+        with self._lock:
+            if self._users == 0:
+                self._saved = self._apply()
+            self._users += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._users -= 1
+                if self._users == 0:
+                    self._restore(self._saved)
+                    self._saved = None

@@ -368,8 +368,7 @@ def test_store_not_answering_is_not_a_deleted_input(s3_url, storage_options, rng
     (which advised overwriting the output); a deleted one still is."""
     import s3fs
 
-    from tilearray.storage.commit import changed_input, input_state
-    from tilearray.storage.objects import Unreachable
+    from tilearray.storage.commit import Unreachable, changed_input, input_state
 
     url = f"{s3_url}/gone.zarr"
     ta.from_numpy(rng.standard_normal((8, 8)), url, tile=(4, 4), storage_options=storage_options)

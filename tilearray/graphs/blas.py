@@ -19,46 +19,33 @@ against a tile kernel; the references hold it once for all their kernels.
 from __future__ import annotations
 
 import functools
-import threading
-from contextlib import contextmanager
 
 import numpy as np
 from scipy.linalg import blas, lapack
 from threadpoolctl import ThreadpoolController
 
+from .._config import SharedSetting
 from ..errors import NotPositiveDefiniteError, SingularMatrixError
 
 # --------------------------------------------------------------------------
 # one BLAS thread, dtypes
 # --------------------------------------------------------------------------
 
-_LOCK = threading.Lock()
-_STATE: dict = {"depth": 0, "limiter": None, "controller": None}
+_CONTROLLER: list = []  # threadpoolctl's view of the loaded BLAS, made once
 
 
-@contextmanager
-def one_blas_thread():
-    """Run the body with every loaded BLAS limited to one thread.
+def _limit_blas():
+    if not _CONTROLLER:
+        _CONTROLLER.append(ThreadpoolController())
+    return _CONTROLLER[0].limit(limits=1, user_api="blas")
 
-    BLAS thread counts are process-wide, so nested and concurrent users share
-    one limit: the first to enter sets it, the last to leave restores the
-    original counts (a plain ``threadpool_limits(1)`` per call could restore
-    2 threads while another worker thread is still inside ``potrf``).
-    """
-    with _LOCK:
-        if _STATE["depth"] == 0:
-            if _STATE["controller"] is None:
-                _STATE["controller"] = ThreadpoolController()
-            _STATE["limiter"] = _STATE["controller"].limit(limits=1, user_api="blas")
-        _STATE["depth"] += 1
-    try:
-        yield
-    finally:
-        with _LOCK:
-            _STATE["depth"] -= 1
-            if _STATE["depth"] == 0:
-                _STATE["limiter"].restore_original_limits()
-                _STATE["limiter"] = None
+
+one_blas_thread = SharedSetting(_limit_blas, lambda limiter: limiter.restore_original_limits())
+"""``with one_blas_thread():`` runs the body with every loaded BLAS limited to
+one thread. BLAS thread counts are process-wide, so nested and concurrent
+users share one limit: the first to enter sets it, the last to leave
+restores the original counts (a plain ``threadpool_limits(1)`` per call could
+restore 2 threads while another worker thread is still inside ``potrf``)."""
 
 
 def single_threaded(func):

@@ -48,7 +48,7 @@ from .locks import (  # noqa: F401  (the output lock, re-exported)
     output_lock_key,
     release_lock,
 )
-from .objects import store_failure
+from .objects import store_refused
 from .ref import (  # noqa: F401  (re-exported: callers use storage.array's names)
     ATTR_KEY,
     DONE_DIR,
@@ -138,11 +138,9 @@ def open_array(
             f"cannot read the metadata of {loc!r} (zarr.json / .zarray): {type(e).__name__}: "
             f"{e} — the file is damaged or cut short (a copy that ran out of space?)") from e
     except Exception as e:  # credentials refused, an endpoint that does not answer
-        if not store_failure(e):
+        if (err := store_refused("open", loc, e)) is None:
             raise
-        raise StorageError(f"cannot open {loc!r}: its store refused or did not answer "
-                           f"({type(e).__name__}: {e}); check the endpoint, the credentials "
-                           "and storage_options") from e
+        raise err from e
     if arr.ndim not in (1, 2):
         raise StorageError(not_a_matrix_message(ref, arr))
     check_dtype(arr.dtype, loc)
@@ -393,11 +391,9 @@ def create(
     except (PermissionError, OSError, ValueError) as e:
         raise StorageError(f"cannot create {loc!r}: {type(e).__name__}: {e}") from None
     except Exception as e:  # an object store's client: no credentials, no endpoint
-        if not store_failure(e):
+        if (err := store_refused("create", loc, e)) is None:
             raise
-        raise StorageError(f"cannot create {loc!r}: its store refused or did not answer "
-                           f"({type(e).__name__}: {e}); check the endpoint, the credentials "
-                           "and storage_options") from None
+        raise err from None
     # an overwritten member leaves the group's listing until it is complete again
     refresh_consolidated(ref)
     return arr

@@ -14,14 +14,30 @@ from ..errors import IncompleteOutputError, StorageError
 from . import array as sarray
 from . import locks
 from .array import ArrayRef
-from .objects import Unreachable
 from .ref import not_a_directory, refusal_of_non_directory
+
+
+class Unreachable:
+    """The state of an array whose store did not answer (a server down,
+    refused credentials): unknown, so never equal to a state taken before --
+    and not a missing array, which is a deleted one."""
+
+    def __init__(self, why: str):
+        self.why = why
+
+    def __eq__(self, other) -> bool:
+        return False
+
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:
+        return f"Unreachable({self.why!r})"
 
 
 def input_state(ref: ArrayRef):
     """What must not change under a running job: a local array's files (newest
     mtime, bytes, count), an object store's listing, else its stored
-    metadata (None when missing: deleted); :class:`~.objects.Unreachable`
+    metadata (None when missing: deleted); :class:`Unreachable`
     when the store does not answer (unknown, never unchanged)."""
     state = sarray.local_files_state(ref)
     if state is not None:

@@ -17,24 +17,9 @@ import hashlib
 from zarr.abc.store import Store
 from zarr.core.sync import sync
 
+from ..errors import StorageError
+
 _LOCK_MARK = "tilearray.lock"
-
-
-class Unreachable:
-    """The state of an array whose store did not answer (a server down,
-    refused credentials): unknown, so never equal to a state taken before --
-    and not a missing array, which is a deleted one."""
-
-    def __init__(self, why: str):
-        self.why = why
-
-    def __eq__(self, other) -> bool:
-        return False
-
-    __hash__ = object.__hash__
-
-    def __repr__(self) -> str:
-        return f"Unreachable({self.why!r})"
 
 
 def fsspec_of(store: Store):
@@ -60,6 +45,17 @@ def store_failure(e: BaseException) -> bool:
     EndpointConnectionError) -- rather than a bug to let through."""
     return isinstance(e, OSError) or \
         type(e).__module__.split(".")[0] in _CLIENT_LIBRARIES
+
+
+def store_refused(doing: str, loc: str, e: BaseException) -> StorageError | None:
+    """The StorageError for ``doing`` (open, create) ``loc`` when ``e`` is a
+    store refusing or not answering (:func:`store_failure`), else None: the
+    caller re-raises ``e``."""
+    if not store_failure(e):
+        return None
+    return StorageError(f"cannot {doing} {loc!r}: its store refused or did not answer "
+                        f"({type(e).__name__}: {e}); check the endpoint, the credentials and "
+                        "storage_options")
 
 
 def protocol_of(fs) -> str:

@@ -151,8 +151,9 @@ def corrcoef(x, y=None, rowvar=True, *, dtype=None) -> ExprBase:
 
 
 def outer(a, b) -> ExprBase:
-    """``np.outer`` of two vectors (small results, 1-D products joined in memory, or NumPy vectors): a lazy
-    matrix, each block computed from the two vectors (nothing is read)."""
+    """``np.outer`` of two vectors (small results, 1-D products joined in
+    memory, or NumPy vectors): a lazy matrix, each block computed from the two
+    vectors (nothing is read)."""
     na, nb = (_vector(v) for v in (a, b))
     if isinstance(a, ExprBase) or isinstance(b, ExprBase):
         like = a if isinstance(a, ExprBase) else b

@@ -9,12 +9,12 @@ import collections
 import contextlib
 import itertools
 import re
-import threading
 import time
 import warnings
 
 import dask
 
+from ..._config import SharedSetting
 from .stats import RunStats
 
 LARGE_GRAPH_WARNING = "512MiB"
@@ -22,28 +22,21 @@ LARGE_GRAPH_WARNING = "512MiB"
 tilearray submits (its own default, 10 MB, is met by a NumPy operand alone)."""
 
 
-_RAISED = {"runs": 0, "saved": None}
-_RAISED_LOCK = threading.Lock()
+_GRAPH_WARNING_KEY = "distributed.admin.large-graph-warning-threshold"
 
 
-@contextlib.contextmanager
-def _large_graphs():
-    """dask's large-graph threshold at :data:`LARGE_GRAPH_WARNING` while any
-    run submits; restored when the last one is done (runs of several threads
-    interleave: a ``dask.config.set`` block each could leave it raised)."""
-    key = "distributed.admin.large-graph-warning-threshold"
-    with _RAISED_LOCK:
-        if _RAISED["runs"] == 0:
-            _RAISED["saved"] = dask.config.get(key, None)
-            dask.config.set({key: LARGE_GRAPH_WARNING})
-        _RAISED["runs"] += 1
-    try:
-        yield
-    finally:
-        with _RAISED_LOCK:
-            _RAISED["runs"] -= 1
-            if _RAISED["runs"] == 0:
-                dask.config.set({key: _RAISED["saved"]})
+def _raise_graph_warning():
+    saved = dask.config.get(_GRAPH_WARNING_KEY, None)
+    dask.config.set({_GRAPH_WARNING_KEY: LARGE_GRAPH_WARNING})
+    return saved
+
+
+_large_graphs = SharedSetting(_raise_graph_warning,
+                              lambda saved: dask.config.set({_GRAPH_WARNING_KEY: saved}))
+"""``with _large_graphs():`` -- dask's large-graph threshold at
+:data:`LARGE_GRAPH_WARNING` while any run submits, restored when the last one
+is done (runs of several threads interleave: a ``dask.config.set`` block each
+could leave it raised)."""
 
 
 def _prioritized(graph: dict, plan):
