@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import tilearray as ta
 from tilearray.errors import NotPositiveDefiniteError, SingularMatrixError
+from tilearray.linalg import _rhs, _trsolve
 from tilearray.storage import ArrayRef
 from tilearray.storage.array import done_units
 from tilearray.storage.ref import unit_done_key, unit_fill_key
@@ -257,6 +258,66 @@ def test_plan_reports_io_against_the_lower_bound(tmp_path):
     assert 1 < chosen.bytes_read / chosen.io_lower_bound < 4
 
 
+def test_tight_budget_tiles_stay_inside_the_input_units(tmp_path):
+    """At ~33 MiB a task with input chunks of 1024² (8 MiB), a tile crossing a
+    chunk's edge reads two chunks per strip and fits only at 128 rows (562
+    Cholesky tasks reading 68x the I/O lower bound, then 4,000 substitution
+    tasks of 64 rows); a tile inside one chunk (a half or quarter of it)
+    reads one. Planned on metadata alone."""
+    n = 4000
+    zarr.create_array(tmp_path / "a.zarr", shape=(n, n), chunks=(1024, 1024), dtype="f8")
+    a = ta.open(tmp_path / "a.zarr")
+    budget = ta.Budget.from_config("180MiB", 2, 1)
+    plan = ta.linalg.solve_plan(a, np.ones(n), assume_a="pos").plan(budget=budget)
+    chol, fwd, back = plan.stages[:3]
+    b = int(chol.description.split(" x ")[0].rsplit(" ", 1)[1])
+    assert b >= 256 and 1024 % b == 0, chol.description
+    assert chol.peak_task_memory <= budget.task_memory
+    assert chol.bytes_read / chol.io_lower_bound < 25, chol
+    for stage in (fwd, back):
+        rows = int(stage.description.split("row tiles of ")[1].split(" ")[0])
+        assert rows >= 256 and stage.peak_task_memory <= budget.task_memory, stage.description
+    assert plan.tasks < 600, plan
+
+    # a triangular matrix stored in 64² chunks: row tiles of several chunks
+    t = tmp_path / "t.zarr"
+    zarr.create_array(t, shape=(n, n), chunks=(64, 64), dtype="f8")
+    ynode, vector = _rhs(np.ones(n), n, "solve_triangular")
+    sub = ta.TiledArray(_trsolve(ta.open(t)._node, ynode, np.dtype("f8"), lower=True,
+                                 trans=False, vector=vector)).plan(budget=budget)
+    stage = sub.stages[0]
+    rows = int(stage.description.split("row tiles of ")[1].split(" ")[0])
+    assert rows >= 256 and rows % 64 == 0 and stage.peak_task_memory <= budget.task_memory, stage
+
+
+@given(align=st.integers(1, 3000), cap=st.integers(1, 5000), n=st.integers(1, 6000),
+       mem=st.integers(1, 200))
+@settings(max_examples=300, deadline=None)
+def test_fit_tile_prefers_aligned_tiles(align, cap, n, mem):
+    """``fit_tile`` returns a tile that fits (or MIN_FIT, refused by its
+    caller), at most the cap; an aligned tile (a multiple of the unit, else a
+    divisor of it) whenever one fits, the largest such."""
+    from tilearray.engine.plan.cholesky import MIN_FIT, fit_tile
+
+    budget = ta.Budget(mem * MiB + 120 * MiB, fraction=1.0)
+
+    def peak(b):  # a read crossing a unit's edge fetches two units, one inside fetches one
+        units = 1 if align % b == 0 or b % align == 0 else 2
+        return b * b * 8 + units * max(b, align) ** 2 * 8 // 64
+
+    got = fit_tile(n, align, cap, peak, budget)
+    top = max(min(cap, n), 1)
+    assert 1 <= got <= top
+    fitting = [b for b in range(1, top + 1) if peak(b) <= budget.task_memory]
+    aligned = [b for b in fitting if b % align == 0 or (align % b == 0 and b >= MIN_FIT)]
+    if align > 1 and aligned:
+        assert got == max(aligned), (got, aligned)
+    elif fitting and max(fitting) >= min(MIN_FIT, top):
+        assert peak(got) <= budget.task_memory
+    else:
+        assert got == min(MIN_FIT, top)
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_spd_solve(eng, tmp_path, rng, dtype):
     n = 157
@@ -276,11 +337,16 @@ def test_spd_solve(eng, tmp_path, rng, dtype):
 
 
 def test_triangular_solves(eng, tmp_path, rng):
-    n = 111
-    t = np.tril(rng.standard_normal((n, n))) + 5 * np.eye(n)
+    """Row tiles of several stored 30² tiles (270 rows: under MIN_TILE rows a
+    tile task would be thousands of tasks at scale), ragged at the end."""
+    n = 611
+    t = np.tril(rng.standard_normal((n, n))) / np.sqrt(n) + 2 * np.eye(n)
     lo = stored(tmp_path, "t.zarr", t, (30, 30))
     up = stored(tmp_path, "u.zarr", t.T.copy(), (30, 30))
     b = rng.standard_normal((n, 2))
+    ynode, _ = _rhs(b, n, "solve_triangular")
+    lazy = ta.TiledArray(_trsolve(lo._node, ynode, np.dtype("f8"), lower=True, trans=False))
+    assert "by 3 row tiles of 270" in str(lazy.plan(engine=eng)), lazy.plan(engine=eng)
     for a, x, lower in ((lo, t, True), (up, t.T, False)):
         for trans in (0, 1):
             want = sla.solve_triangular(x, b, lower=lower, trans=trans)

@@ -168,16 +168,34 @@ def chol_peak(spec, b: int, panel: int, n: int, itemsize: int) -> int:
 
 def fit_tile(n: int, align: int, cap: int, peak_of, budget: Budget) -> int:
     """The largest square tile ``<= cap`` whose task fits ``budget``: a
-    multiple of ``align`` (the input's I/O unit) when one fits, else a
-    multiple of 64; :data:`MIN_FIT` if none fits (the caller refuses it with
-    its peak: thinner tiles would only multiply tasks and reads)."""
+    multiple of ``align`` (the input's I/O unit) when one fits, else the
+    largest divisor of it (``>=`` :data:`MIN_FIT`) that fits, else a
+    multiple of 64; :data:`MIN_FIT` if none fits (the caller refuses
+    it with its peak: thinner tiles would only multiply tasks and reads)."""
     cap = max(min(cap, n), 1)
+
+    def fits(b: int) -> bool:
+        return peak_of(b) <= budget.task_memory
+
+    if align > 1:  # aligned tiles first: a multiple of the unit, else a divisor of it
+        m = cap // align  # peaks grow with the multiple: the largest that fits
+        lo, hi = 0, m
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if fits(mid * align) else (lo, mid - 1)
+        if lo:
+            return lo * align
+        # a tile inside one unit reads that unit; one across a unit's edge reads
+        # two, so the largest unaligned tile that fits can be far smaller (input
+        # units of 1024² at 33 MiB a task: 256 aligned against 128 unaligned)
+        small = [d for d in range(1, math.isqrt(align) + 1) if align % d == 0]
+        for b in sorted({*small, *(align // d for d in small)}, reverse=True):
+            if MIN_FIT <= b <= cap and fits(b):
+                return b
     lo, hi = min(MIN_FIT, cap), cap  # never below MIN_FIT: the caller refuses it instead
     while lo < hi:  # peaks grow with b: the largest b that fits
         mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if peak_of(mid) <= budget.task_memory else (lo, mid - 1)
-    if lo >= align and align > 1:
-        return lo // align * align
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
     return lo if lo < 64 or lo == cap else lo // 64 * 64
 
 
@@ -300,12 +318,21 @@ def lower_cholesky(node, spec, deps: list, budget: Budget, b: int, out, l_grid,
 
 def trsolve_tile(n: int, ncols: int, t_spec, itemsize: int, budget: Budget) -> int:
     """The row tile of a substitution: the stored T's tile when T is a
-    planner-tiled factor, else the largest that fits."""
+    planner-tiled factor (a multiple of it up to :data:`MIN_TILE` rows, as
+    fits, where it is narrower: a task per pair of 64-row tiles would be
+    thousands of tasks), else the largest that fits."""
     align = input_unit_side(t_spec)
+
+    def fits(b: int) -> bool:
+        return trsolve_peak(b, ncols, n, _a_read(t_spec, b, n), itemsize) <= budget.task_memory
+
     if isinstance(t_spec, Read) and t_spec.grid.tile[0] == t_spec.grid.tile[1]:
         b = t_spec.grid.tile[0]
-        if trsolve_peak(b, ncols, n, _a_read(t_spec, b, n), itemsize) <= budget.task_memory:
-            return b
+        if fits(b):
+            m = max(-(-min(MIN_TILE, n) // b), 1)
+            while m > 1 and not fits(m * b):
+                m -= 1
+            return m * b
     return fit_tile(n, align, n, lambda b: trsolve_peak(b, ncols, n, _a_read(t_spec, b, n),
                                                         itemsize), budget)
 
