@@ -1,16 +1,24 @@
 import os
 
+import dask
 import numpy as np
 import pytest
 from hypothesis import settings
 
 import tilearray as ta
+from tilearray.engine.runtime.local import no_profiler
 
 # make test (CI) draws the same Hypothesis examples every run, so a landing
 # never depends on the draw; HYPOTHESIS_PROFILE=explore draws new ones
 settings.register_profile("ci", derandomize=True)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# The clusters tests build themselves (SpecCluster, plain Workers) run without
+# distributed's worker profiler, as the engine's do on Python 3.11: its
+# sys._current_frames() deadlocked a test process there (CPython gh-106883;
+# Hypothesis's gc callback is Python code run inside that call's collection)
+dask.config.set(no_profiler())
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,7 @@
 that are there; workers that join mid-job get tasks, retired ones hand theirs
 back, and results stay right."""
 
+import sys
 import threading
 import time
 import warnings
@@ -194,7 +195,7 @@ def test_adaptive_engine_scales_up_for_a_job(tmp_path, rng):
         client.wait_for_workers(2, timeout=60)
         # the added worker was built after the engine started: it must still
         # not pause (at 80 % of this whole process's RSS it did, and hung)
-        assert set(client.run(_memory_settings).values()) == {(False, False, False)}
+        assert set(client.run(_memory_settings).values()) == {(False, False, False, False)}
         _wait(lambda: len(_tilearray_workers(client, since, "map")) >= 1, what="tasks")
         Event("adapt-hold", client=client).set()
         hold.result(timeout=60)
@@ -205,7 +206,11 @@ def test_adaptive_engine_scales_up_for_a_job(tmp_path, rng):
 
 def _memory_settings(dask_worker):
     m = dask_worker.memory_manager
-    return m.memory_pause_fraction, m.memory_spill_fraction, m.memory_target_fraction
+    # distributed's statistical profiler can deadlock a Python 3.11 process
+    # (CPython gh-106883): the engine's workers run without it there
+    profiling = "profile" in dask_worker.periodic_callbacks
+    return (m.memory_pause_fraction, m.memory_spill_fraction, m.memory_target_fraction,
+            profiling == (sys.version_info[:2] == (3, 11)))
 
 
 def _terminate(dask_worker):
@@ -216,11 +221,12 @@ def _terminate(dask_worker):
 def test_workers_added_later_get_the_engines_memory_settings(processes):
     """Adaptive scaling builds workers after start_local returned, outside its
     dask.config.set: they must get the same settings as the first ones."""
-    with ta.Engine(n_workers=1, threads_per_worker=1, memory_per_worker="512MiB",
-                   processes=processes, quiet=True) as eng:
+    with dask.config.set({"distributed.worker.profile.enabled": True}), \
+            ta.Engine(n_workers=1, threads_per_worker=1, memory_per_worker="512MiB",
+                      processes=processes, quiet=True) as eng:
         eng.cluster.scale(2)
         eng.client.wait_for_workers(2, timeout=60)
-        assert set(eng.client.run(_memory_settings).values()) == {(False, False, False)}
+        assert set(eng.client.run(_memory_settings).values()) == {(False, False, False, False)}
         if processes:  # the nanny's kill stays the safety net
             default = dask.config.get("distributed.worker.memory.terminate")
             assert set(eng.client.run(_terminate, nanny=True).values()) == {default}
@@ -228,7 +234,7 @@ def test_workers_added_later_get_the_engines_memory_settings(processes):
             # settings: its config was a shallow copy that reverted
             eng.client.restart_workers(list(eng.client.scheduler_info()["workers"]))
             eng.client.wait_for_workers(2, timeout=60)
-            assert set(eng.client.run(_memory_settings).values()) == {(False, False, False)}
+            assert set(eng.client.run(_memory_settings).values()) == {(False, False, False, False)}
         assert dask.config.get("distributed.worker.memory.pause") is not False
 
 

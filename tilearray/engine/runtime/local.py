@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import sys
 import time
 
 import dask
@@ -123,7 +124,22 @@ def _worker_settings(processes: bool) -> dict:
         # in-process workers have no nanny: measuring this whole process
         # against the limit would make them close themselves
         **({} if processes else {"distributed.worker.memory.terminate": False}),
+        **no_profiler(),
     }
+
+
+def no_profiler() -> dict:
+    """dask's setting that stops a worker's statistical profiler on Python
+    3.11, where its ``sys._current_frames()`` every 10 ms can deadlock the
+    whole process: a garbage collection inside it runs Python code (a
+    finalizer, a ``gc.callbacks`` hook) and waits for the GIL while holding
+    the interpreter's thread-list lock, which an exiting thread holding the
+    GIL waits for (CPython gh-106883, fixed in 3.12 and never in 3.11;
+    distributed already keeps its event-loop profiler off on 3.11, dask
+    distributed #8616). A test run here hung that way, every thread waiting.
+    The dashboard's Profile page stays empty."""
+    return {"distributed.worker.profile.enabled": False} if sys.version_info[:2] == (3, 11) \
+        else {}
 
 
 def _with_settings(cls, settings: dict):

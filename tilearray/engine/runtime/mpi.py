@@ -415,18 +415,21 @@ def _init_mpi(wait: float):
 
 
 def _configure_dask(rank: int, wait: float, blas: int) -> None:
-    """dask's config on every rank: retries, no spilling, the workers' BLAS
-    threads; the scheduler rank preloads this module (the lost-client watch)."""
+    """dask's config on every rank: retries, no spilling, no worker profiler
+    on Python 3.11 (:func:`~.local.no_profiler`), the workers' BLAS threads;
+    the scheduler rank preloads this module (the lost-client watch)."""
     global _watch
     import dask
 
     from ... import _config
+    from .local import no_profiler
 
     blas_env = {k: blas for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
     dask.config.set({
         "distributed.scheduler.allowed-failures": _config.get("scheduler.allowed-failures"),
         "distributed.worker.memory.spill": False,
         "distributed.worker.memory.target": False,
+        **no_profiler(),
         "distributed.nanny.pre-spawn-environ": {
             **dask.config.get("distributed.nanny.pre-spawn-environ", {}), **blas_env},
     })
