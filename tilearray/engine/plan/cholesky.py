@@ -169,34 +169,41 @@ def chol_peak(spec, b: int, panel: int, n: int, itemsize: int) -> int:
 def fit_tile(n: int, align: int, cap: int, peak_of, budget: Budget) -> int:
     """The largest square tile ``<= cap`` whose task fits ``budget``: a
     multiple of ``align`` (the input's I/O unit) when one fits, else the
-    largest divisor of it (``>=`` :data:`MIN_FIT`) that fits, else a
-    multiple of 64; :data:`MIN_FIT` if none fits (the caller refuses
-    it with its peak: thinner tiles would only multiply tasks and reads)."""
+    larger of the largest divisor of it (``>=`` :data:`MIN_FIT`) and the
+    largest multiple of 64 that fit; :data:`MIN_FIT` if none fits (the
+    caller refuses it with its peak: thinner tiles would only multiply
+    tasks and reads).
+
+    A tile inside one unit reads that unit, one across a unit's edge reads
+    two: with 1024² input units at 33 MiB a Cholesky task, 256 (a divisor)
+    fits where no unaligned tile above 128 does. An LU panel reads a band of
+    units whatever its width: at 16384² in 1024² units with 1 GiB workers,
+    panels of 960 fit and the divisor would be 512."""
     cap = max(min(cap, n), 1)
 
     def fits(b: int) -> bool:
         return peak_of(b) <= budget.task_memory
 
-    if align > 1:  # aligned tiles first: a multiple of the unit, else a divisor of it
-        m = cap // align  # peaks grow with the multiple: the largest that fits
+    divisor = 0
+    if align > 1:  # aligned tiles first: the largest multiple of the unit that fits
+        m = cap // align  # peaks grow with the multiple
         lo, hi = 0, m
         while lo < hi:
             mid = (lo + hi + 1) // 2
             lo, hi = (mid, hi) if fits(mid * align) else (lo, mid - 1)
         if lo:
             return lo * align
-        # a tile inside one unit reads that unit; one across a unit's edge reads
-        # two, so the largest unaligned tile that fits can be far smaller (input
-        # units of 1024² at 33 MiB a task: 256 aligned against 128 unaligned)
         small = [d for d in range(1, math.isqrt(align) + 1) if align % d == 0]
-        for b in sorted({*small, *(align // d for d in small)}, reverse=True):
-            if MIN_FIT <= b <= cap and fits(b):
-                return b
+        divisor = next((b for b in sorted({*small, *(align // d for d in small)}, reverse=True)
+                        if MIN_FIT <= b <= cap and fits(b)), 0)
     lo, hi = min(MIN_FIT, cap), cap  # never below MIN_FIT: the caller refuses it instead
-    while lo < hi:  # peaks grow with b: the largest b that fits
+    while lo < hi:  # the largest b that fits, were peaks to grow with b
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
-    return lo if lo < 64 or lo == cap else lo // 64 * 64
+    unaligned = lo if lo < 64 or lo == cap else lo // 64 * 64
+    if divisor and (divisor >= unaligned or not fits(unaligned)):
+        return divisor
+    return unaligned
 
 
 def cholesky_tile(node, spec, budget: Budget, unit: int | None = None) -> tuple[int, int]:
