@@ -4,6 +4,7 @@ dtypes, NaNs and empty selections; plan figures (tasks, bytes read and
 written) equal to the measured RunStats."""
 
 import itertools
+import re
 import warnings
 
 import dask
@@ -649,6 +650,39 @@ def test_quantile_refused_when_a_column_does_not_fit(tall):
         np.median(a, axis=0).plan(budget=budget)
     plan = np.median(a, axis=1).plan(budget=budget)  # rows of 4: fine
     assert plan.bytes_read == a.nbytes
+
+
+def test_quantile_bands_inside_units_and_refusals_that_plan(tmp_path):
+    """Planned on metadata alone (helper-35's cases). Bands cut inside a unit
+    are a divisor of it wide (a band across a unit's edge reads two units, so
+    the suggested memory used never to plan: 145 -> 153 -> refused -> 176 ->
+    211 -> refused); a band whose unit reads are most of its peak is not
+    narrowed to one line per task (a 2M x 256 median along rows in 100,000-row
+    chunks ran many minutes building 2M blocks before its refusal)."""
+    import time
+
+    import zarr
+
+    zarr.create_array(str(tmp_path / "f4.zarr"), shape=(4000, 4000), chunks=(1024, 1024),
+                      dtype="float32")
+    a = ta.open(tmp_path / "f4.zarr")
+    with pytest.raises(ta.PlanningError, match=r"memory_per_worker >= (\d+)MiB") as e:
+        np.median(a, axis=0).plan(budget=ta.Budget.from_config("145MiB", 2, 1))
+    need = re.search(r"memory_per_worker >= (\d+)MiB", str(e.value)).group(1)
+    plan = np.median(a, axis=0).plan(budget=ta.Budget.from_config(f"{need}MiB", 2, 1))
+    width = int(plan.stages[0].description.split(" bands")[0].rsplit(" ", 1)[1])
+    assert plan.peak_task_memory <= plan.budget.task_memory and width >= 4000 // 1024
+    zarr.create_array(str(tmp_path / "tall.zarr"), shape=(2_000_000, 256),
+                      chunks=(100_000, 256), dtype="float64")
+    t = time.process_time()
+    with pytest.raises(ta.PlanningError, match="whole lines along axis 1") as e:
+        np.median(ta.open(tmp_path / "tall.zarr"), axis=1).plan(
+            budget=ta.Budget.from_config("180MiB", 2, 1))
+    assert time.process_time() - t < 30  # was many minutes (not a timing test: a hang)
+    need = re.search(r"memory_per_worker >= (\d+)MiB", str(e.value)).group(1)
+    plan = np.median(ta.open(tmp_path / "tall.zarr"), axis=1).plan(
+        budget=ta.Budget.from_config(f"{need}MiB", 2, 1))
+    assert plan.tasks < 1000, plan
 
 
 # -- sort / argsort along an axis ----------------------------------------------------------

@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from dask.base import tokenize
 
@@ -94,6 +96,12 @@ def lower_diagonal(node, spec, deps: list, budget: Budget) -> Stage:
                        budget, f"{short(node)}: {len(blocks)} blocks along the diagonal")
 
 
+def _divisor_at_most(n: int, w: int) -> int:
+    """The largest divisor of ``n`` that is at most ``w`` (1 at least)."""
+    small = [d for d in range(1, math.isqrt(max(n, 1)) + 1) if n % d == 0]
+    return max((d for d in (*small, *(n // d for d in small)) if d <= w), default=1)
+
+
 def lower_quantile(node, spec, deps: list, budget: Budget) -> Stage:
     """Exact quantiles along ``node.axis``: a task holds whole lines (a
     buffer of them and NumPy's float64 working copy), filled strip by strip
@@ -109,16 +117,27 @@ def lower_quantile(node, spec, deps: list, budget: Budget) -> Stage:
     base = unit_edges(spec, other, width)
     task = BlockTask(temps, 0, read_flight(spec))
     w = max(budget.task_memory // max(length * 16, 1), 1)
+    unit = max_interval(base)
     while True:
         edges = group_edges(base, w)
-        if max_interval(edges) > w:  # a unit wider than fits: cut inside units
+        if max_interval(edges) > w:  # a unit wider than fits: cut inside units,
+            # a divisor of the unit wide (a band across a unit's edge reads two
+            # units, more than the widest band checked here)
+            w = _divisor_at_most(unit, w)
             edges = tuple(range(0, width, w)) + (width,) if width else (0,)
         band = max(intervals(edges), key=lambda b: b[1] - b[0], default=(0, 0))
         block = ((0, length), band) if ax == 0 else (band, (0, length))
         peak = _strip_costs(spec, *block, strips, task)[3]
-        if peak <= budget.task_memory or w == 1:
+        # narrower bands would not lower it: the units each band reads are most of it
+        # (a 20,000 x 256 median along rows in one chunk had gone down to a band per
+        # line, 20,000 tasks costed before the refusal, 2M rows many minutes)
+        held = (band[1] - band[0]) * length * 16
+        if peak <= budget.task_memory or w == 1 or 32 * held < peak:
             break
         w = max(w // 2, 1)
+    if peak > budget.task_memory:  # refused before laying out a band per line
+        check_fits("quantile", peak, f"{short(node)} (exact: one task holds whole lines "
+                   f"along axis {ax}, {length} elements each)", budget)
     bands = intervals(edges) or [(0, 0)]
     blocks = [((0, length), band) if ax == 0 else (band, (0, length)) for band in bands]
     q = np.asarray(node.q, dtype=np.float64)
