@@ -47,7 +47,7 @@ def _line_stage(node, kind: str, spec, deps, blocks, fn: str, kwargs: tuple, joi
             size = (rows[1] - rows[0]) * (cols[1] - cols[0])
             peak = max(peak, block_peak(task, cost[0], size))
         else:
-            *cost, p = _strip_costs(spec, rows, cols, strips, task)
+            *cost, p = _strip_costs(spec, rows, cols, strips, task, dict(kwargs)["axis"])
             peak = max(peak, p)
         tot.add(cost)
         keys.append(work.add((f"{kind}-" + token, i), gnp.block_line, spec, rows, cols, deps,
@@ -59,12 +59,14 @@ def _line_stage(node, kind: str, spec, deps, blocks, fn: str, kwargs: tuple, joi
                  store_gets=tot.gets, work=work.freeze(), outputs={"0": Output("value", (key,))})
 
 
-def _strip_costs(spec, rows, cols, strips, task: BlockTask):
+def _strip_costs(spec, rows, cols, strips, task: BlockTask, axis: int):
     """``(bytes, requests, gets, peak)`` of a block read strip by strip along
-    the axis ``strips`` cuts (the rows when ``rows`` spans them): one
-    strip's reads and temporaries at a time, plus the whole block's buffer
-    and NumPy's float64 working copy of it."""
-    along_rows = (rows[0], rows[1]) == (strips[0], strips[-1])
+    ``axis`` (``strips``: its cuts), as the worker reads it: one strip's
+    reads and temporaries at a time, plus the whole block's buffer and
+    NumPy's float64 working copy of it. (The axis was once guessed from
+    whether ``rows`` spans the strips, wrong for a band of a square matrix
+    spanning all rows: 32,000,000 bytes planned, 1,280,000 read.)"""
+    along_rows = axis == 0
     costs = layout.BlockCosts(spec, strips, cols) if along_rows else \
         layout.BlockCosts(spec, rows, strips)
     n_strips = len(strips) - 1
@@ -127,7 +129,7 @@ def lower_quantile(node, spec, deps: list, budget: Budget) -> Stage:
             edges = tuple(range(0, width, w)) + (width,) if width else (0,)
         band = max(intervals(edges), key=lambda b: b[1] - b[0], default=(0, 0))
         block = ((0, length), band) if ax == 0 else (band, (0, length))
-        peak = _strip_costs(spec, *block, strips, task)[3]
+        peak = _strip_costs(spec, *block, strips, task, ax)[3]
         # narrower bands would not lower it: the units each band reads are most of it
         # (a 20,000 x 256 median along rows in one chunk had gone down to a band per
         # line, 20,000 tasks costed before the refusal, 2M rows many minutes)
@@ -174,7 +176,7 @@ def lower_sort(node, spec, deps: list, budget: Budget, out=None, out_grid=None,
     def peak_of(band) -> int:
         block = ((0, length), band) if ax == 0 else (band, (0, length))
         size = (band[1] - band[0]) * length
-        return _strip_costs(spec, *block, strips, task)[3] + as_rss(2 * size * out_size)
+        return _strip_costs(spec, *block, strips, task, ax)[3] + as_rss(2 * size * out_size)
 
     cap = min(budget.task_memory, _config.get_bytes("map.block-bytes"))
     slots = budget.n_workers * budget.threads_per_worker  # every worker busy
@@ -199,7 +201,7 @@ def lower_sort(node, spec, deps: list, budget: Budget, out=None, out_grid=None,
         rows, cols = ((0, length), band) if ax == 0 else (band, (0, length))
         if out_grid is not None and all_done(out_grid, rows, cols, skip):
             continue
-        tot.add(_strip_costs(spec, rows, cols, strips, task)[:3])
+        tot.add(_strip_costs(spec, rows, cols, strips, task, ax)[:3])
         work.add(("sort-" + token, i), gnp.sort_block, spec, rows, cols, deps, strips, node.op,
                  ax, node.kind, np.dtype(node.dtype), out)
         if out is not None:
