@@ -280,6 +280,10 @@ def describe_holder(owner: dict) -> str:
             f"lock taken {owner.get('taken', '?')})")
 
 
+_UNWRITABLE = object()
+"""What :func:`_acquire`'s create gives for a store it may not write."""
+
+
 def _acquire(slot: _Slot, what: str, refuse, target: str,
              unwritable_ok: bool = False, token: str | None = None) -> str | None:
     """Take ``slot``; returns the token. ``refuse(owner)`` raises for a live holder.
@@ -290,30 +294,34 @@ def _acquire(slot: _Slot, what: str, refuse, target: str,
     mine = json.dumps(me).encode()
     claim = _Slot(slot.store, slot.key + ".reclaim",
                   file=None if slot.file is None else slot.file + ".reclaim")
-    for _ in range(50):
+
+    def create(s: _Slot):
+        """``s.create(mine)``; :data:`_UNWRITABLE` where the store cannot be
+        written and ``unwritable_ok``, else that is a StorageError."""
         try:
-            if slot.create(mine):
-                return me["token"]
+            return s.create(mine)
         except Exception as e:  # OSError, or an object store client's (no credentials)
             if not store_failure(e):
                 raise
             if unwritable_ok:
-                return None
-            raise _cannot_create(slot, target, e) from None
+                return _UNWRITABLE
+            raise _cannot_create(s, target, e) from None
+
+    for _ in range(50):
+        made = create(slot)
+        if made is _UNWRITABLE:
+            return None
+        if made:
+            return me["token"]
         owner = _parse(slot.read())
         if owner is None:  # released meanwhile: try again
             continue
         if not is_stale(owner):
             refuse(owner)
         # stale: reclaim it under an exclusive claim, only if it is still that lock
-        try:
-            claimed = claim.create(mine)
-        except Exception as e:
-            if not store_failure(e):
-                raise
-            if unwritable_ok:
-                return None
-            raise _cannot_create(claim, target, e) from None
+        claimed = create(claim)
+        if claimed is _UNWRITABLE:
+            return None
         if not claimed:
             other = _parse(claim.read())
             if other and is_stale(other):

@@ -42,7 +42,7 @@ from .memory import (
     trsolve_peak,
 )
 from .memory import read_flight as zarr_flight
-from .sizing import ahead, factor_tile, short
+from .sizing import ahead, divisors, factor_tile, short
 from .types import Budget, Output, Stage
 
 MIN_TILE = 256
@@ -193,9 +193,8 @@ def fit_tile(n: int, align: int, cap: int, peak_of, budget: Budget) -> int:
             lo, hi = (mid, hi) if fits(mid * align) else (lo, mid - 1)
         if lo:
             return lo * align
-        small = [d for d in range(1, math.isqrt(align) + 1) if align % d == 0]
-        divisor = next((b for b in sorted({*small, *(align // d for d in small)}, reverse=True)
-                        if MIN_FIT <= b <= cap and fits(b)), 0)
+        divisor = next((b for b in reversed(divisors(align)) if MIN_FIT <= b <= cap and fits(b)),
+                       0)
     lo, hi = min(MIN_FIT, cap), cap  # never below MIN_FIT: the caller refuses it instead
     while lo < hi:  # the largest b that fits, were peaks to grow with b
         mid = (lo + hi + 1) // 2
@@ -328,20 +327,17 @@ def trsolve_tile(n: int, ncols: int, t_spec, itemsize: int, budget: Budget) -> i
     planner-tiled factor (a multiple of it up to :data:`MIN_TILE` rows, as
     fits, where it is narrower: a task per pair of 64-row tiles would be
     thousands of tasks), else the largest that fits."""
-    align = input_unit_side(t_spec)
-
-    def fits(b: int) -> bool:
-        return trsolve_peak(b, ncols, n, _a_read(t_spec, b, n), itemsize) <= budget.task_memory
+    def peak_of(b: int) -> int:
+        return trsolve_peak(b, ncols, n, _a_read(t_spec, b, n), itemsize)
 
     if isinstance(t_spec, Read) and t_spec.grid.tile[0] == t_spec.grid.tile[1]:
         b = t_spec.grid.tile[0]
-        if fits(b):
+        if peak_of(b) <= budget.task_memory:
             m = max(-(-min(MIN_TILE, n) // b), 1)
-            while m > 1 and not fits(m * b):
+            while m > 1 and peak_of(m * b) > budget.task_memory:
                 m -= 1
             return m * b
-    return fit_tile(n, align, n, lambda b: trsolve_peak(b, ncols, n, _a_read(t_spec, b, n),
-                                                        itemsize), budget)
+    return fit_tile(n, input_unit_side(t_spec), n, peak_of, budget)
 
 
 def lower_trsolve(node, t_spec, b_spec, deps: list, budget: Budget,

@@ -14,8 +14,6 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from dask.base import tokenize
 
@@ -27,7 +25,7 @@ from ...graphs.spec import Op, unit_edges
 from . import layout
 from .map import check_fits, fit_blocks
 from .memory import BlockTask, as_rss, block_peak, op_temporaries, read_flight
-from .sizing import DoesNotFit, all_done, short
+from .sizing import DoesNotFit, all_done, divisors, short
 from .types import Budget, Output, Stage
 
 
@@ -98,12 +96,6 @@ def lower_diagonal(node, spec, deps: list, budget: Budget) -> Stage:
                        budget, f"{short(node)}: {len(blocks)} blocks along the diagonal")
 
 
-def _divisor_at_most(n: int, w: int) -> int:
-    """The largest divisor of ``n`` that is at most ``w`` (1 at least)."""
-    small = [d for d in range(1, math.isqrt(max(n, 1)) + 1) if n % d == 0]
-    return max((d for d in (*small, *(n // d for d in small)) if d <= w), default=1)
-
-
 def lower_quantile(node, spec, deps: list, budget: Budget) -> Stage:
     """Exact quantiles along ``node.axis``: a task holds whole lines (a
     buffer of them and NumPy's float64 working copy), filled strip by strip
@@ -125,7 +117,7 @@ def lower_quantile(node, spec, deps: list, budget: Budget) -> Stage:
         if max_interval(edges) > w:  # a unit wider than fits: cut inside units,
             # a divisor of the unit wide (a band across a unit's edge reads two
             # units, more than the widest band checked here)
-            w = _divisor_at_most(unit, w)
+            w = max(d for d in divisors(unit) if d <= w)
             edges = tuple(range(0, width, w)) + (width,) if width else (0,)
         band = max(intervals(edges), key=lambda b: b[1] - b[0], default=(0, 0))
         block = ((0, length), band) if ax == 0 else (band, (0, length))
@@ -137,9 +129,10 @@ def lower_quantile(node, spec, deps: list, budget: Budget) -> Stage:
         if peak <= budget.task_memory or w == 1 or 32 * held < peak:
             break
         w = max(w // 2, 1)
+    label = (f"{short(node)} (exact: one task holds whole lines along axis {ax}, "
+             f"{length} elements each)")
     if peak > budget.task_memory:  # refused before laying out a band per line
-        check_fits("quantile", peak, f"{short(node)} (exact: one task holds whole lines "
-                   f"along axis {ax}, {length} elements each)", budget)
+        check_fits("quantile", peak, label, budget)
     bands = intervals(edges) or [(0, 0)]
     blocks = [((0, length), band) if ax == 0 else (band, (0, length)) for band in bands]
     q = np.asarray(node.q, dtype=np.float64)
@@ -150,9 +143,7 @@ def lower_quantile(node, spec, deps: list, budget: Budget) -> Stage:
     return _line_stage(node, "quantile", spec, deps, blocks, node.op, kwargs,
                        0 if node.scalar_q else 1, temps, budget,
                        f"{short(node)}: {len(blocks)} bands of whole lines (exact), each "
-                       f"read in {len(strips) - 1} strips",
-                       f"{short(node)} (exact: one task holds whole lines along axis {ax}, "
-                       f"{length} elements each)", strips)
+                       f"read in {len(strips) - 1} strips", label, strips)
 
 
 def lower_sort(node, spec, deps: list, budget: Budget, out=None, out_grid=None,

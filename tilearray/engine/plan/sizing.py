@@ -4,6 +4,8 @@ its inputs. Numbers in, numbers out (what a task holds: :mod:`.memory`)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from dask.utils import format_bytes
 
@@ -51,6 +53,13 @@ class DoesNotFit(PlanningError):
 def _round_up_mib(nbytes: int) -> str:
     """A size users can pass back: whole MiB, rounded up (never below the need)."""
     return f"{-(-nbytes // 2**20)}MiB"
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n`` (``>= 1``), ascending: the tile widths that
+    stay inside one I/O unit ``n`` wide."""
+    small = [d for d in range(1, math.isqrt(max(n, 1)) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
 
 
 def panels(edges) -> tuple[int, ...]:
