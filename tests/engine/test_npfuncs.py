@@ -207,6 +207,60 @@ def test_gather_reads_only_the_units_it_needs(thread_engine, mats):
     assert plan.bytes_read == 45 * (7 + 3) * 8  # column units [0, 7) and [28, 31)
 
 
+def test_unsorted_gathers_read_each_unit_once(thread_engine, tmp_path):
+    """Consecutive positions of an unsorted index meet most source units:
+    blocks span the gathered axis, so each unit is read once, as for the
+    sorted index (400 random rows of a 4000² matrix in 1000² chunks at
+    180 MiB read 9.09 GiB in 1,220 tasks, against 0.12 GiB sorted)."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((300, 260))
+    a = ta.from_numpy(x, tmp_path / "g.zarr", tile=(50, 40))
+    rows, cols = rng.choice(300, 60, replace=False), rng.choice(260, 30, replace=False)
+    assert set(rows // 50) == set(range(6)) and set(cols // 40) == set(range(7))
+    with dask.config.set(SMALL_BLOCKS):
+        for got, want, ordered in [
+                (a[rows], x[rows], a[np.sort(rows)]), (a[:, cols], x[:, cols], a[:, np.sort(cols)]),
+                (a[rows].sum(axis=0), x[rows].sum(axis=0), a[np.sort(rows)].sum(axis=0)),
+                (a[rows][:, cols] * 2, x[rows][:, cols] * 2, a[np.sort(rows)][:, np.sort(cols)] * 2),
+                (np.cumsum(a[rows], axis=1), np.cumsum(x[rows], axis=1), None)]:
+            plan = check(got, want, tmp_path if np.ndim(want) == 2 else None)
+            passes = 2 if ordered is None else 1  # a scan's totals, then its blocks
+            assert plan.bytes_read <= passes * x.nbytes, str(plan)  # every unit once a pass
+            if ordered is not None:
+                assert ordered.plan().bytes_read == plan.bytes_read
+
+
+def test_a_gather_holds_one_span_at_a_time(thread_engine, tmp_path):
+    """A block of an unsorted gather reads its spans one at a time, each
+    freed before the next is read (a view of a partial read holds its whole
+    decoded chunk): the traced peak of every planned task is under the
+    plan's, which counts the largest span and the gathered block."""
+    import tracemalloc
+
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((2400, 600))
+    a = ta.from_numpy(x, tmp_path / "s.zarr", tile=(400, 200))
+    idx = rng.choice(2400, 300, replace=False)
+    mem = ta.Budget(memory_per_worker="1GiB", threads_per_worker=1).worker_memory_for(4 << 20)
+    budget = ta.Budget(memory_per_worker=mem, threads_per_worker=1)  # 4 MiB tasks
+    for k, expr in enumerate([a[idx], a[idx] * 2 + 1, a[idx][:, ::-1]]):
+        plan = expr.plan(budget=budget)
+        (stage,) = [s for s in plan.stages if s.kind == "map"]
+        if k == 0:  # all rows, a column unit a task: every unit read once
+            assert stage.bytes_read == x.nbytes and stage.tasks == 3, str(plan)
+        for task in stage.work:
+            tracemalloc.start()
+            try:
+                value, _ = task.fn(*task.args)
+                traced = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+            rows, cols = task.args[1], task.args[2]
+            want = (x[idx] * 2 + 1 if k == 1 else x[idx][:, ::-1] if k == 2 else x[idx])
+            np.testing.assert_array_equal(value, want[rows[0]:rows[1], cols[0]:cols[1]])
+            assert traced <= stage.peak_task_memory, (traced, str(plan))
+
+
 def test_boolean_masks(thread_engine, mats, tmp_path):
     x, a = mats["float64"]
     y, b = mats["y"]

@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import AllNaNSliceError
 from ..storage import IOStats, buffers, read_region
 from .matmul import counted, merge_stats
-from .spec import Op, Read, Trans, evaluate, func, reads
+from .spec import Op, Read, Trans, evaluate, func, has_gather, reads
 
 SIMPLE = {
     # op: (block reducer, pairwise merge)
@@ -267,10 +267,11 @@ def _block_partial(spec, op, axis, rows, cols, ncols, deps, stats, full, lent):
     threshold (distributed's MALLOC_TRIM_THRESHOLD_ fixes it at 128 KiB), so
     each would be new pages, faulted in and zeroed."""
     h = rows[1] - rows[0]
-    if _strip_mined(spec, op):
+    if _strip_mined(spec, op) and not has_gather(spec):
         h = max(1, STRIP_BYTES // max(8 * (cols[1] - cols[0]), 1))
-    if h >= rows[1] - rows[0]:
-        x = evaluate(spec, rows, cols, list(deps), stats, _seen=_views(spec, rows, cols, full))
+    if h >= rows[1] - rows[0]:  # a gather's reads and result shared through ``full``
+        seen = full if has_gather(spec) else _views(spec, rows, cols, full)
+        x = evaluate(spec, rows, cols, list(deps), stats, _seen=seen)
         return partial(np.asarray(x), op, axis, (rows[0], cols[0]), ncols)
     width = cols[1] - cols[0]
     ufunc = func(spec.name) if isinstance(spec, Op) and not spec.kwargs else None
@@ -321,7 +322,9 @@ def _map(specs, rows, cols, ops, axes, ncols, deps, many):
     stats = IOStats()
     lent: list = []
     try:
-        full = _read_leaves(specs, rows, cols, stats, lent)
+        # a gather reads its spans one at a time, once a block: never read first
+        full = {} if any(map(has_gather, specs)) else _read_leaves(specs, rows, cols, stats,
+                                                                     lent)
         out = tuple(_owned(_block_partial(spec, op, axis, rows, cols, ncols, deps, stats, full,
                                           lent), lent)
                     for spec, op, axis in zip(specs, ops, axes, strict=True))

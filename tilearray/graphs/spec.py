@@ -9,6 +9,7 @@ worker. Nothing here touches a cluster.
 
 from __future__ import annotations
 
+from collections import ChainMap
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,6 +132,20 @@ def tagged(spec, k: int):
     if isinstance(spec, Concat):
         return dataclasses.replace(spec, parts=tuple(tagged(a, k) for a in spec.parts))
     return spec
+
+
+def has_gather(spec) -> bool:
+    """Whether ``spec`` takes positions of an expression (a :class:`Gather`
+    anywhere in it)."""
+    if isinstance(spec, Gather):
+        return True
+    if isinstance(spec, Trans | Slice):
+        return has_gather(spec.x)
+    if isinstance(spec, Op):
+        return any(has_gather(a) for a in spec.args)
+    if isinstance(spec, Concat):
+        return any(has_gather(a) for a in spec.parts)
+    return False
 
 
 def gather_spans(index: Index, edges, lo: int, hi: int) -> list:
@@ -423,14 +438,20 @@ def evaluate(spec, rows: Range, cols: Range, deps: list, stats: IOStats, _seen=N
     if isinstance(spec, Op):
         args = [evaluate(a, rows, cols, deps, stats, seen, max_bytes) for a in spec.args]
         return func(spec.name)(*args, **dict(spec.kwargs))
-    if isinstance(spec, Concat | Gather):
-        return _evaluate_joined(spec, rows, cols, deps, stats, seen, max_bytes)
+    if isinstance(spec, Concat | Gather):  # its parts' reads are dropped once copied in
+        key = (spec, tuple(rows), tuple(cols))
+        if key not in seen:
+            seen[key] = _evaluate_joined(spec, rows, cols, deps, stats, seen, max_bytes)
+        return seen[key]
     raise TypeError(f"unknown spec node {spec!r}")
 
 
 def _evaluate_joined(spec, rows: Range, cols: Range, deps, stats, seen, max_bytes):
     """A region of a :class:`Concat` (the parts it meets, joined) or of a
-    :class:`Gather` (one read per span of :func:`gather_spans`, picked)."""
+    :class:`Gather` (one read per span of :func:`gather_spans`, picked),
+    one part or span at a time: reads it makes are freed as it is copied in
+    (the planner holds the largest, :class:`~tilearray.engine.plan.layout.BlockCosts`),
+    those already in ``seen`` (a reduction's block read first) are used."""
     region = [tuple(rows), tuple(cols)]
     ax = spec.axis
     out = np.empty((rows[1] - rows[0], cols[1] - cols[0]), dtype=spec.dtype)
@@ -441,16 +462,17 @@ def _evaluate_joined(spec, rows: Range, cols: Range, deps, stats, seen, max_byte
             if b > a:
                 sub = list(region)
                 sub[ax] = (a - spec.offsets[k], b - spec.offsets[k])
-                piece = evaluate(part, *sub, deps, stats, seen, max_bytes)
+                piece = evaluate(part, *sub, deps, stats, ChainMap({}, seen), max_bytes)
                 dst = [slice(None), slice(None)]
                 dst[ax] = slice(a - lo, b - lo)
                 out[tuple(dst)] = piece
+                del piece  # a view may hold its whole decoded chunk: freed before the next read
         return out
     sel = spec.index.values[lo:hi]
     for a, b in gather_spans(spec.index, spec.edges, lo, hi):
         sub = list(region)
         sub[ax] = (a, b)
-        piece = evaluate(spec.x, *sub, deps, stats, seen, max_bytes)
+        piece = evaluate(spec.x, *sub, deps, stats, ChainMap({}, seen), max_bytes)
         shape = [rows[1] - rows[0], cols[1] - cols[0]]
         shape[ax] = b - a
         piece = np.broadcast_to(piece, shape)
@@ -459,6 +481,7 @@ def _evaluate_joined(spec, rows: Range, cols: Range, deps, stats, seen, max_byte
             out[pos, :] = piece[sel[pos] - a, :]
         else:
             out[:, pos] = piece[:, sel[pos] - a]
+        del piece  # a view may hold its whole decoded chunk: freed before the next read
     return out
 
 

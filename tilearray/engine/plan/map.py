@@ -17,26 +17,30 @@ from .sizing import DoesNotFit, all_done, short
 from .types import Budget, Output, Stage
 
 
-def block_reads(costs: layout.BlockCosts):
+def block_reads(costs: layout.BlockCosts, held: bool = True):
     """``(bytes read, elements)`` of every block of a layout, as NumPy arrays,
-    or, past :data:`layout.EXACT_BLOCKS`, of the largest along each axis."""
-    b = costs.read_bytes()
+    or, past :data:`layout.EXACT_BLOCKS`, of the largest along each axis.
+    ``held``: the bytes its reads hold at once when the block is evaluated
+    in one pass (:meth:`~layout.BlockCosts.read_bytes`)."""
+    b = costs.read_bytes(held)
     if b is None:  # many blocks: bound by the largest along each axis
-        return (costs.max_read_bytes(),
+        return (costs.max_read_bytes(held=held),
                 int(costs.sizes[0].max(initial=0)) * int(costs.sizes[1].max(initial=0)))
     return b, np.multiply.outer(costs.sizes[0], costs.sizes[1])
 
 
-def fit_blocks(spec, shape, out_grid, temp_per_elem: int, budget: Budget, out_itemsize: int = 0):
+def fit_blocks(spec, shape, out_grid, temp_per_elem: int, budget: Budget, out_itemsize: int = 0,
+               one_pass: bool = True):
     """The layout whose every task fits and that reads least (see
     :func:`layout.search`): its :class:`~layout.BlockCosts` and peak
-    (:func:`~.memory.block_peak` of its largest task)."""
+    (:func:`~.memory.block_peak` of its largest task). ``one_pass``: each
+    block is evaluated in one pass, not read whole first (a reduction's)."""
     task = BlockTask(temp_per_elem, out_itemsize, read_flight(spec),
                      write_flight(out_grid, out_itemsize))
     per_elem = per_element(spec, np.dtype("u1")) + temp_per_elem + 2 * out_itemsize
 
     def peak_of(costs: layout.BlockCosts) -> int:
-        return block_peak(task, *block_reads(costs))
+        return block_peak(task, *block_reads(costs, one_pass))
 
     cap = min(budget.task_memory, _config.get_bytes("map.block-bytes"))
     hard = (None, None) if out_grid is None else (out_grid.unit_edges(0), out_grid.unit_edges(1))

@@ -90,7 +90,10 @@ def lower_reduce(nodes: list[Reduce], specs: list, deps: list, budget: Budget,
                 * max(np.dtype(r.x.dtype).itemsize, 8) for r, spec in zip(nodes, specs,
                                                                             strict=True))
     joint = specs[0] if len(specs) == 1 else Op("fused", tuple(specs))  # for costs only
-    costs, peak = fit_blocks(joint, (m, n), None, temps, budget)
+    # blocks are read whole first, then reduced strip by strip; through a
+    # gather, evaluated in one pass (:func:`~tilearray.graphs.reduction.reduce_map`)
+    costs, peak = fit_blocks(joint, (m, n), None, temps, budget,
+                             one_pass=bool(layout.gathered_axes(joint)))
     row_edges, col_edges = costs.row_edges, costs.col_edges
     what = [(r.op, r.axis, r.ddof) for r in nodes]
     token = tokenize("reduce", what, specs, row_edges, col_edges, deps)
