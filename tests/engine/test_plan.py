@@ -74,6 +74,27 @@ def test_suggested_budget_fits_the_whole_expression(tmp_path, rng, expr):
     assert plan.peak_task_memory <= plan.budget.task_memory
 
 
+def test_more_memory_never_refuses_what_less_planned(tmp_path):
+    """A stage reading a temporary may need smaller units than the stage
+    writing it: the temporary's tile is halved for it. ``corrcoef`` of a
+    4000² matrix in 1000² chunks planned at 200 and 260 MiB a worker, but
+    was refused at 250 MiB (its last map could not split a 1000² unit)."""
+    zarr.create_array(tmp_path / "a.zarr", shape=(4000, 4000), chunks=(1000, 1000), dtype="f8")
+    a = ta.open(tmp_path / "a.zarr")  # metadata only: planning reads nothing
+    for f in (np.cov, np.corrcoef):
+        planned = False
+        for mib in range(180, 320, 10):
+            budget = ta.Budget.from_config(f"{mib}MiB", 2, 1)
+            try:
+                plan = f(a, rowvar=False).plan(budget=budget)
+            except ta.PlanningError:
+                assert not planned, (f.__name__, mib)
+                continue
+            planned = True
+            assert plan.peak_task_memory <= budget.task_memory
+        assert planned
+
+
 def test_io_aggregation_counts_match_plan(thread_engine, tmp_path, rng):
     """Store requests and bytes of a real run equal the plan's figures."""
     name = f"plan-{tmp_path.name}"

@@ -85,7 +85,7 @@ from .npfuncs import (
     lower_values,
 )
 from .reduce import fusable_groups, lower_empty_reduce, lower_reduce, unshifted
-from .sizing import DoesNotFit, leaf_tile, output_grid, shrink_tile
+from .sizing import SHRINK_MIN, DoesNotFit, leaf_tile, output_grid, shrink_tile
 from .tsqr import lower_tsqr
 from .types import Budget, Create, Output, Plan, Stage
 
@@ -152,12 +152,16 @@ class Planner:
     matmul temporary, each rewritten reduction, the arrays read so far);
     the lowering functions it calls share none of it."""
 
-    def __init__(self, budget: Budget, inner_shards: bool = False, shrink: bool = True):
+    def __init__(self, budget: Budget, inner_shards: bool = False, shrink: bool = True,
+                 temp_cap: int = 0):
         self.budget = budget
         self.inner_shards = inner_shards
         """Sharded inputs are read by inner chunks (byte ranges), not whole shards."""
         self.shrink = shrink
         """Temporaries' inherited tiles are halved until they fit (:func:`~.sizing.shrink_tile`)."""
+        self.temp_cap = temp_cap
+        """The longest side of a temporary's tile (0: none): a later stage
+        reading the temporary may need smaller units than its producer."""
         self.stages: list[Stage] = []
         self.creates: list[Create] = []
         self._loose = Tasks()  # constants, barriers: counted with the next stage
@@ -271,6 +275,8 @@ class Planner:
             tile = (cholesky_tile(node, self.spec(node.x, []), self.budget)[1],) * 2
         else:
             tile = (leaf_tile(node.x, 0), max(node.shape[1], 1))
+        if self.temp_cap and not isinstance(node, Factor):
+            tile = tuple(min(t, self.temp_cap) for t in tile)
         lowering = {MatMul: self.matmul, MatVec: self.matvec, nd.Scan: self.scan,
                     nd.Sort: self.sort, Factor: self.factor}.get(type(node), self.tsqr)
 
@@ -579,6 +585,12 @@ def lower(node, budget, out=None, out_grid=None, skip=()) -> Plan:
     try:
         return _lower_best(node, budget, out, out_grid, frozenset(skip))
     except DoesNotFit as first:
+        cap = first.temp_tile // 2
+        while cap >= SHRINK_MIN:  # a stage reading a temporary refused: smaller units
+            try:
+                return _lower_best(node, budget, out, out_grid, frozenset(skip), temp_cap=cap)
+            except DoesNotFit:
+                cap //= 2
         err, need = first, None
         for _ in range(16):
             try:  # inherited tiles kept as they are: a search of its own at each trial
@@ -621,22 +633,25 @@ def fitted_output_grid(node, tile, shard, budget, out=None):
         return Grid.regular(tuple(node.shape), getattr(e, "closest", grid.tile))
 
 
-def _lower_best(node, budget, out, out_grid, skip, shrink: bool = True) -> Plan:
+def _lower_best(node, budget, out, out_grid, skip, shrink: bool = True,
+                temp_cap: int = 0) -> Plan:
     """The plan reading sharded inputs by whole shards (one request each: the
     I/O unit), or by their inner chunks (byte ranges through the shard's
     index) where a shard is more than a task holds or reading by chunk
     reads at most half the bytes (a few rows of a large shard; not tried
     when whole shards read each input byte once)."""
     if not _sharded(node):
-        return _lower(node, budget, out, out_grid, skip, shrink=shrink)
+        return _lower(node, budget, out, out_grid, skip, shrink=shrink, temp_cap=temp_cap)
     try:
-        whole = _lower(node, budget, out, out_grid, skip, shrink=shrink)
+        whole = _lower(node, budget, out, out_grid, skip, shrink=shrink, temp_cap=temp_cap)
     except DoesNotFit:
-        return _lower(node, budget, out, out_grid, skip, inner_shards=True, shrink=shrink)
+        return _lower(node, budget, out, out_grid, skip, inner_shards=True, shrink=shrink,
+                      temp_cap=temp_cap)
     if not _reads_part(node):  # whole passes: whole shards read no more than chunks
         return whole
     try:
-        inner = _lower(node, budget, out, out_grid, skip, inner_shards=True, shrink=shrink)
+        inner = _lower(node, budget, out, out_grid, skip, inner_shards=True, shrink=shrink,
+                       temp_cap=temp_cap)
     except DoesNotFit:
         return whole
     return inner if 2 * inner.bytes_read <= whole.bytes_read else whole
@@ -658,8 +673,16 @@ def _reads_part(node) -> bool:
 
 
 def _lower(node, budget, out, out_grid, skip, inner_shards: bool = False,
-           shrink: bool = True) -> Plan:
-    p = Planner(budget, inner_shards, shrink)
+           shrink: bool = True, temp_cap: int = 0) -> Plan:
+    p = Planner(budget, inner_shards, shrink, temp_cap)
+    try:
+        return _lower_walk(p, node, budget, out, out_grid, skip)
+    except DoesNotFit as e:  # the temporaries made before the refusal: :func:`lower` retries
+        e.temp_tile = max((max(r.grid.tile) for r, _ in p._temps.values()), default=0)
+        raise
+
+
+def _lower_walk(p: Planner, node, budget, out, out_grid, skip) -> Plan:
     p.fuse_reductions(node)
     side = {}
     if node.small or (node.ndim != 2 and not isinstance(node, MatVec)):

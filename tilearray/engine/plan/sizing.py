@@ -31,6 +31,9 @@ MIN_PANEL = 512  # elements: K panels narrower than this waste BLAS efficiency
 class DoesNotFit(PlanningError):
     """One stage's smallest task is over the per-task budget."""
 
+    temp_tile: int = 0
+    """The longest tile side of the temporaries planned before the refusal."""
+
     def __init__(self, kind: str, peak: int, what: str, budget: Budget):
         super().__init__(f"{what}: the smallest {kind} task needs {format_bytes(peak)}")
         self.kind, self.peak, self.what, self.budget = kind, peak, what, budget
