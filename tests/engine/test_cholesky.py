@@ -258,6 +258,24 @@ def test_plan_reports_io_against_the_lower_bound(tmp_path):
     assert 1 < chosen.bytes_read / chosen.io_lower_bound < 4
 
 
+def test_tile_cap_holds_whatever_the_default_unit(tmp_path):
+    """The tile is at most ``n / (4 threads)`` rounded up to A's unit, whether
+    the default unit fits or not: 4000² in 256² chunks on 2 threads planned
+    1024-wide tiles at 200 MiB a worker and 256-wide ones at 180 MiB (410
+    tasks); 10000² in 1000² and 1024² chunks, 2000 and 1024."""
+    def tile(n, chunk, mem):
+        path = tmp_path / f"a{n}_{chunk}.zarr"
+        if not path.exists():
+            zarr.create_array(path, shape=(n, n), chunks=(chunk, chunk), dtype="f8")
+        stage = ta.linalg.cholesky(ta.open(path)).plan(
+            budget=ta.Budget.from_config(mem, 2, 1)).stages[0]
+        return stage.description.split(" tiles")[0].rsplit("by ", 1)[1]
+
+    assert tile(4000, 256, "180MiB") == tile(4000, 256, "200MiB") == "512 x 512"
+    assert tile(10000, 1000, "1GiB") == "2000 x 2000"
+    assert tile(10000, 1024, "1GiB") == tile(10000, 1024, "4GiB") == "2048 x 2048"
+
+
 def test_tight_budget_tiles_stay_inside_the_input_units(tmp_path):
     """At ~33 MiB a task with input chunks of 1024² (8 MiB), a tile crossing a
     chunk's edge reads two chunks per strip and fits only at 128 rows (562
