@@ -276,6 +276,28 @@ def test_tile_cap_holds_whatever_the_default_unit(tmp_path):
     assert tile(10000, 1024, "1GiB") == tile(10000, 1024, "4GiB") == "2048 x 2048"
 
 
+def test_no_thin_tiles_where_a_little_more_memory_buys_wide_ones(tmp_path):
+    """Reading a 2048² unit of A fixes most of a task's peak: 128-wide tiles
+    needed 115.35 MiB and 1024-wide 124.8 MiB. At 277 MiB a worker the
+    planner took 128 (24,767 tasks reading 345 GiB); it now refuses, naming
+    the memory of a tile of at least MIN_TILE, which then plans."""
+    import re
+
+    from dask.utils import parse_bytes
+
+    from tilearray.engine.plan.cholesky import MIN_TILE
+
+    zarr.create_array(tmp_path / "a.zarr", shape=(16384, 16384), chunks=(2048, 2048), dtype="f8")
+    chol = ta.linalg.cholesky(ta.open(tmp_path / "a.zarr"))
+    for mem in ("200MiB", "270MiB", "277MiB"):
+        with pytest.raises(ta.PlanningError, match="it would fit with") as err:
+            chol.plan(budget=ta.Budget.from_config(mem, 2, 1))
+        need = re.search(r"memory_per_worker >= (\d+MiB)", str(err.value)).group(1)
+        stage = chol.plan(budget=ta.Budget.from_config(parse_bytes(need), 2, 1)).stages[0]
+        b = int(stage.description.split(" tiles")[0].rsplit("by ", 1)[1].split(" x ")[0])
+        assert b >= MIN_TILE and stage.tasks < 500, stage.description
+
+
 def test_tight_budget_tiles_stay_inside_the_input_units(tmp_path):
     """At ~33 MiB a task with input chunks of 1024² (8 MiB), a tile crossing a
     chunk's edge reads two chunks per strip and fits only at 128 rows (562
