@@ -94,13 +94,11 @@ def lower_tsqr(node, specs, widths, deps: list, budget: Budget, out=None, out_gr
                                  out_grid if big else None)
     root_part = {"Q": "R", "U": "Vt"}.get(node.part, node.part)  # "down": R, or U's SVD
     stacked, combine = _tree_peak(intervals(row_edges), fan_in, w, max(itemsize, 8), root_part)
-    if combine > budget.task_memory:
-        raise PlanningError(
-            f"{short(node)}: a TSQR combine (or its root) holds R factors of {stacked} x {w} "
-            f"(a task of {format_bytes(combine)}) but the budget allows "
-            f"{format_bytes(budget.task_memory)} per task: X has too many columns for TSQR "
-            "here (use a larger memory_per_worker, fewer columns, or "
-            "tilearray.reduction.split-every: 2)")
+    # a combine (or the root) holds R factors of ``stacked x w`` whatever the
+    # row blocks: named with the memory it needs, as every refusal
+    check_fits("TSQR combine", combine, f"{short(node)} (R factors of {stacked} x {w} "
+               "stacked in one task; fewer columns or tilearray.reduction.split-every: 2 "
+               "also lower it)", budget)
     check_fits("tsqr", max(peak, combine), str(node), budget)
     name = "tsqr-" + tokenize(node.part, specs, widths, row_edges, deps, node.options,
                               str(out))
