@@ -630,21 +630,30 @@ def test_tiled_lu_singular_names_the_column(small_eng, tmp_path, rng):
     assert sign == 0.0 and logabs == -np.inf
 
 
-def test_tiled_lu_with_too_many_right_hand_sides_is_refused_before_running(small_eng,
-                                                                           tmp_path, rng):
-    """``inv`` (and ``solve`` with many columns) of a matrix the tiled LU takes:
-    the forward sweep holds every right-hand side with a panel; when no task
-    can, the plan is refused naming the memory needed -- before the LU runs,
-    not by workers killed for memory."""
+def test_tiled_lu_sweeps_right_hand_sides_in_column_groups(small_eng, tmp_path, rng):
+    """The forward sweep holds its right-hand sides with a panel: more than a
+    task holds are swept in column groups, each on its own (reading the L
+    panels again), their solutions joined. ``inv`` (and ``np.linalg.cond``)
+    of a matrix the tiled LU takes, whose inverse one task cannot join, is
+    refused naming the memory needed -- before the LU runs, not by workers
+    killed for memory."""
     n = 1000
     g = rng.standard_normal((n, n))
     a = stored(tmp_path, "g.zarr", g, (96, 96))
+    b = rng.standard_normal((n, 600))
+    lazy = ta.linalg.solve_plan(a, b)
+    plan = lazy.plan()
+    sweeps = [s for s in plan.stages if s.kind == "lu-fwd"]
+    assert len(sweeps) >= 2 and "right-hand sides 0:" in sweeps[0].description, plan
+    assert plan.peak_task_memory <= small_eng.budget().task_memory
+    close(lazy.compute(), np.linalg.solve(g, b))
+    same_figures(plan, lazy.stats)
     for attempt in (lambda: ta.linalg.solve_plan(a, np.eye(n)).plan(), lambda: np.linalg.inv(a),
                     lambda: np.linalg.cond(a, 1)):
-        with pytest.raises(ta.PlanningError, match=r"LU forward substitution task needs .* "
-                                                   r"it would fit with memory_per_worker >="):
+        with pytest.raises(ta.PlanningError, match=r"joined in one task.* it would fit with "
+                                                   r"memory_per_worker >="):
             attempt()
-    b = rng.standard_normal((n, 4))  # a few columns still fit
+    b = rng.standard_normal((n, 4))  # a few columns: one sweep
     close(ta.linalg.solve(a, b), np.linalg.solve(g, b))
 
 

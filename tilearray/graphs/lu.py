@@ -21,7 +21,7 @@ import numpy as np
 from ..storage import IOStats, read_region, write_block
 from . import blas as kern
 from .cholesky import SlogdetResult
-from .matmul import counted
+from .matmul import counted, merge_stats
 from .spec import evaluate
 
 
@@ -58,12 +58,13 @@ def panel(a_spec, a_deps, l_ref, u_ref, edges, j: int, n: int, band: int, dtype,
     return (perm, np.diagonal(lu[:w]).copy()), counted(stats.as_dict())
 
 
-def forward(l_ref, edges, k: int, n: int, b_spec, b_deps, ncols: int, dtype, last, prev=None):
-    """Step ``k`` of ``L y = P b``: ``y`` (pivoted order) so far, updated by L's panel ``k``."""
+def forward(l_ref, edges, k: int, n: int, b_spec, b_deps, cols: tuple, dtype, last, prev=None):
+    """Step ``k`` of ``L y = P b`` for the right-hand sides' columns ``cols``:
+    ``y`` (pivoted order) so far, updated by L's panel ``k``."""
     stats = IOStats()
     perm = last[0][0]
     if prev is None:
-        b = np.asarray(evaluate(b_spec, (0, n), (0, ncols), list(b_deps), stats))
+        b = np.asarray(evaluate(b_spec, (0, n), cols, list(b_deps), stats))
         c = np.asfortranarray(b[perm], dtype=dtype)
     else:
         c = np.array(prev[0], dtype=dtype, order="F")  # never the dependency's own array
@@ -72,6 +73,15 @@ def forward(l_ref, edges, k: int, n: int, b_spec, b_deps, ncols: int, dtype, las
     c[k0:k1] = kern.trsm_left_lower(lk[:k1 - k0], c[k0:k1], unit_diagonal=True)
     c[k1:] = kern.gemm_update(c[k1:], lk[k1 - k0:], c[k0:k1])
     return c, counted(stats.as_dict())
+
+
+def join_columns(*parts):
+    """The solutions of the right-hand sides' column groups side by side;
+    merges their stats (as :func:`~.cholesky.gather` does its row tiles')."""
+    stats: dict = {}
+    for _, st in parts:
+        stats = merge_stats(stats, st)
+    return np.hstack([p for p, _ in parts]), counted(stats)
 
 
 def slogdet(dtype, *panels):

@@ -27,6 +27,7 @@ from dask.utils import format_bytes
 from ... import _config
 from ...errors import PlanningError
 from ...graphs import elemwise as gel
+from ...graphs import lu as glu
 from ...graphs.emit import Tasks, barrier, constant
 from ...graphs.reduction import VARIANCES
 from ...graphs.spec import (
@@ -71,10 +72,11 @@ from .cholesky import (
     lower_symv,
     lower_trsolve,
 )
-from .lu import lower_lu, lower_lu_forward, lower_lu_slogdet, lu_width
-from .map import lower_map
+from .lu import lower_lu, lower_lu_forward, lower_lu_slogdet, lu_width, rhs_group
+from .map import check_fits, lower_map
 from .matmul import lower_matmul
 from .matvec import gram_form, lower_gram, lower_matvec, oriented
+from .memory import as_rss
 from .npfuncs import (
     lower_diagonal,
     lower_quantile,
@@ -85,7 +87,7 @@ from .npfuncs import (
     lower_values,
 )
 from .reduce import fusable_groups, lower_empty_reduce, lower_reduce, unshifted
-from .sizing import SHRINK_MIN, DoesNotFit, leaf_tile, output_grid, shrink_tile
+from .sizing import SHRINK_MIN, DoesNotFit, leaf_tile, output_grid, short, shrink_tile
 from .tsqr import lower_tsqr
 from .types import Budget, Create, Output, Plan, Stage
 
@@ -407,15 +409,33 @@ class Planner:
         keys = panels.outputs["panels"].keys
         if dict(node.options)["op"] == "slogdet":
             return self.add(lower_lu_slogdet(node, keys))
-        fwd = self.add(lower_lu_forward(node, y_spec, deps, l_ref, grid, keys, b, self.budget))
-        opts = {"lower": False, "trans": False, "unit": False,
-                "vector": bool(dict(node.options).get("vector"))}
-        back = Factor(node.shape, node.dtype, node.x, "trsolve", node.y,
-                      tuple(sorted(opts.items())))
-        tdeps = [keys[-1], fwd.outputs["last"].keys[0]]
-        return self.add(lower_trsolve(back, Read(u_ref, grid, np.dtype(node.dtype)),
-                                      Dep(1, "block"), tdeps, self.budget,
-                                      label="U x = y (U of the LU factors)"))
+        opts = tuple(sorted({"lower": False, "trans": False, "unit": False,
+                             "vector": bool(dict(node.options).get("vector"))}.items()))
+        n, ncols = node.y.shape[0], node.y.shape[1]
+        g = rhs_group(n, b, ncols, np.dtype(node.dtype).itemsize, self.budget)
+        solved = []
+        for c0 in range(0, ncols, g):  # column groups of the right-hand sides, each on its own
+            cols = (c0, min(c0 + g, ncols))
+            fwd = self.add(lower_lu_forward(node, y_spec, deps, l_ref, grid, keys, b,
+                                            self.budget, cols))
+            y = node.y if g >= ncols else SliceNode((n, cols[1] - c0), node.y.dtype, node.y,
+                                                       (0, c0), (1, 1))
+            back = Factor(y.shape if g < ncols else node.shape, node.dtype, node.x, "trsolve",
+                          y, opts)
+            tdeps = [keys[-1], fwd.outputs["last"].keys[0]]
+            last = self.add(lower_trsolve(back, Read(u_ref, grid, np.dtype(node.dtype)),
+                                          Dep(1, "block"), tdeps, self.budget,
+                                          label="U x = y (U of the LU factors)"))
+            solved.append(last.outputs["0"].keys[0])
+        if len(solved) == 1:
+            return last
+        work, peak = Tasks(), as_rss(2 * n * ncols * np.dtype(node.dtype).itemsize)
+        check_fits("join", peak, f"{short(node)}: the solutions of {len(solved)} groups of "
+                   f"{g} right-hand sides joined in one task", self.budget)
+        key = work.add("lu-join-" + tokenize(solved), glu.join_columns, *solved)
+        return self.add(Stage("small", f"the {len(solved)} groups of {g} right-hand sides' "
+                              "solutions side by side", 1, peak, 0, work=work.freeze(),
+                              outputs={"0": Output("value", (key,))}))
 
     def map(self, node: Node, out=None, out_grid=None, skip=frozenset()) -> Stage:
         deps: list = []

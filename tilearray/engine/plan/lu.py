@@ -93,12 +93,27 @@ def lu_forward_peak(n: int, b: int, ncols: int, itemsize: int) -> int:
     return as_rss(3 * n * b * itemsize + 3 * n * ncols * max(itemsize, 8))
 
 
+def rhs_group(n: int, b: int, ncols: int, itemsize: int, budget: Budget) -> int:
+    """Right-hand sides a forward sweep holds at once: all ``ncols``, or the
+    most that fit beside a panel (each group of columns then sweeps the L
+    panels on its own, reading them again); at least 1."""
+    lo, hi = 1, max(ncols, 1)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if lu_forward_peak(n, b, mid, itemsize) <= budget.task_memory \
+            else (lo, mid - 1)
+    return lo
+
+
 def lower_lu_forward(node, b_spec, deps: list, l_ref, grid, panels: tuple, b: int,
-                     budget: Budget) -> Stage:
-    """``L y = P b`` by a chain of tasks, one per L panel; its output "last"
-    is ``y``. Refused (before the LU runs) when a step cannot hold the
-    right-hand sides with a panel: ``inv`` of a matrix one task cannot hold."""
-    n, ncols = node.x.shape[0], node.y.shape[1]
+                     budget: Budget, cols: tuple | None = None) -> Stage:
+    """``L y = P b`` for the right-hand sides' columns ``cols`` (all when
+    None) by a chain of tasks, one per L panel; its output "last" is ``y``.
+    Refused (before the LU runs) when a step cannot hold one right-hand side
+    with a panel."""
+    n = node.x.shape[0]
+    cols = (0, node.y.shape[1]) if cols is None else tuple(cols)
+    ncols = cols[1] - cols[0]
     dtype = np.dtype(node.dtype)
     peak = lu_forward_peak(n, b, ncols, dtype.itemsize)
     check_fits("LU forward substitution", peak,
@@ -107,15 +122,16 @@ def lower_lu_forward(node, b_spec, deps: list, l_ref, grid, panels: tuple, b: in
     edges = tuple(tile_edges(n, b))
     cuts = [0, *(e[1] for e in edges)]
     l_costs = layout.BlockCosts(Read(l_ref, grid, dtype), [0, n], cuts)
-    tot = layout.ReadTotals(*layout.BlockCosts(b_spec, [0, n], [0, ncols]).at(0, 0))
-    name = "lu-forward-" + tokenize(b_spec, deps, edges, str(l_ref), panels[-1])
+    tot = layout.ReadTotals(*layout.BlockCosts(b_spec, [0, n], list(cols)).at(0, 0))
+    name = "lu-forward-" + tokenize(b_spec, deps, edges, str(l_ref), panels[-1], cols)
     work, prev = Tasks(), None
     for k in range(len(edges)):
-        args = (l_ref, edges, k, n, b_spec, deps, ncols, dtype, panels[-1])
+        args = (l_ref, edges, k, n, b_spec, deps, cols, dtype, panels[-1])
         prev = work.add((name, k), glu.forward, *args + ((prev,) if prev else ()))
         tot.add(l_costs.at(0, k))
     keys = tuple(t.key for t in work.freeze())
-    return Stage("lu-fwd", f"L y = P b: forward sweep over the {len(edges)} L panels",
+    what = "" if ncols == node.y.shape[1] else f" (right-hand sides {cols[0]}:{cols[1]})"
+    return Stage("lu-fwd", f"L y = P b: forward sweep over the {len(edges)} L panels{what}",
                  len(work), peak, tot.nbytes, flops=n * n * ncols, reads=tot.reads,
                  store_gets=tot.gets, work=work.freeze(),
                  outputs={"steps": Output("stats", keys), "last": Output("value", (keys[-1],))})
