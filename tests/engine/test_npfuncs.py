@@ -230,6 +230,53 @@ def test_unsorted_gathers_read_each_unit_once(thread_engine, tmp_path):
                 assert ordered.plan().bytes_read == plan.bytes_read
 
 
+def test_gathers_inside_expressions_plan_under_tight_budgets(tmp_path):
+    """A gather's block counts once (as a temporary), its spans one at a
+    time: flips, pads, rot90 and repeats of two 4000 x 1500 arrays in
+    1000 x 500 chunks plan at 200 MiB a worker as they did before gathers
+    held their spans apart (counting the block twice refused them, helper-36);
+    an unsorted permutation in an expression reads a few times the sorted
+    one (bands of all rows cut inside units), not 400 times. Metadata only."""
+    import zarr
+
+    for name in ("a", "b"):
+        zarr.create_array(str(tmp_path / f"{name}.zarr"), shape=(4000, 1500),
+                          chunks=(1000, 500), dtype="f8")
+    a, b = ta.open(tmp_path / "a.zarr"), ta.open(tmp_path / "b.zarr")
+    budget = ta.Budget.from_config("200MiB", 2, 1)
+    perm = np.random.default_rng(3).permutation(4000)
+    for expr in [a[::-1] * 2 + b[::-1], np.pad(a, 3, mode="reflect"), np.rot90(a) + np.rot90(b),
+                 a[np.arange(4000)] * 2 + b]:
+        plan = expr.plan(budget=budget)
+        assert plan.peak_task_memory <= budget.task_memory
+        assert plan.bytes_read <= a.nbytes + b.nbytes, str(plan)  # each unit once
+    # each row twice: blocks of 2000 output rows (one unit) do not fit; bands of
+    # all rows cut inside units plan (it was refused, naming 217MiB)
+    plan = (np.repeat(a, 2, 0) * 2 + np.repeat(b, 2, 0)).plan(budget=budget)
+    assert plan.peak_task_memory <= budget.task_memory
+    shuffled = (a[perm] * 2 + b[perm]).plan(budget=budget)
+    ordered = (a[np.sort(perm)] * 2 + b[np.sort(perm)]).plan(budget=budget)
+    assert shuffled.bytes_read <= 8 * ordered.bytes_read, (str(shuffled), str(ordered))
+
+
+def test_unsorted_gathers_in_expressions_run_under_a_tight_budget(tmp_path):
+    """Bands of all rows cut inside units for ``compute()``; written to Zarr,
+    only on the output's unit edges (a band across an output unit was
+    refused by the write: helper-36's ``to_zarr`` of ``A[perm] * 2 + B[perm]``)."""
+    rng = np.random.default_rng(9)
+    x, y = rng.standard_normal((2000, 750)), rng.standard_normal((2000, 750))
+    perm = rng.permutation(2000)
+    mem = ta.Budget(memory_per_worker="1GiB", threads_per_worker=1).worker_memory_for(16 << 20)
+    with ta.Engine(n_workers=1, threads_per_worker=1, memory_per_worker=mem, processes=False,
+                   quiet=True):  # 16 MiB tasks: bands of 2000 x 104 for compute()
+        a = ta.from_numpy(x, tmp_path / "a.zarr", tile=(500, 250))
+        b = ta.from_numpy(y, tmp_path / "b.zarr", tile=(500, 250))
+        expr = a[perm] * 2 + b[perm]
+        plan = expr.plan()
+        assert plan.bytes_read <= 8 * (x.nbytes + y.nbytes), str(plan)
+        check(expr, x[perm] * 2 + y[perm], tmp_path)
+
+
 def test_a_gather_holds_one_span_at_a_time(thread_engine, tmp_path):
     """A block of an unsorted gather reads its spans one at a time, each
     freed before the next is read (a view of a partial read holds its whole

@@ -112,9 +112,10 @@ class _Axis:
     full_tiles: np.ndarray
     """Tiles inside those units that hold a whole unit's worth of tiles."""
     held: np.ndarray
-    """Elements held at once reading it: ``length``, or through a gather the
-    largest span read plus the block's own length (the gathered copy the
-    spans are picked into, one span at a time)."""
+    """Elements of its reads held at once: ``length``, or through a gather
+    the largest span's (spans are read one at a time and picked into the
+    gathered block, which counts as a temporary:
+    :func:`~tilearray.graphs.spec.n_temporaries`)."""
 
 
 def _axis(edges: np.ndarray, start: int, step: int, n: int, unit: int, tile: int) -> _Axis:
@@ -142,7 +143,10 @@ def _mapped_axis(edges: np.ndarray, steps, n: int, unit: int, tile: int) -> _Axi
     a gather's spans): each block interval reads the spans
     :func:`~tilearray.graphs.spec.map_spans` gives, one request each. A
     gather reads them one at a time into its block
-    (:func:`~tilearray.graphs.spec.evaluate`), so it holds the largest."""
+    (:func:`~tilearray.graphs.spec.evaluate`), so it holds the largest (its
+    block counted apart, as a temporary: helper-36 found flips, pads and
+    ``rot90`` refused at budgets they had planned at, the block counted
+    twice)."""
     gathers = any(st[0] == "g" for st in steps)
     cols = [[], [], [], [], []]
     for lo, hi in zip(edges[:-1].tolist(), edges[1:].tolist(), strict=True):
@@ -154,7 +158,7 @@ def _mapped_axis(edges: np.ndarray, steps, n: int, unit: int, tile: int) -> _Axi
                         0, 1, n, unit, tile)
             parts = [int(v[::2].sum()) for v in (one.length, one.units, one.tiles,
                                                  one.full_tiles)]
-            parts.append(int(one.length[::2].max()) + hi - lo if gathers else parts[0])
+            parts.append(int(one.length[::2].max()) if gathers else parts[0])
         for c, v in zip(cols, parts, strict=True):
             c.append(v)
     return _Axis(*(np.asarray(c, dtype=np.int64) for c in cols))
@@ -219,8 +223,7 @@ class BlockCosts:
         """Decoded bytes read by each block, ``(rows, cols)``, all held at
         once; or, when ``held``, those its reads hold at once if evaluated
         in one pass (:func:`~tilearray.graphs.spec.evaluate`: through a
-        gather, its largest span and the gathered block). None when too many
-        blocks."""
+        gather, its largest span's). None when too many blocks."""
         if self.shape[0] * self.shape[1] > EXACT_BLOCKS:
             return None
         out = np.zeros(self.shape, dtype=np.int64)
@@ -325,22 +328,31 @@ def n_blocks(layout) -> int:
     return (len(layout[0]) - 1) * (len(layout[1]) - 1)
 
 
-def spanning(rows_base, cols_base, m: int, n: int, max_elems: int, axis: int):
+def spanning(rows_base, cols_base, m: int, n: int, max_elems: int, axis: int,
+             inside: bool = True):
     """Layouts whose blocks span all of ``axis``, the other axis cut into
     bands of at most ``max_elems`` elements a block, halving down to single
-    intervals. Along a gather's axis, a run of positions meets the source
-    units in any order: a block of them all reads each unit it needs once,
-    where a block of consecutive positions of an unsorted index meets most
-    units (400 random rows of a 4000² matrix in 1000² chunks, 33 MiB tasks:
-    1,220 blocks read 9.09 GiB, 4 bands of all rows 0.12 GiB)."""
+    intervals, then (if ``inside``: no output's unit edges to keep) inside
+    them, each band reading its units whole (fewer reads than short blocks
+    meeting every unit), down to single lines.
+    Along a gather's axis, a run of positions meets the source units in any
+    order: a block of them all reads each unit it needs once, where a block
+    of consecutive positions of an unsorted index meets most units (400
+    random rows of a 4000² matrix in 1000² chunks, 33 MiB tasks: 1,220
+    blocks read 9.09 GiB, 4 bands of all rows 0.12 GiB)."""
     length, base = (m, cols_base) if axis == 0 else (n, rows_base)
-    target, last = max(int(max_elems) // max(length, 1), 1), None
+    other = n if axis == 0 else m
+    target, seen = max(int(max_elems) // max(length, 1), 1), set()
     while True:
         edges = group_edges(base, target)
-        lay = ((0, m), edges) if axis == 0 else (edges, (0, n))
-        if lay != last:
-            yield lay
-            last = lay
+        cuts = [edges]
+        if inside and max_interval(edges) > target:  # then inside them: bands of ``target``
+            cuts.append(tuple(sorted(set(base) | set(range(0, other, target)))))
+        for e in cuts:
+            lay = ((0, m), e) if axis == 0 else (e, (0, n))
+            if lay not in seen:
+                seen.add(lay)
+                yield lay
         if target <= 1:
             return
         target //= 2
@@ -369,7 +381,9 @@ def search(spec, shape, hard_rows, hard_cols, max_elems: int, peak_of, budget: i
     for rb in bases(spec, 0, m, hard_rows):
         for cb in bases(spec, 1, n, hard_cols):
             for layouts in [shapes(rb, cb, m, n, max_elems),
-                            *(spanning(rb, cb, m, n, max_elems, a) for a in whole)]:
+                            *(spanning(rb, cb, m, n, max_elems, a,
+                                       (hard_cols if a == 0 else hard_rows) is None)
+                              for a in whole)]:
                 for re, ce in layouts:
                     costs = BlockCosts(spec, re, ce)
                     peak = peak_of(costs) + held
