@@ -227,9 +227,8 @@ class BlockCosts:
         if self.shape[0] * self.shape[1] > EXACT_BLOCKS:
             return None
         out = np.zeros(self.shape, dtype=np.int64)
-        for item, _, r, c in self._paths:
-            out += np.multiply.outer((r.held if held else r.length) * item,
-                                     c.held if held else c.length)
+        for item, r, c in self._sides(held):
+            out += np.multiply.outer(r * item, c)
         return out
 
     def max_read_bytes(self, exact: bool = True, held: bool = False) -> int:
@@ -239,9 +238,14 @@ class BlockCosts:
         per_block = self.read_bytes(held) if exact else None
         if per_block is not None:
             return int(per_block.max(initial=0))
-        return int(sum(int((r.held if held else r.length).max(initial=0))
-                       * int((c.held if held else c.length).max(initial=0)) * item
-                       for item, _, r, c in self._paths))
+        return int(sum(int(r.max(initial=0)) * int(c.max(initial=0)) * item
+                       for item, r, c in self._sides(held)))
+
+    def _sides(self, held: bool):
+        """``(itemsize, rows' elements, columns' elements)`` per stored array:
+        read (``length``) or held at once (``held``)."""
+        return [(item, r.held, c.held) if held else (item, r.length, c.length)
+                for item, _, r, c in self._paths]
 
     def total_read_bytes(self) -> int:
         return int(sum(int(r.length.sum()) * int(c.length.sum()) * item
