@@ -301,6 +301,12 @@ def lstsq_plan(x: TiledArray, y, rcond=None) -> TiledArray:
     options = {"vector": bool(vector)}
     if rcond is not None:
         options["rcond"] = float(rcond)
+    t = result_dtype(np.result_type(x.dtype, ynode.dtype))
+    if t != np.float64:  # NumPy's lstsq computes in float64, its rank cutoff too (float32's
+        # eps * max(m, n) dropped 8 of 40 columns scaled 1 to 100: helper-37), returns float32
+        x = x.astype(np.float64)
+        ynode = TiledArray(ynode).astype(np.float64)._node
+        options["result"] = t.str
     return _part(x, "lstsq", ynode, **options)
 
 
@@ -971,8 +977,9 @@ def pinv(a: TiledArray, rcond=None, hermitian: bool = False, *, rtol=_NO_RTOL) -
     elif rtol is not _NO_RTOL:
         raise ValueError("pinv: `rtol` and `rcond` can't be both set.")
     wide = x.shape[0] < x.shape[1]
-    u, s, vt = svd(_tall_side(x), full_matrices=False)
-    s, vt = np.asarray(s.compute()), np.asarray(vt.compute())
+    tall = _tall(_tall_side(x), "svd", empty=True)
+    s, vt = np.asarray(_part(tall, "s").compute()), np.asarray(_part(tall, "Vt").compute())
+    u = _part(tall, "U", align=vt)  # U to match this Vt (its run's R is another R)
     large = s > rcond * (s.max() if s.size else 0)
     inv_s = np.zeros_like(s)
     inv_s[large] = 1.0 / s[large]

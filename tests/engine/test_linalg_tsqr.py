@@ -131,6 +131,43 @@ def test_svd_matches_numpy(thread_engine, tmp_path, rng):
                  scale=sn[0])
 
 
+def test_float32_lstsq_computes_and_cuts_rank_as_numpy(thread_engine, tmp_path):
+    """NumPy's lstsq computes float32 in float64, its rank cutoff ``eps *
+    max(m, n)`` with float64's eps: with float32's, columns scaled 1 to 1000
+    of a 20000-row X lost rank (helper-37: 8 of 40 columns at 200,000 rows)."""
+    rng = np.random.default_rng(22)
+    x = (rng.standard_normal((20000, 40)) * np.logspace(0, 3, 40)).astype("f4")
+    beta = rng.standard_normal(40).astype("f4")
+    y = (x @ beta + 0.01 * rng.standard_normal(20000)).astype("f4")
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(3000, 40))
+    got, res, rank, s = ta.linalg.lstsq(a, y)
+    want, wres, wrank, ws = np.linalg.lstsq(x, y)
+    assert rank == wrank == 40
+    assert got.dtype == want.dtype == np.float32 and res.dtype == wres.dtype
+    assert_close(got, want)
+    assert_close(s, ws)
+
+
+def test_svd_parts_computed_one_at_a_time_are_one_svd(thread_engine, tmp_path):
+    """``U, s, Vt = svd(X)`` computed ``s``, ``Vt`` first, ``U`` later: two
+    runs, two R factors of X (other row blocks, another leaf method). With
+    repeated singular values their SVDs pick different bases, so U was
+    rotated against Vt (helper-37: |U s Vt - X| / |X| = 1.36 for
+    X = 3 x orthonormal, ``pinv`` as far off); U now matches the Vt given."""
+    rng = np.random.default_rng(21)
+    q, _ = np.linalg.qr(rng.standard_normal((3000, 8)))
+    cluster = q * np.array([5.0, 2.0, 2.0, 2.0, 1.0, 1.0, 1.0, 0.5])
+    for k, x in enumerate([3.0 * q, cluster]):
+        a = ta.from_numpy(x, tmp_path / f"x{k}.zarr", tile=(700, 8))
+        u, s, vt = np.linalg.svd(a)
+        s_, vt_ = np.asarray(s.compute()), np.asarray(vt.compute())
+        for got in (np.asarray(u.compute()),
+                    np.asarray(u.to_zarr(tmp_path / f"u{k}.zarr")[...])):
+            assert np.linalg.norm((got * s_) @ vt_ - x) <= 1e-13 * np.linalg.norm(x)
+            assert np.abs(got.T @ got - np.eye(8)).max() < 1e-13
+        assert_close(np.asarray(np.linalg.pinv(a).compute()), np.linalg.pinv(x))
+
+
 @pytest.mark.parametrize("shape", [(M, N), (40, 300)])
 def test_spectral_and_nuclear_norms(thread_engine, tmp_path, rng, shape):
     x = rng.standard_normal(shape)

@@ -32,7 +32,16 @@ from ..storage.commit import (
 )
 from ..storage.ref import check_task_readable, check_task_writable
 from . import runtime
-from .expr.nodes import TSQR, Factor, Source, derive_dims, is_big_vector, sources, structure
+from .expr.nodes import (
+    TSQR,
+    Factor,
+    Node,
+    Source,
+    derive_dims,
+    is_big_vector,
+    sources,
+    structure,
+)
 from .plan.lower import fitted_output_grid, lower
 from .plan.types import Plan
 
@@ -167,7 +176,7 @@ def commit(node, engine, job=None, description: str = "compute") -> Ran:
     if job is None:
         plan = job_plan(node, engine, None)
         values, stats, side = _run(plan, states, None, engine, description)
-        _remember(node, states, side)
+        _remember(node, states, side, values)
         return Ran(values, stats, None, plan, side)
     state = refusing(job.ref, job.inspect, states)
     if state.complete:
@@ -188,7 +197,7 @@ def commit(node, engine, job=None, description: str = "compute") -> Ran:
                                    else 0)
         sarray.check_lock_held(job.ref)
         job.complete(again)
-        _remember(node, states, side)
+        _remember(node, states, side, values)
     finally:
         sarray.release_lock(job.ref)
     return Ran(values, stats, again, plan, side)
@@ -217,17 +226,59 @@ def cached_factor(node):
     return None if hit is None else hit.get(node.part)
 
 
-def _remember(node, states, outputs) -> None:
-    if outputs and "factors" in outputs and _factor_key(node, states) is not None:
-        _FACTORS[_factor_key(node, states)] = outputs["factors"]
+def _remember(node, states, outputs, values=None) -> None:
+    """Keep the small factors a TSQR run gave: those of a Q / U run, or the
+    R, s or Vt it computed."""
+    key = _factor_key(node, states)
+    if key is None:
+        return
+    got = dict(outputs["factors"]) if outputs and "factors" in outputs else {}
+    if node.part in ("R", "s", "Vt") and values:
+        got[node.part] = values[0]
+    if got:
+        _FACTORS[key] = {**_FACTORS.pop(key, {}), **got}
         while len(_FACTORS) > 8:
             _FACTORS.pop(next(iter(_FACTORS)))
+
+
+def aligned(node, memo=None):
+    """``node`` with each TSQR U in it (``svd(x).U``) given the ``Vt`` an
+    earlier run of the same factorization computed, if any, to match:
+    ``U, s, Vt = svd(x)`` computed one at a time, ``Vt`` first, come from two
+    runs and two R factors of X (:func:`~tilearray.graphs.linalg.align_svd`)."""
+    memo = {} if memo is None else memo
+    if id(node) in memo:
+        return memo[id(node)]
+    new = node
+    if dataclasses.is_dataclass(node) and isinstance(node, Node):
+        changes = {}
+        for f in dataclasses.fields(node):
+            v = getattr(node, f.name)
+            if isinstance(v, Node):
+                w = aligned(v, memo)
+            elif isinstance(v, tuple) and any(isinstance(a, Node) for a in v):
+                w = tuple(aligned(a, memo) if isinstance(a, Node) else a for a in v)
+            else:
+                continue
+            if w is not v and (not isinstance(v, tuple) or any(a is not b for a, b
+                                                                  in zip(v, w, strict=True))):
+                changes[f.name] = w
+        if isinstance(node, TSQR) and node.part == "U" and "align" not in dict(node.options):
+            hit = _FACTORS.get(_factor_key(node, input_states(node))) if _FACTORS else None
+            if hit is not None and hit.get("Vt") is not None:
+                changes["options"] = tuple(sorted({**dict(node.options),
+                                                   "align": np.asarray(hit["Vt"])}.items()))
+        if changes:
+            new = dataclasses.replace(node, **changes)
+    memo[id(node)] = new
+    return new
 
 
 def job_plan(node, engine, ref=None, state=None) -> Plan:
     """The plan a job runs: into ``ref`` (the units of ``state.skip`` done) or returned."""
     grid = state.grid if state is not None else None
-    return lower(node, engine.budget(), ref, grid, state.skip if state is not None else ())
+    return lower(aligned(node), engine.budget(), ref, grid,
+                 state.skip if state is not None else ())
 
 
 def _not_rewritten(stats, plan: Plan, done: int, n_units: int) -> int:

@@ -387,6 +387,20 @@ def svd_from_r(r: np.ndarray, compute_uv: bool = True):
                                     f"{e})") from None
 
 
+def align_svd(u_r: np.ndarray, vt: np.ndarray, vt_given: np.ndarray) -> tuple:
+    """``(U_R W, vt_given)`` with ``W = vt vt_given^T``: the SVD ``U_R s Vt``
+    of one R expressed in the right singular vectors ``vt_given`` an earlier
+    run computed from another R of the same X (other row blocks, another
+    leaf method: equal to rounding). Where singular values repeat, the two
+    runs may pick different bases of their singular spaces, and ``U`` from
+    one with ``s, Vt`` from the other do not reconstruct X (helper-37: 136%
+    off); ``W`` is orthogonal, block diagonal over equal singular values
+    (signs elsewhere), so ``U_R W`` stays orthogonal and ``U s Vt`` is X to
+    rounding."""
+    w = vt @ vt_given.T
+    return u_r @ w, vt_given
+
+
 @single_threaded
 def svd_tsqr(blocks: Sequence, fan_in: int = 2, compute_uv: bool = True):
     """In-memory reference thin SVD through TSQR: ``(U_blocks, s, Vt)`` or ``s``."""

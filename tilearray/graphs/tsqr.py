@@ -104,7 +104,9 @@ def root(part: str, n: int, m: int, options: tuple, top):
     (NumPy's tuple from R of ``[X | Y]``), or "down": ``{"slice": ...,
     "R": ..., ["s": ..., "Vt": ...]}`` -- the slice handed down to the top
     node's children (``D``, or ``D @ U_R`` with ``options`` ``(("right",
-    "U"),)``) and the small factors the same run gives for free."""
+    "U"),)``; with ``("align", Vt)``, U_R rotated to that Vt:
+    :func:`~.linalg.align_svd`) and the small factors the same run gives
+    for free."""
     value, st = top
     opts = dict(options)
     r = _r_of(value)
@@ -117,10 +119,16 @@ def root(part: str, n: int, m: int, options: tuple, top):
         out = s_vt[2] if part == "Vt" else s_vt
     elif part == "lstsq":
         out = kern.lstsq_from_r(r, n, m, rcond=opts.get("rcond"), vector=opts.get("vector"))
+        if opts.get("result"):  # computed in float64 (NumPy's way), returned in X's dtype
+            x, res, rank, s = out
+            t = np.dtype(opts["result"])
+            out = (x.astype(t), res.astype(t), rank, s.astype(t))
     else:  # "down": the top node's slice, and R (and s, Vt) on the way
         out = {"slice": np.diag(d), "R": r}
         if opts.get("right") == "U":
             u_r, out["s"], out["Vt"] = kern.svd_from_r(r)
+            if opts.get("align") is not None:  # the Vt an earlier run gave: U to match it
+                u_r, out["Vt"] = kern.align_svd(u_r, out["Vt"], np.asarray(opts["align"]))
             out["slice"] = out["slice"] @ u_r
     return out, counted(st)
 
