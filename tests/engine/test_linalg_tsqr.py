@@ -131,6 +131,21 @@ def test_svd_matches_numpy(thread_engine, tmp_path, rng):
                  scale=sn[0])
 
 
+def test_down_tasks_fit_the_budget(tmp_path):
+    """A down task holds its tree node's Q pieces and R, its parent's slice
+    and R, and its children's slices: Q of a 3001² matrix planned 247 MiB
+    tasks at 433 MiB a worker, and its down task took 444 MiB (workers
+    killed, helper-37). Refused now, naming the memory that holds it."""
+    zarr.create_array(tmp_path / "sq.zarr", shape=(3001, 3001), chunks=(700, 650), dtype="f8")
+    q = ta.linalg.qr(ta.open(tmp_path / "sq.zarr")).Q
+    with pytest.raises(ta.PlanningError, match=r"TSQR down task needs .* memory_per_worker >= "
+                                               r"(\d+)MiB") as err:
+        q.plan(budget=ta.Budget.from_config("433MiB", 2, 1))
+    need = int(re.search(r">= (\d+)MiB", str(err.value)).group(1)) * 2**20
+    plan = q.plan(budget=ta.Budget.from_config(need, 2, 1))
+    assert 3 * 3001**2 * 8 < plan.peak_task_memory <= plan.budget.task_memory
+
+
 def test_float32_lstsq_computes_and_cuts_rank_as_numpy(thread_engine, tmp_path):
     """NumPy's lstsq computes float32 in float64, its rank cutoff ``eps *
     max(m, n)`` with float64's eps: with float32's, columns scaled 1 to 1000

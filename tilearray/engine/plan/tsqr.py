@@ -17,7 +17,14 @@ from ...graphs.blocks import group_edges, intervals, max_interval
 from ...graphs.emit import Tasks
 from . import layout
 from .map import check_fits
-from .memory import read_flight, tsqr_combine_peak, tsqr_leaf_peak, tsqr_root_peak, write_flight
+from .memory import (
+    as_rss,
+    read_flight,
+    tsqr_combine_peak,
+    tsqr_leaf_peak,
+    tsqr_root_peak,
+    write_flight,
+)
 from .sizing import ahead, all_done, short
 from .types import Budget, Output, Stage
 
@@ -114,7 +121,8 @@ def lower_tsqr(node, specs, widths, deps: list, budget: Budget, out=None, out_gr
                              tuple(widths), deps, ahead(spans, i, budget), keep_r))
         tot.add(*(c.at(i, 0) for c in costs))
     top, levels = _tree(up, name, leaves, fan_in, keep_q=big)
-    held = _check_pieces_fit(node, spans, levels, w, itemsize, budget) if big else 0
+    held, down_peak = _check_pieces_fit(node, spans, levels, w, itemsize, budget) if big \
+        else (0, 0)
     part, options = node.part, node.options
     if big:  # the root hands down D (Q) or D @ U_R (U)
         part, options = "down", tuple(sorted({**dict(options), "right": node.part}.items()))
@@ -134,7 +142,8 @@ def lower_tsqr(node, specs, widths, deps: list, budget: Budget, out=None, out_gr
     if not big:
         return [first]
     return [first, _down_stage(node, name, specs, widths, deps, row_edges, levels, root,
-                               costs, peak, out, out_grid, skip, budget, keep_r)]
+                               costs, max(peak, down_peak), out, out_grid, skip, budget,
+                               keep_r)]
 
 
 def _tree_peak(spans, fan_in: int, w: int, itemsize: int, part: str) -> tuple[int, int]:
@@ -153,21 +162,31 @@ def _tree_peak(spans, fan_in: int, w: int, itemsize: int, part: str) -> tuple[in
     return max(best, (rows[0], tsqr_root_peak(rows[0], w, itemsize, part)), key=lambda x: x[1])
 
 
-def _check_pieces_fit(node, spans, levels, w: int, itemsize: int, budget: Budget) -> int:
+def _check_pieces_fit(node, spans, levels, w: int, itemsize: int, budget: Budget) -> tuple:
     """Writing Q or U, every combine node's Q pieces (its children's R
     factors' rows by ``w``) stay in worker memory from the up tree to the
     down tree; refuse when they would take more than a quarter of the
-    workers' task memory (they are not spread evenly)."""
+    workers' task memory (they are not spread evenly), or when a down task
+    does not fit. Returns ``(bytes held, the largest down task's peak)``."""
     rows = [min(b - a, w) for a, b in spans]  # R_i of a leaf is min(m_i, w) x w
-    held = 0
+    held = tallest = 0
     for level in levels:  # a node's pieces: its children's R factors stacked
         stacked, q = [], 0
         for _, children in level:
             stacked.append(sum(rows[q:q + len(children)]))
             q += len(children)
         held += sum(stacked)
+        tallest = max(tallest, *stacked)
         rows = [min(r, w) for r in stacked]
-    held *= w * max(itemsize, 8)
+    item = max(itemsize, 8)
+    held *= w * item
+    # a down task: its node's value (Q pieces, stacked x w, and its R, w x w),
+    # its parent's (the root's: the slice handed down and R, w x w each) and
+    # its children's slices (stacked x k, k <= w): a 3001² Q had planned 247
+    # MiB tasks and its down task killed 433 MiB workers (444 MiB, helper-37)
+    down = as_rss((2 * tallest + 3 * w) * w * item)
+    check_fits("TSQR down", down, f"{short(node)} (a node of the tree handing its slices "
+               f"down: Q pieces of {tallest} x {w})", budget)
     room = budget.n_workers * budget.task_memory // 4
     if held > room:
         raise PlanningError(
@@ -177,7 +196,7 @@ def _check_pieces_fit(node, spans, levels, w: int, itemsize: int, budget: Budget
             f"({format_bytes(room)}): X has too many columns for its rows here (use a "
             "larger memory_per_worker or more workers; the singular values and R need no "
             "pieces, and svd(x, k=...) is randomized)")
-    return held
+    return held, down if levels else 0
 
 
 def _down_stage(node, name, specs, widths, deps, row_edges, levels, root, costs, peak, out,
