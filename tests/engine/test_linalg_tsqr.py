@@ -131,6 +131,30 @@ def test_svd_matches_numpy(thread_engine, tmp_path, rng):
                  scale=sn[0])
 
 
+def test_tsqr_of_inputs_whose_row_units_do_not_line_up(tmp_path):
+    """``lstsq(X[:-1], y[1:])`` (a lag regression) or a y in 6999-row chunks
+    beside X's 7000 share no row edge but 0 and m: leaves then break on the
+    union of the edges (a unit read by the two leaves it straddles), where
+    one task holding everything had been the only plan (helper-37: 11.62
+    GiB asked for a 10M x 40 X)."""
+    rng = np.random.default_rng(23)
+    x, y = rng.standard_normal((60000, 20)), rng.standard_normal((60000, 2))
+    mem = ta.Budget(memory_per_worker="1GiB", threads_per_worker=1).worker_memory_for(16 << 20)
+    with ta.Engine(n_workers=1, threads_per_worker=1, memory_per_worker=mem, processes=False,
+                   quiet=True):
+        a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(7000, 20))
+        b = ta.from_numpy(y, tmp_path / "y.zarr", tile=(6999, 2))
+        for got_of, xs, ys in [(lambda: ta.linalg.lstsq(a[:-1], b[1:]), x[:-1], y[1:]),
+                               (lambda: ta.linalg.lstsq(a, b), x, y)]:
+            got, res, rank, s = got_of()
+            want, wres, wrank, ws = np.linalg.lstsq(xs, ys)
+            assert rank == wrank
+            assert_close(got, want)
+            assert_close(res, wres)
+        plan = ta.linalg.lstsq_plan(a[:-1], b[1:]).plan()
+        assert plan.tasks > 3 and plan.peak_task_memory <= plan.budget.task_memory, str(plan)
+
+
 def test_down_tasks_fit_the_budget(tmp_path):
     """A down task holds its tree node's Q pieces and R, its parent's slice
     and R, and its children's slices: Q of a 3001² matrix planned 247 MiB

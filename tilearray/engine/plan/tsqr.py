@@ -44,12 +44,24 @@ def _leaf_peak(specs, widths, row_edges, itemsize, out_cols, out_grid) -> int:
 def row_blocks(specs, widths, m: int, itemsize: int, budget: Budget, out_cols=0, out_grid=None):
     """Row edges of the leaves: on the I/O unit edges of every input (and of
     the output), as tall as a task holds up to ``map.block-bytes`` of block,
-    and at least one leaf per thread of the cluster when the rows allow.
-    Returns ``(row_edges, peak)``."""
+    and at least one leaf per thread of the cluster when the rows allow;
+    where no such block fits (inputs whose units do not line up: ``lstsq(X[:-1],
+    Y[1:])`` shares no row edge but 0 and m), on the union of their edges, a
+    unit read by the two leaves it straddles. Returns ``(row_edges, peak)``."""
     from ...graphs.spec import Op
 
     hard = None if out_grid is None else out_grid.unit_edges(0)
-    base = layout.bases(Op("tsqr", tuple(specs)), 0, m, hard)[0]
+    first = None
+    for base in layout.bases(Op("tsqr", tuple(specs)), 0, m, hard):
+        got = _tallest_fitting(base, specs, widths, m, itemsize, budget, out_cols, out_grid)
+        if got[1] <= budget.task_memory:
+            return got
+        first = first or got
+    return first  # the coarsest base's: refused naming its need
+
+
+def _tallest_fitting(base, specs, widths, m, itemsize, budget, out_cols, out_grid):
+    """:func:`row_blocks` on one base of row edges."""
     step = max(max_interval(base), 1)
     cap = max(_config.get_bytes("map.block-bytes") // max(sum(widths) * itemsize, 1), step)
     cap = min(cap, max(-(-m // budget.total_threads), step))  # a leaf per thread
