@@ -792,6 +792,7 @@ def slogdet(a: TiledArray, assume_a: str = "gen"):
 
 def det(a: TiledArray, assume_a: str = "gen"):
     """Determinant, like :func:`numpy.linalg.det`, from :func:`slogdet`."""
+    _square(a, "det", empty=True)  # refused in its own name
     sign, logabs = slogdet(a, assume_a)
     return sign * np.exp(logabs)
 

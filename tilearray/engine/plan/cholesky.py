@@ -24,7 +24,6 @@ from dask.base import tokenize
 from dask.utils import format_bytes
 
 from ... import _config
-from ...errors import PlanningError
 from ...graphs import cholesky as gch
 from ...graphs.blas import result_dtype, tile_edges
 from ...graphs.blocks import group_edges, max_interval, tree
@@ -509,11 +508,9 @@ def lower_incore(node, x_spec, y_spec, deps: list, budget: Budget) -> Stage:
     op = dict(node.options)["op"]
     ycols = node.y.shape[1] if node.y is not None else 0
     peak, tot = incore_need(node, x_spec, y_spec)
-    if peak > budget.task_memory:
-        raise PlanningError(
-            f"{short(node)}: {op} reads the whole {n} x {n} matrix into one task, which needs "
-            f"{format_bytes(peak)} but the budget allows {format_bytes(budget.task_memory)} "
-            f"per task; {_beyond(op)}")
+    check_fits(op, peak, f"{short(node)} ({op} reads the whole {n} x {n} matrix into one "
+               "task: it is computed only for a matrix one task can hold, a covariance or a "
+               "Gram)", budget)
     key = "incore-" + tokenize(op, x_spec, y_spec, deps, node.options)
     work = Tasks()
     work.add(key, gch.incore, op, node.options, x_spec, deps, n, y_spec, deps, ycols,
@@ -527,6 +524,3 @@ def as_cols(n: int, ycols: int, itemsize: int) -> int:
     return 3 * n * ycols * max(itemsize, 8)
 
 
-def _beyond(op: str) -> str:
-    return ("it is computed only for a matrix one task can hold (a covariance, a Gram): "
-            "give workers more memory (memory_per_worker)")
