@@ -254,15 +254,12 @@ def aligned(node, memo=None):
         changes = {}
         for f in dataclasses.fields(node):
             v = getattr(node, f.name)
-            if isinstance(v, Node):
-                w = aligned(v, memo)
+            if isinstance(v, Node) and aligned(v, memo) is not v:
+                changes[f.name] = aligned(v, memo)
             elif isinstance(v, tuple) and any(isinstance(a, Node) for a in v):
                 w = tuple(aligned(a, memo) if isinstance(a, Node) else a for a in v)
-            else:
-                continue
-            if w is not v and (not isinstance(v, tuple) or any(a is not b for a, b
-                                                                  in zip(v, w, strict=True))):
-                changes[f.name] = w
+                if any(a is not b for a, b in zip(v, w, strict=True)):
+                    changes[f.name] = w
         if isinstance(node, TSQR) and node.part == "U" and "align" not in dict(node.options):
             hit = _FACTORS.get(_factor_key(node, input_states(node))) if _FACTORS else None
             if hit is not None and hit.get("Vt") is not None:
