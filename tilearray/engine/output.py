@@ -174,7 +174,7 @@ def commit(node, engine, job=None, description: str = "compute") -> Ran:
     for ref, _ in states.values():  # memory:// inputs are empty in worker processes
         check_task_readable(ref, engine.in_process)
     if job is None:
-        plan = job_plan(node, engine, None)
+        plan = job_plan(node, engine, states)
         values, stats, side = _run(plan, states, None, engine, description)
         _remember(node, states, side, values)
         return Ran(values, stats, None, plan, side)
@@ -182,14 +182,14 @@ def commit(node, engine, job=None, description: str = "compute") -> Ran:
     if state.complete:
         log.info("%s is already complete", job.ref)
         return Ran(None, _nothing_ran(state), state, None)
-    plan = job_plan(node, engine, job.ref, state)  # refuse before disk
+    plan = job_plan(node, engine, states, job.ref, state)  # refuse before disk
     sarray.acquire_lock(job.ref)  # before anything is created or replaced
     try:
         again = job.inspect(states)  # the truth, now that no other job can change it
         if again.complete:
             return Ran(None, _nothing_ran(again), again, None)
         if again.key() != state.key():
-            plan = job_plan(node, engine, job.ref, again)
+            plan = job_plan(node, engine, states, job.ref, again)
         job.create(again)
         values, stats, side = _run(plan, states, job.ref, engine, description,
                                    units_skipped=len(again.skip),
@@ -241,11 +241,12 @@ def _remember(node, states, outputs, values=None) -> None:
             _FACTORS.pop(next(iter(_FACTORS)))
 
 
-def aligned(node, memo=None):
+def aligned(node, states: dict, memo=None):
     """``node`` with each TSQR U in it (``svd(x).U``) given the ``Vt`` an
     earlier run of the same factorization computed, if any, to match:
     ``U, s, Vt = svd(x)`` computed one at a time, ``Vt`` first, come from two
-    runs and two R factors of X (:func:`~tilearray.graphs.linalg.align_svd`)."""
+    runs and two R factors of X (:func:`~tilearray.graphs.linalg.align_svd`).
+    ``states``: the job's :func:`input_states` (each input's files walked once)."""
     memo = {} if memo is None else memo
     if id(node) in memo:
         return memo[id(node)]
@@ -254,14 +255,14 @@ def aligned(node, memo=None):
         changes = {}
         for f in dataclasses.fields(node):
             v = getattr(node, f.name)
-            if isinstance(v, Node) and aligned(v, memo) is not v:
-                changes[f.name] = aligned(v, memo)
+            if isinstance(v, Node) and aligned(v, states, memo) is not v:
+                changes[f.name] = aligned(v, states, memo)
             elif isinstance(v, tuple) and any(isinstance(a, Node) for a in v):
-                w = tuple(aligned(a, memo) if isinstance(a, Node) else a for a in v)
+                w = tuple(aligned(a, states, memo) if isinstance(a, Node) else a for a in v)
                 if any(a is not b for a, b in zip(v, w, strict=True)):
                     changes[f.name] = w
         if isinstance(node, TSQR) and node.part == "U" and "align" not in dict(node.options):
-            hit = _FACTORS.get(_factor_key(node, input_states(node))) if _FACTORS else None
+            hit = _FACTORS.get(_factor_key(node, states)) if _FACTORS else None
             if hit is not None and hit.get("Vt") is not None:
                 changes["options"] = tuple(sorted({**dict(node.options),
                                                    "align": np.asarray(hit["Vt"])}.items()))
@@ -271,10 +272,11 @@ def aligned(node, memo=None):
     return new
 
 
-def job_plan(node, engine, ref=None, state=None) -> Plan:
-    """The plan a job runs: into ``ref`` (the units of ``state.skip`` done) or returned."""
+def job_plan(node, engine, states: dict, ref=None, state=None) -> Plan:
+    """The plan a job runs: into ``ref`` (the units of ``state.skip`` done) or
+    returned; ``states``: the job's :func:`input_states`."""
     grid = state.grid if state is not None else None
-    return lower(aligned(node), engine.budget(), ref, grid,
+    return lower(aligned(node, states), engine.budget(), ref, grid,
                  state.skip if state is not None else ())
 
 

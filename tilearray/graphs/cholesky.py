@@ -193,11 +193,17 @@ def substitute(t_spec, t_deps, b_spec, b_deps, edges, i: int, ncols: int, option
 def gather(vector: bool, *parts):
     """The solved row tiles stacked (``n`` or ``n x k``); merges their stats
     (a small right-hand side's are gathered by the plan on their own)."""
+    x, stats = stacked(np.vstack, parts)
+    return (x[:, 0] if vector else x), stats
+
+
+def stacked(stack, parts) -> tuple:
+    """``(stack(values), merged stats)`` of ``(value, stats)`` task results:
+    a task joining others' results counts their figures and itself."""
     stats: dict = {}
     for _, st in parts:
         stats = merge_stats(stats, st)
-    x = np.vstack([p for p, _ in parts])
-    return (x[:, 0] if vector else x), counted(stats)
+    return stack([p for p, _ in parts]), counted(stats)
 
 
 def symv_tile(a_spec, a_deps, w_spec, w_deps, rows: tuple, cols: tuple, k: int, norm: bool,

@@ -20,8 +20,8 @@ import numpy as np
 
 from ..storage import IOStats, read_region, write_block
 from . import blas as kern
-from .cholesky import SlogdetResult
-from .matmul import counted, merge_stats
+from .cholesky import SlogdetResult, stacked
+from .matmul import counted
 from .spec import evaluate
 
 
@@ -78,10 +78,7 @@ def forward(l_ref, edges, k: int, n: int, b_spec, b_deps, cols: tuple, dtype, la
 def join_columns(*parts):
     """The solutions of the right-hand sides' column groups side by side;
     merges their stats (as :func:`~.cholesky.gather` does its row tiles')."""
-    stats: dict = {}
-    for _, st in parts:
-        stats = merge_stats(stats, st)
-    return np.hstack([p for p, _ in parts]), counted(stats)
+    return stacked(np.hstack, parts)
 
 
 def slogdet(dtype, *panels):

@@ -15,7 +15,7 @@ from ...graphs import elemwise as gel
 from ...graphs import reduction as gred
 from ...graphs.blocks import intervals, max_interval, tree
 from ...graphs.emit import Tasks
-from ...graphs.spec import Op, leaves
+from ...graphs.spec import Op, has_gather, leaves
 from ..expr.nodes import Elemwise, MatMul, MatVec, Node, Reduce, Scan, Sort, structure
 from . import layout
 from .map import check_fits, fit_blocks
@@ -92,8 +92,7 @@ def lower_reduce(nodes: list[Reduce], specs: list, deps: list, budget: Budget,
     joint = specs[0] if len(specs) == 1 else Op("fused", tuple(specs))  # for costs only
     # blocks are read whole first, then reduced strip by strip; through a
     # gather, evaluated in one pass (:func:`~tilearray.graphs.reduction.reduce_map`)
-    costs, peak = fit_blocks(joint, (m, n), None, temps, budget,
-                             one_pass=bool(layout.gathered_axes(joint)))
+    costs, peak = fit_blocks(joint, (m, n), None, temps, budget, one_pass=has_gather(joint))
     row_edges, col_edges = costs.row_edges, costs.col_edges
     what = [(r.op, r.axis, r.ddof) for r in nodes]
     token = tokenize("reduce", what, specs, row_edges, col_edges, deps)

@@ -196,7 +196,7 @@ def _check_pieces_fit(node, spans, levels, w: int, itemsize: int, budget: Budget
     # its parent's (the root's: the slice handed down and R, w x w each) and
     # its children's slices (stacked x k, k <= w): a 3001² Q had planned 247
     # MiB tasks and its down task killed 433 MiB workers (444 MiB, helper-37)
-    down = as_rss((2 * tallest + 3 * w) * w * item)
+    down = as_rss((2 * tallest + 3 * w) * w * item) if levels else 0  # one leaf: no down task
     check_fits("TSQR down", down, f"{short(node)} (a node of the tree handing its slices "
                f"down: Q pieces of {tallest} x {w})", budget)
     room = budget.n_workers * budget.task_memory // 4
@@ -208,7 +208,7 @@ def _check_pieces_fit(node, spans, levels, w: int, itemsize: int, budget: Budget
             f"({format_bytes(room)}): X has too many columns for its rows here (use a "
             "larger memory_per_worker or more workers; the singular values and R need no "
             "pieces, and svd(x, k=...) is randomized)")
-    return held, down if levels else 0
+    return held, down
 
 
 def _down_stage(node, name, specs, widths, deps, row_edges, levels, root, costs, peak, out,
