@@ -104,3 +104,40 @@ def test_streamed_gram_reports_a_corrupt_chunk(tmp_path):
     with pytest.raises(CorruptChunkError) as e:
         dask.get(low.graph(), list(low.result.keys))
     assert e.value.tile == (1, 0) and "x.zarr" in e.value.path
+
+
+@pytest.mark.parametrize("dtype", ["f8", "f4"])
+def test_gram_of_an_expression_through_a_copy(tmp_path, dtype, monkeypatch):
+    """``np.cov(X)`` and ``(X - X.mean(0)).T @ (X - X.mean(0))`` under a budget
+    whose product blocks are small beside X's units: the Gram of the centred
+    expression is computed from a raw temporary copy of it (a map stage
+    before the matmul), reading several times less than the product of the
+    expression itself, with NumPy's result and the plan's figures."""
+    import tilearray.engine.plan.lower as lowering
+
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((1203, 805)) + 5).astype(dtype)
+    with ta.Engine(n_workers=1, processes=False, quiet=True, memory_per_worker="150MiB"):
+        X = _write(tmp_path / "x.zarr", x, (400, 400))
+        cases = [(lambda: np.cov(X, rowvar=False), np.cov(x.astype("f8"), rowvar=False)),
+                 (lambda: (X - X.mean(0)).T @ (X - X.mean(0)),
+                  (x - x.mean(0, dtype="f8")).T.astype("f8") @ (x - x.mean(0, dtype="f8")))]
+        for build, want in cases:
+            expr = build()
+            plan = expr.plan()
+            kinds = [s.kind for s in plan.stages]
+            with monkeypatch.context() as m:
+                m.setattr(lowering.Planner, "_gram_copy", lambda *a: None)  # no copy
+                try:
+                    direct = build().plan().bytes_read
+                except PlanningError:
+                    direct = None  # refused without the copy
+            if dtype == "f8":  # (float32 halves the units: the product of X - mean fits)
+                assert kinds[kinds.index("matmul") - 1] == "map", str(plan)  # the copy
+                assert direct is None or plan.bytes_read * 3 < direct, (plan.bytes_read, direct)
+            else:
+                assert direct is None or plan.bytes_read <= direct
+            got = expr.compute()
+            assert_close(got, want, scale=np.abs(want).max(), precision=dtype)
+            assert expr.stats.bytes_read == plan.bytes_read
+            assert expr.stats.tasks == plan.tasks

@@ -381,8 +381,11 @@ def test_svd_factors_come_with_u_and_q_computes(thread_engine, tmp_path, rng):
     x = _x(rng)
     a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(200, 37))
     u, s, vt = ta.linalg.svd(a)
+    assert s.plan().bytes_read == x.nbytes
     ua = np.asarray(u.to_zarr(tmp_path / "u.zarr"))
     assert u.stats.bytes_read == 2 * x.nbytes
+    plan = s.plan()  # the plan says what compute() does: nothing
+    assert plan.tasks == 0 and plan.bytes_read == 0 and "earlier run" in str(plan)
     s_, vt_ = s.compute(), vt.compute()
     assert s.stats.bytes_read == 0 and vt.stats.tasks == 0
     assert_close((ua * s_) @ vt_, x, scale=np.abs(x).max() * 4)
@@ -392,6 +395,7 @@ def test_svd_factors_come_with_u_and_q_computes(thread_engine, tmp_path, rng):
     ta.from_numpy(2 * x, tmp_path / "x.zarr", tile=(200, 37), overwrite=True)
     b = ta.open(tmp_path / "x.zarr")
     s2 = ta.linalg.svd(b, compute_uv=False)
+    assert s2.plan().bytes_read == x.nbytes
     assert_close(s2.compute(), 2 * s_, scale=2 * s_[0])
     assert s2.stats.bytes_read == x.nbytes
 

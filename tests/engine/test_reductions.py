@@ -281,6 +281,31 @@ def test_sibling_reductions_share_one_pass(tmp_path):
         assert "again: it needs the result of an earlier pass" in str(plan)
 
 
+def test_equal_expressions_built_twice_are_planned_once(tmp_path):
+    """A user writes the same reduction or product twice (``(a - a.mean(0)).T
+    @ (a - a.mean(0))``): each is computed once -- one mean in the pass, one
+    temporary for the product -- so the centred Gram is the symmetric product
+    and the memory a pass needs is not doubled; results equal NumPy's, and
+    the run's figures equal the plan's."""
+    rng = np.random.default_rng(8)
+    x, y = rng.standard_normal((230, 70)), rng.standard_normal((70, 50))
+    with ta.Engine(n_workers=1, memory_per_worker="200MiB", processes=False, quiet=True):
+        a = ta.from_numpy(x, tmp_path / "a.zarr", tile=(64, 32))
+        b = ta.from_numpy(y, tmp_path / "b.zarr", tile=(32, 50))
+        gram = (a - a.mean(axis=0)).T @ (a - a.mean(axis=0))
+        plan = gram.plan()
+        reduce_stages = [s for s in plan.stages if s.kind == "reduce"]
+        assert len(reduce_stages) == 1 and "in one pass" not in reduce_stages[0].description
+        assert "symmetric" in str(plan)
+        assert_close(gram.compute(), (x - x.mean(0)).T @ (x - x.mean(0)))
+        assert gram.stats.bytes_read == plan.bytes_read
+        twice = (a @ b).sum(axis=0) + (a @ b).max(axis=0)
+        plan = twice.plan()
+        assert [s.kind for s in plan.stages].count("matmul") == 1, str(plan)
+        assert_close(twice.compute(), (x @ y).sum(0) + (x @ y).max(0))
+        assert twice.stats.tasks == plan.tasks
+
+
 def test_run_stats_count_every_pass(tmp_path):
     """RunStats tasks and bytes equal the plan's for every expression kind,
     including a reduction feeding a map, sibling reductions sharing a pass and

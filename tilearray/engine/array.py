@@ -18,9 +18,20 @@ from .expr.lazy import LazyArray
 from .expr.nodes import Node, Source, is_big_vector
 from .interop import Interop
 from .plan.lower import fitted_output_grid, lower
-from .plan.types import Plan
+from .plan.types import Output, Plan, Stage
 
 log = logging.getLogger("tilearray")
+
+
+def _remembered_plan(node: Node, budget) -> Plan:
+    """The plan of a factor (R, s, Vt) an earlier run of the same
+    factorization on unchanged inputs computed: :meth:`TiledArray.compute`
+    returns it with nothing run."""
+    stage = Stage("small", f"{node}: computed by an earlier run of the same factorization "
+                  "(its Q or U, or another part), on unchanged inputs: nothing to run", 0, 0, 0,
+                  outputs={"result": Output("value", ())})
+    return Plan(str(node), tuple(node.shape), str(np.dtype(node.dtype)), budget, (stage,),
+                outputs=stage.outputs)
 
 
 class TiledArray(Interop, LazyArray):
@@ -94,6 +105,8 @@ class TiledArray(Interop, LazyArray):
         budget = self._budget(budget, engine)
         if not small and (path or tile or shard):
             out_grid = fitted_output_grid(self._node, tile, shard, budget, out)
+        if out is None and output.cached_factor(self._node) is not None:
+            return _remembered_plan(self._node, budget)
         # a small result: a worker writes it into ``out``, or compute() brings it back
         return self._lower(out, out_grid, budget=budget)
 

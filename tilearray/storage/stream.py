@@ -410,6 +410,15 @@ def streams_rows(arr: zarr.Array) -> int:
     return 0 if got is None else stream_memory(got[0])
 
 
+def raw_streams(dtype) -> int:
+    """:func:`streams_rows` of a local unsharded 2-D array of ``dtype`` stored
+    raw (bytes + crc32c, as the planner's temporaries are), known before it
+    exists."""
+    dtype = np.dtype(dtype)
+    supported = _config.get("storage.direct-reads") and dtype.isnative and dtype.kind in "biuf"
+    return stream_memory(None) if supported else 0
+
+
 def row_streamer(arr: zarr.Array, name: str, store, path: str) -> RowStreamer | None:
     """A :class:`RowStreamer` for ``arr`` (in ``store`` at ``path``), or None
     when its layout or store is not supported (see module doc)."""

@@ -47,6 +47,7 @@ from ...graphs.spec import (
 )
 from ...storage import ArrayRef, Grid
 from ...storage.io import read_vector, store_small
+from ...storage.stream import raw_streams
 from ..expr import nodes as nd
 from ..expr.nodes import (
     TSQR,
@@ -151,6 +152,13 @@ LINES_COPY = 4
 """Exact quantiles reading their input more than this many times read a
 copy of it in units one band wide instead (:meth:`Planner._lines_copy`)."""
 
+GRAM_COPY = 4
+"""A Gram product ``F.T @ F`` of an expression ``F`` (not a stored array)
+reading more than this many times F's size is computed from a copy of F
+instead (:meth:`Planner._gram_copy`)."""
+MIN_GRAM_WIDTH = 64
+"""Columns: the narrowest units of that copy tried."""
+
 
 class Planner:
     """Walks one expression and orders its stage records.
@@ -174,11 +182,20 @@ class Planner:
         self._loose = Tasks()  # constants, barriers: counted with the next stage
         self._small: dict[int, str] = {}
         self._shifted: dict = {}  # id(var/std node) -> (node, its unshifted form)
-        self._temps: dict[int, tuple] = {}
+        self._temps: dict[str, tuple] = {}
+        self._idents: dict[int, str] = {}
         self._read_leaves: set = set()  # stored arrays read by the stages so far
         self._dep_keys: list = []  # small keys big tasks read as operands
         self._stats_only: list = []  # keys stages gather for their figures only
         self.run_id = uuid.uuid4().hex
+
+    def _ident(self, node: Node) -> str:
+        """An expression's identity in the plan: equal for equal expressions
+        built twice (the two ``X.mean(0)`` of ``(X - X.mean(0)).T @ (X -
+        X.mean(0))``), so each small result and temporary is planned once."""
+        if id(node) not in self._idents:
+            self._idents[id(node)] = tokenize(structure(node))
+        return self._idents[id(node)]
 
     # -- records ----------------------------------------------------------------
     def add(self, stage: Stage, spec=None, deps=None) -> Stage:
@@ -270,8 +287,8 @@ class Planner:
         """A matmul (or a TSQR's Q / U, a Cholesky factor) inside another
         expression: computed into a temporary array first; returns its
         ``Read`` and the key of the barrier after its blocks."""
-        if id(node) in self._temps:
-            return self._temps[id(node)]
+        if self._ident(node) in self._temps:
+            return self._temps[self._ident(node)]
         if isinstance(node, MatMul):
             tile = (leaf_tile(node.a, 0), leaf_tile(node.b, 1))
         elif isinstance(node, MatVec):
@@ -301,8 +318,8 @@ class Planner:
             else shrink_tile(tile, attempt)
         token = tokenize(structure(node), self.run_id)
         wait = self._loose.add("barrier-" + token, barrier, *stage.outputs["result"].keys)
-        self._temps[id(node)] = (Read(ref, grid, np.dtype(node.dtype)), wait)
-        return self._temps[id(node)]
+        self._temps[self._ident(node)] = (Read(ref, grid, np.dtype(node.dtype)), wait)
+        return self._temps[self._ident(node)]
 
     def _temporary(self, node: Node, tile: tuple, part: str = "", shape=None) -> tuple:
         """A temporary array for ``node`` (or its ``part`` of ``shape``; unique
@@ -319,8 +336,63 @@ class Planner:
     def matmul(self, node: MatMul, out=None, out_grid=None, skip=frozenset()) -> Stage:
         deps: list = []
         a_spec, b_spec = self.spec(node.a, deps), self.spec(node.b, deps)
-        return self.add(lower_matmul(node, a_spec, b_spec, deps, self.budget, out, out_grid,
-                                     skip))
+        try:
+            stage = lower_matmul(node, a_spec, b_spec, deps, self.budget, out, out_grid, skip)
+        except DoesNotFit as e:
+            stage, refused = None, e
+        if a_spec == Trans(b_spec) and not isinstance(b_spec, Read):
+            copied = self._gram_copy(node, b_spec, deps, stage, out, out_grid, skip)
+            if copied is not None:
+                return copied
+        if stage is None:
+            raise refused
+        return self.add(stage)
+
+    def _gram_copy(self, node: MatMul, spec, deps: list, stage: Stage | None, out, out_grid,
+                   skip) -> Stage | None:
+        """``F.T @ F`` (``F = node.b``, evaluated as ``spec``) from a temporary
+        copy of F, where the product of F itself reads F more than
+        :data:`GRAM_COPY` times or does not fit (its blocks, small beside
+        the inputs' units, each read whole units: ``np.cov`` of 4000² in
+        1000² chunks at 200 MiB a worker read 8.11 GiB). The copy is stored
+        raw in units of F's rows by a width halved from F's until the
+        copy's reads and writes plus the product's reads are least; its
+        diagonal blocks are then decoded in row slabs like a stored X's.
+        Returns the product's stage (the copy's added first), or None when
+        the copy does not read less."""
+        x, dtype = node.b, np.dtype(node.b.dtype)
+        if stage is not None and \
+                stage.bytes_read <= GRAM_COPY * int(np.prod(x.shape)) * dtype.itemsize:
+            return None
+        mark = len(self.creates)
+        wait = "barrier-" + tokenize(structure(node), self.run_id, "gram")
+        rows, width, best = min(leaf_tile(x, 0), x.shape[0]), x.shape[1], None
+        while width >= 1:
+            ref, grid = self._temporary(x, (rows, width), "gram")
+            del self.creates[mark:]  # only the chosen width's is made
+            temp = Read(ref, Grid.regular(grid.shape, grid.tile, row_slabs=raw_streams(dtype)),
+                        dtype)
+            try:
+                copy = lower_map(x, spec, deps, self.budget, ref, grid)
+                gram = lower_matmul(node, Trans(temp), temp, [wait], self.budget, out, out_grid,
+                                    skip)
+            except DoesNotFit:
+                gram = None
+            if gram is not None:
+                cost = copy.bytes_read + copy.bytes_written + gram.bytes_read
+                if best is None or cost < best[0]:
+                    best = (cost, width, copy, gram)
+            if width < 2 * MIN_GRAM_WIDTH:
+                break
+            width = -(-width // 2)
+        if best is None or (stage is not None and best[0] >= stage.bytes_read):
+            return None
+        _, width, copy, gram = best
+        self._temporary(x, (rows, width), "gram")
+        self.add(copy, spec, deps)
+        self._loose.add(wait, barrier, *copy.outputs["result"].keys)
+        self._depend(wait, [])
+        return self.add(gram)
 
     def matvec(self, node: MatVec, out=None, out_grid=None, skip=frozenset(),
                value: bool = False) -> Stage:
@@ -534,16 +606,15 @@ class Planner:
         """Lower together the reductions of ``root`` that can share a pass
         (:func:`~.reduce.fusable_groups`)."""
         for group in fusable_groups(root, lambda x: self.spec(x, []), self._unshifted):
-            nodes = [r for r, _ in group]
-            keys = self._reduce_pass([self._unshifted(r) for r in nodes],
-                                     [sp for _, sp in group], [])
-            for r, key in zip(nodes, keys, strict=True):
-                self._small[id(r)] = key
+            unique = {self._ident(r): (r, sp) for r, sp in group}  # one of equal ones
+            keys = self._reduce_pass([self._unshifted(r) for r, _ in unique.values()],
+                                     [sp for _, sp in unique.values()], [])
+            self._small.update(zip(unique, keys, strict=True))
 
     def small(self, node: Node) -> str:
         """The key of a small (in-memory) result, lowering what it needs first."""
-        if id(node) in self._small:
-            return self._small[id(node)]
+        if self._ident(node) in self._small:
+            return self._small[self._ident(node)]
         if isinstance(node, Constant):
             key = self._loose.add("const-" + node.token, constant, node.value)
         elif isinstance(node, Reduce) and not node.x.small and node.x.ndim == 2:
@@ -571,10 +642,10 @@ class Planner:
             # it counts itself only: each operand's stats are gathered once on
             # their own, however many small ops share it (v[1:] - v[:-1])
             for c in [getattr(node, "x", None), *getattr(node, "args", ())]:
-                k = self._small.get(id(c)) if isinstance(c, Node) else None
+                k = self._small.get(self._ident(c)) if isinstance(c, Node) else None
                 if k is not None and k not in self._stats_only:
                     self._stats_only.append(k)
-        self._small[id(node)] = key
+        self._small[self._ident(node)] = key
         return key
 
     def _reduce(self, node: Reduce) -> str:
@@ -650,29 +721,80 @@ def lower(node, budget, out=None, out_grid=None, skip=()) -> Plan:
     Raises PlanningError when a task cannot fit, naming the smallest
     ``memory_per_worker`` under which the whole expression fits (later stages
     may need more than the first one refused, so it plans again with each
-    stage's need until all fit).
+    stage's need until all fit; then the least budget between the refused one
+    and that which plans, by bisection).
     """
+    skip = frozenset(skip)
     try:
-        return _lower_best(node, budget, out, out_grid, frozenset(skip))
+        return _lower_retried(node, budget, out, out_grid, skip)
     except DoesNotFit as first:
-        cap = first.temp_tile // 2
-        while cap >= SHRINK_MIN:  # a stage reading a temporary refused: smaller units
-            try:
-                return _lower_best(node, budget, out, out_grid, frozenset(skip), temp_cap=cap)
-            except DoesNotFit:
-                cap //= 2
         err, need = first, None
         for _ in range(16):
             try:  # inherited tiles kept as they are: a search of its own at each trial
                 _lower_best(node, dataclasses.replace(budget, memory_per_worker=err.need), out,
-                            out_grid, frozenset(skip), shrink=False)
+                            out_grid, skip, shrink=False)
                 need = err.need
                 break
             except DoesNotFit as again:
                 if again.need <= err.need:  # no budget helps (e.g. a fixed overhead)
                     break
                 err = again
+        if need is not None:
+            need = _least_fitting(node, budget, out, out_grid, skip, need)
         raise first.explain(budget, need) from None
+
+
+def _lower_retried(node, budget, out, out_grid, skip: frozenset) -> Plan:
+    """:func:`_lower_best`, then, if a stage reading a temporary refused, again
+    with the temporaries' tile halved until it fits; else the first refusal."""
+    try:
+        return _lower_best(node, budget, out, out_grid, skip)
+    except DoesNotFit as first:
+        cap = first.temp_tile // 2
+        while cap >= SHRINK_MIN:  # a stage reading a temporary refused: smaller units
+            try:
+                return _lower_best(node, budget, out, out_grid, skip, temp_cap=cap)
+            except DoesNotFit:
+                cap //= 2
+        raise
+
+
+LEAST_STEPS = 6
+"""Bisection steps of :func:`_least_fitting` (each a whole plan)."""
+LEAST_READS = 2
+"""A smaller budget is named only when its plan reads at most this many
+times what the plan at the budget first found to fit reads."""
+
+
+def _least_fitting(node, budget, out, out_grid, skip, fits: int) -> int:
+    """The least ``memory_per_worker`` found, between ``budget``'s (refused) and
+    ``fits`` (which plans), under which :func:`_lower_retried` plans, its
+    plan reading at most :data:`LEAST_READS` times the plan at ``fits``:
+    with tiles halved where needed, it may fit below the memory a plan
+    keeping them needs (a Q of 12,000 x 1000 was named 325MiB and planned at
+    271MiB), but a budget fitting only far narrower tasks is not offered (a
+    Cholesky of 16384² at 280MiB: 1,584 tasks reading 39.8 GiB, against 407
+    reading 16.9 GiB at 288MiB). Bisection to 1 MiB or 2%, at most
+    :data:`LEAST_STEPS` plans; only budgets that planned are returned."""
+    def plan(memory: int) -> Plan:
+        return _lower_retried(node, dataclasses.replace(budget, memory_per_worker=memory), out,
+                              out_grid, skip)
+
+    try:
+        most = LEAST_READS * plan(fits).bytes_read
+    except DoesNotFit:  # fits only keeping the inherited tiles: named as found
+        return fits
+    lo = budget.memory_per_worker
+    for _ in range(LEAST_STEPS):
+        if fits - lo <= max(2**20, fits // 50):
+            break
+        mid = (lo + fits) // 2
+        try:
+            ok = plan(mid).bytes_read <= most
+        except DoesNotFit:
+            ok = False
+        fits, lo = (mid, lo) if ok else (fits, mid)
+    return fits
 
 
 def fitted_output_grid(node, tile, shard, budget, out=None):
