@@ -78,6 +78,8 @@ def test_matmul_and_reductions_vs_numpy(small):
     rc, out, err, _ = mpiexec("e2e", d)
     assert rc == 0, err
     assert "Traceback" not in err, err
+    # progress in the job's log (a rank's stderr is a pipe): whole lines, no carriage returns
+    assert "-> c.zarr: 100%" in err and "compute: 100%" in err and "\r" not in err, err
     info = json.loads((d / "engine.json").read_text())
     assert info["memory_per_worker"] == 2**30  # the planner budgets with what was asked
     assert info["worker_memory_limits"] == [2**30, 2**30]
@@ -215,6 +217,39 @@ def test_engine_mpi_in_a_reimporting_child_is_refused(monkeypatch):
     monkeypatch.setattr(multiprocessing, "parent_process", lambda: object())
     with pytest.raises(ta.ClusterError, match='__name__ == "__main__"'):
         ta.Engine.mpi()
+
+
+@pytest.mark.mpi
+@needs_mpiexec
+@pytest.mark.timeout(150)
+def test_launcher_sigterm_ends_every_rank(small):
+    """SIGTERM to the launcher (a batch system's cancel, ``timeout``) ends the
+    job: mpiexec runs in a session of its own, and the launcher had died at
+    once leaving it and every rank running (a helper's review saw the job
+    finish with nothing attached). Exit status 143; no rank left."""
+    import psutil
+
+    d, _, _ = small
+    seen = {}
+
+    def terminate(proc):
+        deadline = time.monotonic() + 90
+        while not (d / "pids.json").exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                return
+            time.sleep(0.02)
+        seen.update(json.loads((d / "pids.json").read_text()))
+        proc.send_signal(signal.SIGTERM)
+
+    rc, out, err, _ = launcher("victim", d, timeout=100, on_start=terminate)
+    assert seen, f"the job never started\n{err}"
+    assert rc == 128 + signal.SIGTERM, err
+    assert "SIGTERM: ending the job" in err
+    ranks = [seen["client"], seen["scheduler"], *seen["workers"]]
+    gone, alive = psutil.wait_procs([psutil.Process(p) for p in ranks if psutil.pid_exists(p)],
+                                    timeout=10)
+    assert not alive, f"ranks left running: {alive}"
+    assert "client rank done" not in out
 
 
 def _kill_then_go(d, target, killed):

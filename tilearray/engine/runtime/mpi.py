@@ -324,7 +324,9 @@ def start(engine_cls, memory_per_worker=None, threads_per_worker=1, nanny=True,
     dashboard : bool
         Serve the dask dashboard from the scheduler rank.
     quiet : bool, optional
-        No progress bar; default: quiet unless stderr is a terminal.
+        No progress. Default False: a rank's stderr is mpiexec's pipe, not a
+        terminal, so progress is written as lines, one every 30 s at most
+        (and at the end of each run), into the job's log.
     """
     booted = _booted_engine()
     if booted is not None:
@@ -361,8 +363,7 @@ def start(engine_cls, memory_per_worker=None, threads_per_worker=1, nanny=True,
     if rank != CLIENT_RANK:
         return _serve(comm, rank, kwargs, nanny, exit, wait)
     client = _connect_client(kwargs, size, wait)
-    if quiet is None:
-        quiet = not (hasattr(sys.stderr, "isatty") and sys.stderr.isatty())
+    quiet = bool(quiet)  # a rank's stderr is a pipe: progress as lines in the job's log
     engine = _mpi_engine_class(engine_cls)(
         client=client, memory_per_worker=memory_per_worker, quiet=quiet)
     engine.blas_threads = blas

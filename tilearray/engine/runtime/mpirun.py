@@ -324,6 +324,7 @@ def mpirun(n: int, argv, *, mpiexec: str | None = None, mpiexec_args=(),
         env = {**(os.environ if env is None else env), STATUS_ENV: status, **extra}
         deadline = None if timeout is None else time.monotonic() + timeout
         proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+        caught = _catch_termination()
         try:
             rc = proc.wait(timeout=timeout)
             # mpiexec may end before rank 1 does: hydra SIGKILLed rank 1's wrapper,
@@ -341,6 +342,13 @@ def mpirun(n: int, argv, *, mpiexec: str | None = None, mpiexec_args=(),
         except KeyboardInterrupt:
             _end(proc, status, first=signal.SIGINT)
             return 130
+        except _Terminated as t:  # mpiexec runs in a session of its own: end it too
+            sys.stderr.write(f"tilearray.mpi: {signal.Signals(t.signum).name}: ending the job\n")
+            _end(proc, status)
+            return 128 + t.signum
+        finally:
+            for sig, handler in caught.items():
+                signal.signal(sig, handler)
         code, why = decide(_read_int(status), _read_int(status + ".rc"), rc,
                            wrapped=flavor in ("hydra", "openmpi"))
         if why:
@@ -348,6 +356,30 @@ def mpirun(n: int, argv, *, mpiexec: str | None = None, mpiexec_args=(),
         return code
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+class _Terminated(Exception):
+    """The launcher got SIGTERM or SIGHUP (a batch system's cancel, a closed
+    terminal, ``timeout``)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _terminate(signum, frame):
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # once: the job is being ended
+        signal.signal(sig, signal.SIG_IGN)
+    raise _Terminated(signum)
+
+
+def _catch_termination() -> dict:
+    """SIGTERM and SIGHUP raise :class:`_Terminated` (main thread only):
+    without it the launcher died at once and left mpiexec and every rank
+    running, the output's lock held. Returns the previous handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, _terminate) for sig in (signal.SIGTERM, signal.SIGHUP)}
 
 
 def _session(sid: int) -> list:

@@ -108,11 +108,46 @@ BAR_FORMAT = ("{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total_fmt} {unit}s "
               "[{elapsed}<{remaining}, {rate_fmt}{postfix}]")
 
 
+LOG_INTERVAL = 30.0
+"""Seconds between progress lines written to a log (stderr not a terminal)."""
+
+
+class _Lines:
+    """The process's stderr when it is not a terminal (a batch job's log, an
+    MPI rank's pipe, ``make run > log``): each refresh of the bar becomes a
+    line of its own, not a carriage return rewriting one line."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> None:
+        line = text.replace("\r", "").strip()
+        if line:
+            self.stream.write(line + "\n")
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def _bar_stream(stream) -> tuple:
+    """``(file, tqdm options)`` for a bar on ``stream``: the stream itself on
+    a terminal, in a notebook or under a test's capture; a process stderr
+    that is a pipe or file gets :class:`_Lines`, one every
+    :data:`LOG_INTERVAL` seconds at most."""
+    import sys
+
+    tty = hasattr(stream, "isatty") and stream.isatty()
+    if tty or stream is not sys.__stderr__:
+        return stream, {"dynamic_ncols": True}
+    return _Lines(stream), {"ncols": 100, "mininterval": LOG_INTERVAL, "ascii": True}
+
+
 class Bar:
     """A run's progress in tasks (:class:`RunProgress`), on a tqdm bar
-    (``tqdm.auto``: the notebook widget in Jupyter) unless ``quiet``; its
-    ETA follows the fractions. Also measures the largest gap between
-    advances (:class:`Gaps`), bar or not."""
+    (``tqdm.auto``: the notebook widget in Jupyter; lines in a log, see
+    :func:`_bar_stream`) unless ``quiet``; its ETA follows the fractions.
+    Also measures the largest gap between advances (:class:`Gaps`), bar or
+    not."""
 
     def __init__(self, client, graph, description: str, quiet: bool):
         import logging
@@ -124,13 +159,14 @@ class Bar:
             listen(client, self.progress)
         except Exception:  # a client without pub-sub: whole tasks only
             logging.getLogger("tilearray").debug("no progress events", exc_info=True)
-        self.bar = None
+        self.bar, self.lines = None, False
         if not quiet:
             from tqdm.auto import tqdm
 
+            stream, options = _bar_stream(sys.stderr)
+            self.lines = isinstance(stream, _Lines)
             self.bar = tqdm(total=len(self.progress._names), desc=description, unit="task",
-                            file=sys.stderr, leave=True, dynamic_ncols=True,
-                            bar_format=BAR_FORMAT)
+                            file=stream, leave=True, bar_format=BAR_FORMAT, **options)
 
     def finished(self, key) -> None:
         self.progress.finished(key)
@@ -141,8 +177,8 @@ class Bar:
         self.gaps.update(position)
         if self.bar is not None and position != self.bar.n:
             self.bar.update(position - self.bar.n)
-            if self.bar.last_print_n != self.bar.n:  # tqdm skipped it (mininterval):
-                self.bar.refresh()                   # the bar must not show an old value
+            if self.bar.last_print_n != self.bar.n and not self.lines:  # tqdm skipped it
+                self.bar.refresh()  # (mininterval): the bar must not show an old value
 
     def close(self, ok: bool = False) -> None:
         """Stop listening; a run that succeeded ends at its total (tasks that
