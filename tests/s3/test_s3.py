@@ -430,3 +430,16 @@ def test_credentials_that_read_but_cannot_list(s3_url, storage_options, rng, mon
     assert isinstance(input_state(ArrayRef.from_location(url, storage_options=storage_options)),
                       bytes)
     assert_close(a.sum(axis=0).compute(engine=thread_engine), x.sum(axis=0))
+
+
+def test_missing_bucket_and_unknown_options_are_named(s3_url, storage_options):
+    """``ta.open`` of a bucket that does not exist says so (it said "No array
+    found in store"); a misspelt storage option is named as one (it was
+    reported as damaged metadata, "a copy that ran out of space?")."""
+    with pytest.raises(ta.StorageError, match="the bucket 'no-such-bucket-45' does not exist"):
+        ta.open("s3://no-such-bucket-45/x.zarr", storage_options=storage_options)
+    with pytest.raises(ta.StorageError, match="No array found"):
+        ta.open(f"{s3_url}/nothing-here.zarr", storage_options=storage_options)
+    with pytest.raises(ta.StorageError,
+                       match="storage_options are not accepted.*endpoint_urll"):
+        ta.open(f"{s3_url}/x.zarr", storage_options={**storage_options, "endpoint_urll": "x"})

@@ -486,7 +486,24 @@ def cleanup(plan: Plan) -> None:
 
 def source(ref: ArrayRef, allow_incomplete: bool = False) -> Source:
     arr = open_array(ref, check_complete=not allow_incomplete)
-    return Source(tuple(arr.shape), np.dtype(arr.dtype), ref, grid_of(arr), sarray.dims_of(arr))
+    return Source(tuple(arr.shape), np.dtype(arr.dtype), ref, grid_of(arr), sarray.dims_of(arr),
+                  allow_incomplete and not sarray.info_attrs(arr).get("complete", True))
+
+
+def _check_finished(ref) -> None:
+    """An output opened with ``allow_incomplete=True`` is computed with only
+    once its job has finished: its units not done would read as zeros (or
+    as a unit cut short by the kill)."""
+    arr = open_array(ref, check_complete=False)
+    if sarray.info_attrs(arr).get("complete", True):
+        return
+    units = grid_of(arr).n_units
+    raise IncompleteOutputError(
+        f"{str(ref)!r} was opened with allow_incomplete=True to inspect it, and it is still "
+        f"incomplete ({units - len(done_units(ref))} of {units} I/O units not done): computing "
+        "with it is refused, as its units not done would read as zeros. Finish it first "
+        "(to_zarr(..., resume=True) with the expression that writes it), or read the units it "
+        "holds with .to_dask() or zarr")
 
 
 def check_sources(node) -> None:
@@ -499,6 +516,8 @@ def check_sources(node) -> None:
         if id(n) in seen:
             continue
         seen.add(id(n))
+        if n.incomplete:
+            _check_finished(n.ref)
         arr = open_array(n.ref)
         g = grid_of(arr)
         if (tuple(arr.shape), np.dtype(arr.dtype), g.tile, g.unit) != (

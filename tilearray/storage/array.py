@@ -48,7 +48,7 @@ from .locks import (  # noqa: F401  (the output lock, re-exported)
     output_lock_key,
     release_lock,
 )
-from .objects import store_refused
+from .objects import missing_bucket, refused_options, store_refused
 from .ref import (  # noqa: F401  (re-exported: callers use storage.array's names)
     ATTR_KEY,
     DONE_DIR,
@@ -125,7 +125,8 @@ def open_array(
                 "written; rerun that job with resume=True or overwrite=True") from None
         if _is_group(ref):  # a format 2 group: zarr says only "no array found"
             raise StorageError(_group_message(ref)) from None
-        raise StorageError(f"no Zarr array at {loc!r}: {e}") from None
+        raise StorageError(f"no Zarr array at {loc!r}: {missing_bucket(ref.store) or e}") \
+            from None
     except (ContainsGroupError, NodeTypeValidationError) as e:
         raise StorageError(_group_message(ref)) from e
     except (numcodecs.errors.UnknownCodecError, zarr.errors.UnknownCodecError) as e:
@@ -134,6 +135,8 @@ def open_array(
             f"({e}); install the package that provides it (zfpy, imagecodecs, ...) where "
             "the driver and the dask workers run") from e
     except (ValueError, TypeError) as e:  # e.g. json's "Expecting value": no path named
+        if (err := refused_options(e)) is not None:
+            raise err from None
         raise StorageError(
             f"cannot read the metadata of {loc!r} (zarr.json / .zarray): {type(e).__name__}: "
             f"{e} — the file is damaged or cut short (a copy that ran out of space?)") from e

@@ -58,6 +58,34 @@ def store_refused(doing: str, loc: str, e: BaseException) -> StorageError | None
                         "storage_options")
 
 
+def missing_bucket(store: Store) -> str | None:
+    """Why nothing is found at ``store`` when its bucket (the first segment of
+    an object store's path) does not exist or cannot be seen with these
+    credentials, else None (any store, any failure of the check)."""
+    found = fsspec_of(store)
+    if found is None or protocol_of(found[0]) in ("file", "local", "memory"):
+        return None
+    fs, root = found
+    bucket = root.strip("/").split("/", 1)[0]
+    try:
+        if bucket and not sync(fs._exists(bucket)):
+            return (f"the bucket {bucket!r} does not exist (or is not visible with these "
+                    "credentials)")
+    except Exception:
+        return None
+    return None
+
+
+def refused_options(e: BaseException) -> StorageError | None:
+    """The StorageError for a filesystem refusing its ``storage_options`` (an
+    unknown keyword reaching the client's constructor), else None."""
+    if isinstance(e, TypeError) and "unexpected keyword argument" in str(e):
+        return StorageError(f"the storage_options are not accepted by the store's filesystem "
+                            f"({e}): check their names (s3fs: key, secret, endpoint_url, "
+                            "client_kwargs, ...)")
+    return None
+
+
 def protocol_of(fs) -> str:
     return fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
 

@@ -31,6 +31,8 @@ class Source(Node):
     grid: Grid = None
     dims: tuple | None = None
     """Stored dimension names (None when the array has none)."""
+    incomplete: bool = False
+    """Opened with ``allow_incomplete=True`` while its job had not finished."""
 
     @property
     def small(self) -> bool:

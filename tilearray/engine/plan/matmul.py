@@ -35,7 +35,7 @@ from .memory import (
     matmul_peak,
     op_temporaries,
 )
-from .sizing import all_done, panels, short
+from .sizing import all_done, missing_parts, panels, short
 from .types import Budget, Output, Stage
 
 MODES = ("prefetch", "stream", "in-place", "slabs")
@@ -307,6 +307,7 @@ def tasks(op: Operands, chosen, k_split, dtype, deps, out=None, out_grid=None, s
     read_bytes = None if mode == "prefetch" else op.task.band
     slab = op.slab_rows if mode == "slabs" else None
     segments, a_k, b_k = _segments(op, k_split)
+    whole = _segments(op, (0, op.k))[0][0], op.a_k, op.b_k  # K unsplit
     name = "matmul-" + tokenize("matmul", op.a_spec, op.b_spec, row_edges, col_edges, k_split,
                                 str(out), deps)
     a_costs = layout.BlockCosts(op.a_spec, row_edges, a_k)
@@ -326,6 +327,14 @@ def tasks(op: Operands, chosen, k_split, dtype, deps, out=None, out_grid=None, s
                 continue
             if out_grid is not None and all_done(out_grid, rows, cols, skip) and (
                     not sym or all_done(out_grid, cols, rows, skip)):
+                continue
+            todo = None if out_grid is None or sym or mode == "slabs" else \
+                missing_parts(out_grid, rows, cols, skip)
+            if todo is not None:  # resumed: only the parts whose units are not done
+                for q, (prows, pcols) in enumerate(todo):  # each unsplit along K
+                    keys.append(_part(work, tot, op, (name, i, j, q), prows, pcols, *whole,
+                                      mode, dtype, out, deps, read_bytes))
+                    written += (prows[1] - prows[0]) * (pcols[1] - pcols[0]) * dtype.itemsize
                 continue
             j0, j1 = b_at[cols[0]], b_at[cols[1]]
             b_bands = compact(intervals(b_edges[j0 : j1 + 1])) if mode == "stream" else None
@@ -358,6 +367,24 @@ def tasks(op: Operands, chosen, k_split, dtype, deps, out=None, out_grid=None, s
     result = Output("store", tuple(keys)) if out is not None else \
         Output("blocks", tuple(keys), tuple(blocks))
     return work, result, tot, written
+
+
+def _part(work, tot, op: Operands, key, rows, cols, segment, a_k, b_k, mode, dtype, out, deps,
+          read_bytes):
+    """The task storing part ``rows x cols`` of a block (a resumed output's
+    units not done; :func:`~.sizing.missing_parts`): the block's task on a
+    smaller block, which its peak covers; its reads added to ``tot``."""
+    pa, pb, qa, qb = segment
+    b_edges = (tuple(sorted({*cols, *(c for c in op.b_cols if cols[0] < c < cols[1])}))
+               if mode == "stream" else cols)
+    if not gmm.is_gram(op.a_spec, op.b_spec, rows, cols, pa, pb):
+        tot.add(layout.BlockCosts(op.a_spec, rows, a_k).band(0, 0, *qa))
+    b_costs = layout.BlockCosts(op.b_spec, b_k, b_edges)
+    for jj in range(len(b_edges) - 1):
+        tot.add(b_costs.band(1, jj, *qb))
+    b_bands = compact(intervals(b_edges)) if mode == "stream" else None
+    return work.add(key, gmm.matmul_store, op.a_spec, op.b_spec, rows, cols, pa, pb, dtype, out,
+                    deps, read_bytes, b_bands, None)
 
 
 def io_lower_bound(op: Operands, node, budget: Budget) -> int:

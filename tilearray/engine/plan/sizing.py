@@ -76,6 +76,48 @@ def all_done(grid: Grid, rows, cols, done) -> bool:
                for j in grid.units_touching(1, cols))
 
 
+def missing_parts(grid: Grid, rows, cols, done) -> list | None:
+    """The block ``rows x cols`` of an output being resumed, when some of its
+    units are ``done`` and some not: the parts still to compute, as ``(rows,
+    cols)`` -- per row of units, each run of units not done (runs that repeat
+    over consecutive unit rows merged) -- all unit-aligned; None when none
+    of its units is done (the whole block is computed)."""
+    if not done:
+        return None
+    urows, ucols = grid.units_touching(0, rows), grid.units_touching(1, cols)
+    if not any((i, j) in done for i in urows for j in ucols):
+        return None
+
+    def clip(axis, index, rng):
+        lo, hi = grid.unit_range(axis, index)
+        return max(lo, rng[0]), min(hi, rng[1])
+
+    parts: list = []
+    above: dict = {}  # column run -> its part (index) ending at the unit row above
+    for i in urows:
+        r0, r1 = clip(0, i, rows)
+        runs, start = [], None
+        for j in ucols:
+            if (i, j) not in done:
+                start, last = (j if start is None else start), j
+            elif start is not None:
+                runs.append((clip(1, start, cols)[0], clip(1, last, cols)[1]))
+                start = None
+        if start is not None:
+            runs.append((clip(1, start, cols)[0], clip(1, last, cols)[1]))
+        here = {}
+        for run in runs:
+            q = above.get(run)
+            if q is not None and parts[q][0][1] == r0:
+                parts[q] = ((parts[q][0][0], r1), run)
+            else:
+                q = len(parts)
+                parts.append(((r0, r1), run))
+            here[run] = q
+        above = here
+    return parts
+
+
 def ahead(spans, i: int, budget) -> tuple | None:
     """The span a pass's task ``i`` hints to the stores after its own read:
     the one the next wave of tasks starts on (``spans[i + slots]``, slots =
