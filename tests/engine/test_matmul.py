@@ -175,3 +175,27 @@ def test_inherited_output_tile_is_capped_so_the_job_fits(tmp_path):
     assert grid.tile[0] * grid.tile[1] * 8 <= MAX_INHERITED_TILE
     assert 8192 % grid.tile[0] == 0 and 8192 % grid.tile[1] == 0
     assert output_grid(expr._node, (8192, 8192), None).tile == (8192, 8192)
+
+
+@pytest.mark.parametrize("chunks", [(600, 1), (1, 90)])
+def test_products_of_thin_chunks_store_reasonable_tiles(engine, tmp_path, chunks):
+    """A product's tile inherited from thin operands (A's row tile by B's
+    column tile: 1 x 1 for ``X.T @ X`` of X in (m, 1) chunks) holds 64 KiB
+    at least: a 100 x 100 Gram was stored in 20,001 files in 24 s. Results
+    equal NumPy's; ``np.cov`` (a product inside) too."""
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((600, 90))
+    z = zarr.create_array(str(tmp_path / "x.zarr"), shape=x.shape, chunks=chunks, dtype="f8")
+    z[...] = x
+    a = ta.open(tmp_path / "x.zarr")
+    gram = a.T @ a if chunks[1] == 1 else a @ a.T
+    want = x.T @ x if chunks[1] == 1 else x @ x.T
+    out = gram.to_zarr(tmp_path / "g.zarr")
+    tile = zarr.open_array(str(tmp_path / "g.zarr")).chunks
+    assert tile[0] * tile[1] * 8 >= min(64 * 2**10, want.nbytes), tile
+    assert_close(out.compute(), want)
+    c = np.cov(a, rowvar=chunks[0] == 1).to_zarr(tmp_path / "c.zarr")
+    stored = zarr.open_array(str(tmp_path / "c.zarr"))
+    tile = stored.chunks
+    assert tile[0] * tile[1] * 8 >= min(64 * 2**10, stored.nbytes), tile
+    assert_close(c.compute(), np.cov(x, rowvar=chunks[0] == 1))

@@ -382,9 +382,9 @@ def svd_from_r(r: np.ndarray, compute_uv: bool = True):
     try:
         return sla.svd(r, full_matrices=False, compute_uv=compute_uv,
                        check_finite=False, lapack_driver="gesdd")
-    except ValueError as e:  # scipy's word for NaN / inf: NumPy's is this
-        raise np.linalg.LinAlgError(f"SVD did not converge (the matrix holds NaN or inf: "
-                                    f"{e})") from None
+    except ValueError:  # scipy's word for NaN / inf (in R: an inf in X is NaN there)
+        raise np.linalg.LinAlgError("SVD did not converge: the matrix holds NaN or inf") \
+            from None
 
 
 def align_svd(u_r: np.ndarray, vt: np.ndarray, vt_given: np.ndarray) -> tuple:

@@ -61,23 +61,33 @@ def row_blocks(specs, widths, m: int, itemsize: int, budget: Budget, out_cols=0,
 
 
 def _tallest_fitting(base, specs, widths, m, itemsize, budget, out_cols, out_grid):
-    """:func:`row_blocks` on one base of row edges."""
+    """:func:`row_blocks` on one base of row edges: leaves of ``k`` base
+    steps, ``k`` the largest that fits the budget, at most the block cap and
+    a leaf per thread, found by bisection (a leaf's peak grows with its
+    height; stepping one unit at a time made planning quadratic in the row
+    chunks: 75-89 s for 40,000 rows in 1-row chunks)."""
     step = max(max_interval(base), 1)
     cap = max(_config.get_bytes("map.block-bytes") // max(sum(widths) * itemsize, 1), step)
     cap = min(cap, max(-(-m // budget.total_threads), step))  # a leaf per thread
-    best = None
-    t = step
-    while True:
-        edges = group_edges(base, t)
-        peak = _leaf_peak(specs, widths, edges, itemsize, out_cols, out_grid)
-        if peak > budget.task_memory or (best is not None and t > cap):
-            break
-        best = (edges, peak)
-        if t >= m:
-            break
-        t += step
-    if best is None:
-        return group_edges(base, step), peak
+
+    def leaves(k):
+        edges = group_edges(base, k * step)
+        return edges, _leaf_peak(specs, widths, edges, itemsize, out_cols, out_grid)
+
+    best = leaves(1)
+    if best[1] > budget.task_memory:
+        return best
+    lo, hi = 1, max(min(cap // step, -(-m // step)), 1)  # lo fits; hi: the most tried
+    top = leaves(hi) if hi > lo else best
+    if top[1] <= budget.task_memory:
+        return top
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        got = leaves(mid)
+        if got[1] <= budget.task_memory:
+            lo, best = mid, got
+        else:
+            hi = mid
     return best
 
 

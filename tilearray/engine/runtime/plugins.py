@@ -52,7 +52,8 @@ class QuietMatrixErrors(WorkerPlugin):
     column. Other failures keep distributed's log."""
 
     name = "tilearray-quiet-matrix-errors"
-    ERRORS = ("NotPositiveDefiniteError", "SingularMatrixError", "AllNaNSliceError")
+    ERRORS = ("NotPositiveDefiniteError", "SingularMatrixError", "AllNaNSliceError",
+              "LinAlgError")
     _users = 0  # workers of this process using the filter (in-process workers share it)
     _lock = threading.Lock()
 
