@@ -188,10 +188,10 @@ class Planner:
         self.stages: list[Stage] = []
         self.creates: list[Create] = []
         self._loose = Tasks()  # constants, barriers: counted with the next stage
-        self._small: dict[int, str] = {}
+        self._small: dict[str, str] = {}  # an expression's identity -> its key
         self._shifted: dict = {}  # id(var/std node) -> (node, its unshifted form)
         self._temps: dict[str, tuple] = {}
-        self._idents: dict[int, str] = {}
+        self._idents: dict[int, tuple] = {}  # id -> (node, identity): kept alive
         self._read_leaves: set = set()  # stored arrays read by the stages so far
         self._dep_keys: list = []  # small keys big tasks read as operands
         self._stats_only: list = []  # keys stages gather for their figures only
@@ -201,9 +201,9 @@ class Planner:
         """An expression's identity in the plan: equal for equal expressions
         built twice (the two ``X.mean(0)`` of ``(X - X.mean(0)).T @ (X -
         X.mean(0))``), so each small result and temporary is planned once."""
-        if id(node) not in self._idents:
-            self._idents[id(node)] = tokenize(structure(node))
-        return self._idents[id(node)]
+        if id(node) not in self._idents:  # the node is held: its id is never reused
+            self._idents[id(node)] = (node, tokenize(structure(node)))
+        return self._idents[id(node)][1]
 
     # -- records ----------------------------------------------------------------
     def add(self, stage: Stage, spec=None, deps=None) -> Stage:
