@@ -24,7 +24,7 @@ from ...graphs.emit import Tasks
 from ...graphs.spec import Op, unit_edges
 from . import layout
 from .map import check_fits, fit_blocks
-from .memory import BlockTask, as_rss, block_peak, op_temporaries, read_flight
+from .memory import BlockTask, as_rss, block_peak, leaf_itemsize, op_temporaries, read_flight
 from .sizing import DoesNotFit, all_done, divisors, short
 from .types import Budget, Output, Stage
 
@@ -96,6 +96,20 @@ def lower_diagonal(node, spec, deps: list, budget: Budget) -> Stage:
                        budget, f"{short(node)}: {len(blocks)} blocks along the diagonal")
 
 
+STRIP_BYTES = 4 * 2**20
+"""Bytes across the whole width a strip of lines' reads holds, at most (a
+strip is whole I/O units along the lines, at least one)."""
+
+
+def _strips(spec, ax: int, length: int, width: int) -> tuple:
+    """The strips a task holding whole lines along ``ax`` reads them in: whole
+    I/O units along the lines, as many as :data:`STRIP_BYTES` across the
+    width holds (one at a time made a median of 10,000 x 200 in 1-row
+    chunks 10,000 reads of 1.6 kB: 16.9 s against 0.9 s for its sum)."""
+    per = max(STRIP_BYTES // max(width * leaf_itemsize(spec), 1), 1)
+    return group_edges(unit_edges(spec, ax, length), per)
+
+
 def lower_quantile(node, spec, deps: list, budget: Budget) -> Stage:
     """Exact quantiles along ``node.axis``: a task holds whole lines (a
     buffer of them and NumPy's float64 working copy), filled strip by strip
@@ -107,7 +121,7 @@ def lower_quantile(node, spec, deps: list, budget: Budget) -> Stage:
     ax, other = node.axis, 1 - node.axis
     length, width = node.x.shape[ax], node.x.shape[other]
     temps = (op_temporaries(spec) + 1) * 8
-    strips = group_edges(unit_edges(spec, ax, length), 1)  # unit by unit
+    strips = _strips(spec, ax, length, width)
     base = unit_edges(spec, other, width)
     task = BlockTask(temps, 0, read_flight(spec))
     w = max(budget.task_memory // max(length * 16, 1), 1)
@@ -160,7 +174,7 @@ def lower_sort(node, spec, deps: list, budget: Budget, out=None, out_grid=None,
     length, width = node.x.shape[ax], node.x.shape[other]
     out_size = np.dtype(node.dtype).itemsize
     temps = (op_temporaries(spec) + 1) * 8
-    strips = group_edges(unit_edges(spec, ax, length), 1)
+    strips = _strips(spec, ax, length, width)
     base = out_grid.unit_edges(other) if out_grid is not None else unit_edges(spec, other, width)
     task = BlockTask(temps, 0, read_flight(spec))
 
