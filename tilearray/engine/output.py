@@ -487,7 +487,7 @@ def cleanup(plan: Plan) -> None:
 def source(ref: ArrayRef, allow_incomplete: bool = False) -> Source:
     arr = open_array(ref, check_complete=not allow_incomplete)
     return Source(tuple(arr.shape), np.dtype(arr.dtype), ref, grid_of(arr), sarray.dims_of(arr),
-                  allow_incomplete and not sarray.info_attrs(arr).get("complete", True))
+                  allow_incomplete and not sarray.marked_complete(arr))
 
 
 def _check_finished(ref) -> None:
@@ -495,7 +495,7 @@ def _check_finished(ref) -> None:
     once its job has finished: its units not done would read as zeros (or
     as a unit cut short by the kill)."""
     arr = open_array(ref, check_complete=False)
-    if sarray.info_attrs(arr).get("complete", True):
+    if sarray.marked_complete(arr):
         return
     units = grid_of(arr).n_units
     raise IncompleteOutputError(

@@ -513,7 +513,12 @@ def every_unit_stored(arr: zarr.Array) -> bool:
 
 
 def is_complete(ref: ArrayRef) -> bool:
-    arr = zarr.open_array(ref.store, path=ref.path or None, mode="r")
+    return marked_complete(zarr.open_array(ref.store, path=ref.path or None, mode="r"))
+
+
+def marked_complete(arr: zarr.Array) -> bool:
+    """False for a tilearray output whose job has not finished (True for
+    arrays written by others)."""
     return info_attrs(arr).get("complete", True)
 
 

@@ -414,9 +414,13 @@ def raw_streams(dtype) -> int:
     """:func:`streams_rows` of a local unsharded 2-D array of ``dtype`` stored
     raw (bytes + crc32c, as the planner's temporaries are), known before it
     exists."""
-    dtype = np.dtype(dtype)
-    supported = _config.get("storage.direct-reads") and dtype.isnative and dtype.kind in "biuf"
-    return stream_memory(None) if supported else 0
+    return stream_memory(None) if _streamable(np.dtype(dtype)) else 0
+
+
+def _streamable(dtype: np.dtype) -> bool:
+    """Direct reads on, and a native-endian bool / integer / float dtype."""
+    return bool(_config.get("storage.direct-reads")) and dtype.isnative and \
+        dtype.kind in "biuf"
 
 
 def row_streamer(arr: zarr.Array, name: str, store, path: str) -> RowStreamer | None:
@@ -436,13 +440,10 @@ def row_streamer(arr: zarr.Array, name: str, store, path: str) -> RowStreamer | 
 
 def _layout(arr: zarr.Array, store=None) -> tuple[int | None, bool] | None:
     """``(zstd window or None for raw, crc32c)`` of a supported array, else None."""
-    if not _config.get("storage.direct-reads"):
-        return None
-    store = arr.store if store is None else store
-    if type(store) is not LocalStore or arr.ndim != 2 or arr.shards is not None:
-        return None
     dtype = np.dtype(arr.dtype)
-    if not dtype.isnative or dtype.kind not in "biuf":
+    store = arr.store if store is None else store
+    if not _streamable(dtype) or type(store) is not LocalStore or arr.ndim != 2 \
+            or arr.shards is not None:
         return None
     meta = arr.metadata
     chunk_bytes = int(np.prod(arr.chunks)) * dtype.itemsize

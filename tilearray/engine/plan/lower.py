@@ -397,10 +397,17 @@ class Planner:
             return None
         _, width, copy, gram = best
         self._temporary(x, (rows, width), "gram")
+        self._add_copy(copy, spec, deps, wait)
+        return self.add(gram)
+
+    def _add_copy(self, copy: Stage, spec, deps: list, wait: str) -> list:
+        """Add ``copy``, the stage writing a temporary copy of an operand, and
+        its barrier ``wait``; returns the deps of a stage reading the copy."""
         self.add(copy, spec, deps)
         self._loose.add(wait, barrier, *copy.outputs["result"].keys)
-        self._depend(wait, [])
-        return self.add(gram)
+        later: list = []
+        self._depend(wait, later)
+        return later
 
     def matvec(self, node: MatVec, out=None, out_grid=None, skip=frozenset(),
                value: bool = False) -> Stage:
@@ -589,11 +596,7 @@ class Planner:
                 >= stage.bytes_read:
             del self.creates[mark:]  # the copy is not made
             return stage, spec, deps
-        self.add(copy, spec, deps)
-        self._loose.add(wait, barrier, *copy.outputs["result"].keys)
-        later: list = []
-        self._depend(wait, later)
-        return lines, temp, later
+        return lines, temp, self._add_copy(copy, spec, deps, wait)
 
     def _unshifted(self, node: Reduce) -> Reduce:
         """:func:`~.reduce.unshifted`, once per node (the plan text names the rewrite)."""
