@@ -244,7 +244,7 @@ def test_plan_reports_io_against_the_lower_bound(tmp_path):
     # a tile of one unit would not use the budget: the next multiple does not fit
     # (one thread: the cap n / (4 threads) = 8192 does not bind)
     bigger = ta.linalg.cholesky(a).plan(tmp_path / "l.zarr", tile=(2048, 2048),
-                                        budget=ta.Budget.from_config("2GiB", 1, 1))
+                                        budget=ta.Budget.from_config("1536MiB", 1, 1))
     assert "by 6144 x 6144 tiles" in bigger.stages[0].description
     # with 4 GiB workers the planner's own tiles (an SPD solve's factor) are
     # at most n / (4 threads): 8192 on one thread, 4096 on two (8 x 8 tiles,

@@ -86,6 +86,21 @@ def _subtract_panels(c, l_ref, rows, cols, k_range: tuple, panel: int, diagonal:
     return c
 
 
+def _read_units(l_ref, rng: tuple, unit: int, stats) -> np.ndarray:
+    """Diagonal tile ``rng x rng`` of the output read unit by unit into one
+    F-ordered tile: one unit's buffers at a time, where a read of the whole
+    tile would hold Zarr's buffers for all its units (a task's largest phase)."""
+    arr = l_ref.open()
+    h = rng[1] - rng[0]
+    out = np.empty((h, h), dtype=arr.dtype, order="F")
+    cuts = [*range(rng[0], rng[1], unit), rng[1]]
+    for r0, r1 in zip(cuts, cuts[1:], strict=False):
+        for c0, c1 in zip(cuts, cuts[1:], strict=False):
+            kern.copy_rows(out[r0 - rng[0]:r1 - rng[0], c0 - rng[0]:c1 - rng[0]],
+                           read_region(l_ref, (r0, r1), (c0, c1), stats, arr=arr))
+    return out
+
+
 def update(a_spec, a_deps, l_ref, edges, strips: tuple, panel: int, i: int, j: int,
            k_stop: int, dtype, *after):
     """The first part of a split tile task: ``A_ij - sum_k L_ik L_jk^T`` for the
@@ -131,7 +146,7 @@ def tile(a_spec, a_deps, l_ref, edges, strips: tuple, panel: int, i: int, j: int
         except NotPositiveDefiniteError as e:  # named by the stored factor's unit
             raise NotPositiveDefiniteError((e.column // panel,) * 2, e.column) from None
     else:
-        c = kern.trsm(read_region(l_ref, cols, cols, stats), c)
+        c = kern.trsm(_read_units(l_ref, cols, panel, stats), c)
     write_block(l_ref, rows, cols, c if c.dtype == dtype else c.astype(dtype), stats)
     value = np.diagonal(c).copy() if i == j else None
     own = counted(stats.as_dict())

@@ -34,7 +34,6 @@ from .map import check_fits
 from .memory import (
     as_rss,
     cholesky_peak,
-    chunk_flight,
     combine_peak,
     incore_peak,
     symv_peak,
@@ -161,8 +160,8 @@ def input_unit_side(spec) -> int:
 
 def chol_peak(spec, b: int, panel: int, n: int, itemsize: int) -> int:
     """Peak of a tile task: ``b x b`` tiles, L's I/O unit ``panel`` (square)."""
-    return cholesky_peak(b, panel, _strip_read(spec, b, n), zarr_flight(spec),
-                         chunk_flight(panel * panel * itemsize), itemsize, itemsize)
+    return cholesky_peak(b, panel, _strip_read(spec, b, n), zarr_flight(spec), itemsize,
+                         itemsize)
 
 
 def fit_tile(n: int, align: int, cap: int, peak_of, budget: Budget) -> int:
@@ -293,6 +292,7 @@ def lower_cholesky(node, spec, deps: list, budget: Budget, b: int, out, l_grid,
     lread = Read(out, l_grid, dtype)
     l_panels = layout.BlockCosts(lread, cuts, l_grid.unit_edges(1))
     l_tiles = layout.BlockCosts(lread, cuts, cuts)
+    l_units = layout.BlockCosts(lread, l_grid.unit_edges(0), l_grid.unit_edges(1))
     work, keys, tot, written = Tasks(), [], layout.ReadTotals(), 0
     split = split_tiles(nt, peak, b * b * np.dtype(result_dtype(dtype)).itemsize, budget)
     priority = critical_paths(edges, done, dtype.itemsize, split)
@@ -317,7 +317,9 @@ def lower_cholesky(node, spec, deps: list, budget: Budget, b: int, out, l_grid,
             panels = range(edges[j][0] // u)
             tot.add(*(l_panels.at(i, k) for k in panels))
             if i > j:
-                tot.add(*(l_panels.at(j, k) for k in panels), l_tiles.at(j, j))
+                diag = range(edges[j][0] // u, -(-edges[j][1] // u))  # read unit by unit
+                tot.add(*(l_panels.at(j, k) for k in panels),
+                        *(l_units.at(r, c) for r in diag for c in diag))
             written += (edges[i][1] - edges[i][0]) * (edges[j][1] - edges[j][0]) * dtype.itemsize
     for i in range(nt - 1):
         cols = tuple(j for j in range(i + 1, nt) if (i, j) not in done)

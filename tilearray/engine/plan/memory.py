@@ -195,20 +195,21 @@ def tsqr_root_peak(rows: int, width: int, itemsize: int, part: str) -> int:
     return as_rss(((1 + extra) * rows * width + rows * rows) * itemsize)  # (+ Q's diag(d))
 
 
-def cholesky_peak(b: int, panel: int, strip_read: int, a_flight: int, l_flight: int,
-                  itemsize: int, l_itemsize: int) -> int:
+def cholesky_peak(b: int, panel: int, strip_read: int, a_flight: int, itemsize: int,
+                  l_itemsize: int) -> int:
     """A left-looking Cholesky tile task over ``b x b`` tiles, the largest of
     its three phases: reading ``A_ij`` strip by strip into the tile (the
     tile, and one strip's ``strip_read`` bytes held compressed and decoded
     with zarr's buffers in flight); the updates (the tile, one ``L_ik`` and
     one ``L_jk`` column panel ``panel`` wide of ``l_itemsize``, the next
     read held compressed and decoded); the factor (the tile, ``L_jj`` read
-    with ``l_flight`` bytes in flight, and one output unit copied and
-    encoded: ``panel x panel``)."""
+    unit by unit -- ``panel x panel``, one held compressed and decoded --
+    and one output unit copied and encoded)."""
     tile, ltile, lpanel = b * b * itemsize, b * b * l_itemsize, b * panel * l_itemsize
+    unit = panel * panel * l_itemsize
     reading = tile + 2 * strip_read + min(a_flight, strip_read)
     updating = tile + 4 * lpanel
-    factoring = tile + ltile + min(l_flight, ltile) + 2 * panel * panel * l_itemsize
+    factoring = tile + ltile + 2 * unit + 2 * unit
     return as_rss(max(reading, updating, factoring))
 
 
