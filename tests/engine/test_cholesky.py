@@ -205,7 +205,7 @@ def test_task_priorities_reach_the_scheduler():
     import time
     from types import SimpleNamespace
 
-    from tilearray.engine.runtime.gather import _prioritized
+    from tilearray.engine.runtime.gather import _submitted
 
     def stamp(i):
         time.sleep(0.02)
@@ -213,12 +213,49 @@ def test_task_priorities_reach_the_scheduler():
 
     graph = {("t", i): (stamp, i) for i in range(8)}
     prio = {("t", i): (5 * i) % 8 + 1 for i in range(8)}
-    plan = SimpleNamespace(priorities=lambda: prio)
-    assert _prioritized(graph, SimpleNamespace(priorities=dict)) is graph
+    plan = SimpleNamespace(priorities=lambda: prio, queued=frozenset)
+    assert _submitted(graph, SimpleNamespace(priorities=dict, queued=frozenset)) is graph
     with ta.Engine(n_workers=1, threads_per_worker=1, processes=False, quiet=True) as e:
-        done = e.client.gather(e.client.get(_prioritized(graph, plan), list(graph), sync=False))
+        done = e.client.gather(e.client.get(_submitted(graph, plan), list(graph), sync=False))
     ran = [i for i, _ in sorted(done, key=lambda r: r[1])]
     assert ran == sorted(range(8), key=lambda i: -prio["t", i])
+
+
+@pytest.mark.parametrize("queued", [True, False])
+def test_queued_tasks_wait_on_the_scheduler_for_a_free_thread(queued):
+    """A Cholesky's tile tasks are queued: each waits on the scheduler until a
+    worker thread is free (one task a thread while the run lasts, not dask's
+    two on a one-thread worker), then the highest priority goes; unqueued
+    ready tasks go to a worker at once. The setting comes back after the run."""
+    import time
+    from types import SimpleNamespace
+
+    from distributed.diagnostics.plugin import SchedulerPlugin
+
+    from tilearray.engine.runtime.gather import _queuing, _submitted
+
+    class Busiest(SchedulerPlugin):
+        most = 0
+
+        def transition(self, key, start, finish, *args, **kwargs):
+            if finish == "processing":
+                ws = self.scheduler.tasks[key].processing_on
+                self.most = max(self.most, len(ws.processing))
+
+    graph = {("q", i): (time.sleep, 0.05) for i in range(6)}
+    graph["root"] = (len, list(graph))  # 6 tasks ready at once, with a dependent
+    keys = frozenset(graph) - {"root"} if queued else frozenset()
+    plan = SimpleNamespace(priorities=dict, queued=lambda: keys)
+    with ta.Engine(n_workers=1, threads_per_worker=1, processes=False, quiet=True) as e:
+        scheduler = e.cluster.scheduler
+        before = scheduler.WORKER_SATURATION
+        plugin = Busiest()
+        plugin.scheduler = scheduler
+        scheduler.add_plugin(plugin, name="busiest")
+        with _queuing(e.client, plan):
+            assert e.client.gather(e.client.get(_submitted(graph, plan), "root")) == 6
+        assert scheduler.WORKER_SATURATION == before
+    assert (plugin.most == 1) if queued else (plugin.most > 1), plugin.most
 
 
 def test_plan_reports_io_against_the_lower_bound(tmp_path):

@@ -30,6 +30,12 @@ class Task:
     priority: int = 0
     """Run before ready tasks of lower priority (dask's ``priority``
     annotation); 0 leaves the order to dask."""
+    queued: bool = False
+    """Held by the scheduler until a worker thread is free, then given to it
+    highest priority first (dask's queuing of root tasks), not assigned to a
+    worker as soon as it is ready: for long tasks of uneven length (a tiled
+    factorization's), which behind a busy worker's running one leave
+    another idle."""
 
 
 class Tasks:
@@ -40,10 +46,10 @@ class Tasks:
     def __init__(self):
         self._tasks: dict = {}
 
-    def add(self, key, fn: Callable, *args, priority: int = 0) -> Hashable:
-        """Add ``fn(*args)`` as task ``key`` (``priority``: see :class:`Task`);
-        returns ``key``."""
-        self._tasks[key] = Task(key, fn, args, priority)
+    def add(self, key, fn: Callable, *args, priority: int = 0, queued: bool = False) -> Hashable:
+        """Add ``fn(*args)`` as task ``key`` (``priority``, ``queued``: see
+        :class:`Task`); returns ``key``."""
+        self._tasks[key] = Task(key, fn, args, priority, queued)
         return key
 
     def __setitem__(self, key, task: tuple) -> None:
@@ -72,6 +78,11 @@ def emit(stages: Iterable) -> dict:
 def priorities(stages: Iterable) -> dict:
     """``{key: priority}`` of the tasks of ``stages`` given one (see :class:`Task`)."""
     return {t.key: t.priority for stage in stages for t in stage.work if t.priority}
+
+
+def queued(stages: Iterable) -> frozenset:
+    """Keys of the tasks of ``stages`` the scheduler queues (see :class:`Task`)."""
+    return frozenset(t.key for stage in stages for t in stage.work if t.queued)
 
 
 # -- small worker functions the plan uses between stages ---------------------------------

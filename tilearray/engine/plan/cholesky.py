@@ -309,9 +309,10 @@ def lower_cholesky(node, spec, deps: list, budget: Budget, b: int, out, l_grid,
                 after = [a for a in after if a[2] >= j - 1]
                 partial = work.add((name, "update", i, j), gch.update, spec, deps, out, edges,
                                    strips, u, i, j, edges[j - 1][0], dtype, *early,
-                                   priority=priority["update", i, j])
+                                   priority=priority["update", i, j], queued=True)
             keys.append(work.add((name, i, j), gch.tile, spec, deps, out, edges, strips, u,
-                                 i, j, dtype, partial, *after, priority=priority[i, j]))
+                                 i, j, dtype, partial, *after, priority=priority[i, j],
+                                 queued=True))
             s0, s1 = row_cuts.index(edges[i][0]), row_cuts.index(edges[i][1])
             tot.add(*(a_costs.at(s, j) for s in range(s0, s1)))
             panels = range(edges[j][0] // u)

@@ -240,6 +240,13 @@ class Plan:
 
         return priorities(self.stages)
 
+    def queued(self) -> frozenset:
+        """Keys of the tasks the scheduler holds until a worker thread is free
+        (see :class:`~tilearray.graphs.emit.Task`)."""
+        from ...graphs.emit import queued
+
+        return queued(self.stages)
+
     @property
     def result(self) -> Output:
         """The plan's (first) named output."""
