@@ -113,7 +113,11 @@ def _queuing(client, plan):
     if plan is None or not plan.queued():
         yield
         return
-    client.run_on_scheduler(_one_a_thread, enter=True)
+    try:
+        client.run_on_scheduler(_one_a_thread, enter=True)
+    except Exception:  # a scheduler refusing functions: its own saturation then
+        yield
+        return
     try:
         yield
     finally:
