@@ -285,6 +285,19 @@ def test_cli_random_matmul_reduce_info_on_s3(engine, s3_url, storage_options, tm
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.timeout(300)
+def test_s3_job_closes_its_sessions(s3_url, storage_options, tmp_path):
+    """A job on its own worker processes: each closes its S3 clients as it
+    closes (aiohttp had printed "Unclosed client session" once a worker at
+    the end of every S3 run)."""
+    a = f"{s3_url}/sessions.zarr"
+    _ok(_cli("random", a, "--shape", 200, 100, "--tile", 50, 50, "--seed", 0, cwd=tmp_path))
+    proc = _ok(_cli("reduce", a, "--op", "sum", "--axis", 0, "--workers", 2,
+                    "--memory-per-worker", "400MiB", "--quiet", cwd=tmp_path))
+    assert len(proc.stdout.split()) == 100
+    assert "Unclosed" not in proc.stderr, proc.stderr
+
+
 def test_missing_s3fs_is_a_clear_error(tmp_path):
     code = ("import sys; sys.modules['s3fs'] = None\n"
             "import tilearray as ta\n"

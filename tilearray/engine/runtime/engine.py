@@ -123,11 +123,12 @@ class Engine:
         self._closed = False
         try:
             from . import metrics
-            from .plugins import PeakMemory, TaskProgress
+            from .plugins import CloseSessions, PeakMemory, TaskProgress
 
             client.register_plugin(PeakMemory(), name=PeakMemory.name)
             client.register_plugin(TaskProgress(), name=TaskProgress.name)
             metrics.register(client)
+            client.register_plugin(CloseSessions(), name=CloseSessions.name)
         except Exception:  # a cluster that refuses plugins runs without them
             log.warning("could not register tilearray's worker/scheduler plugins "
                         "(no peak-memory figures, progress inside tasks or metrics)", exc_info=True)

@@ -116,6 +116,19 @@ class PeakMemory(WorkerPlugin):
             rss[1].set()
 
 
+class CloseSessions(WorkerPlugin):
+    """A worker closing closes its S3 filesystems' HTTP clients first
+    (:func:`~tilearray.storage.objects.close_sessions`): left to its exit,
+    every worker of an S3 run printed aiohttp's "Unclosed client session"."""
+
+    name = "tilearray-close-sessions"
+
+    def teardown(self, worker):
+        from ...storage.objects import close_sessions
+
+        close_sessions()
+
+
 def take_peak(dask_worker) -> int:
     """Peak RSS since the last call (0 without the plugin); resets the peak."""
     rss = getattr(dask_worker, "_tilearray_rss", None)
