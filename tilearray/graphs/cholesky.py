@@ -86,18 +86,21 @@ def _subtract_panels(c, l_ref, rows, cols, k_range: tuple, panel: int, diagonal:
     return c
 
 
-def _read_units(l_ref, rng: tuple, unit: int, stats) -> np.ndarray:
-    """Diagonal tile ``rng x rng`` of the output read unit by unit into one
-    F-ordered tile: one unit's buffers at a time, where a read of the whole
-    tile would hold Zarr's buffers for all its units (a task's largest phase)."""
+def _read_lower(l_ref, rng: tuple, unit: int, stats) -> np.ndarray:
+    """Diagonal tile ``rng x rng`` of the factor, its units on and below the
+    diagonal (all ``trsm`` reads of it; those above stay zero) read one at a
+    time into one F-ordered tile: one unit's buffers at once, where a read of
+    the whole tile held Zarr's buffers for all its units (the task's largest
+    phase)."""
     arr = l_ref.open()
     h = rng[1] - rng[0]
-    out = np.empty((h, h), dtype=arr.dtype, order="F")
+    out = np.zeros((h, h), dtype=arr.dtype, order="F")
     cuts = [*range(rng[0], rng[1], unit), rng[1]]
     for r0, r1 in zip(cuts, cuts[1:], strict=False):
         for c0, c1 in zip(cuts, cuts[1:], strict=False):
-            kern.copy_rows(out[r0 - rng[0]:r1 - rng[0], c0 - rng[0]:c1 - rng[0]],
-                           read_region(l_ref, (r0, r1), (c0, c1), stats, arr=arr))
+            if c0 <= r0:
+                kern.copy_rows(out[r0 - rng[0]:r1 - rng[0], c0 - rng[0]:c1 - rng[0]],
+                               read_region(l_ref, (r0, r1), (c0, c1), stats, arr=arr))
     return out
 
 
@@ -146,7 +149,7 @@ def tile(a_spec, a_deps, l_ref, edges, strips: tuple, panel: int, i: int, j: int
         except NotPositiveDefiniteError as e:  # named by the stored factor's unit
             raise NotPositiveDefiniteError((e.column // panel,) * 2, e.column) from None
     else:
-        c = kern.trsm(_read_units(l_ref, cols, panel, stats), c)
+        c = kern.trsm(_read_lower(l_ref, cols, panel, stats), c)
     write_block(l_ref, rows, cols, c if c.dtype == dtype else c.astype(dtype), stats)
     value = np.diagonal(c).copy() if i == j else None
     own = counted(stats.as_dict())

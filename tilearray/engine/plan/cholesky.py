@@ -318,9 +318,9 @@ def lower_cholesky(node, spec, deps: list, budget: Budget, b: int, out, l_grid,
             panels = range(edges[j][0] // u)
             tot.add(*(l_panels.at(i, k) for k in panels))
             if i > j:
-                diag = range(edges[j][0] // u, -(-edges[j][1] // u))  # read unit by unit
+                diag = range(edges[j][0] // u, -(-edges[j][1] // u))  # L_jj's lower units
                 tot.add(*(l_panels.at(j, k) for k in panels),
-                        *(l_units.at(r, c) for r in diag for c in diag))
+                        *(l_units.at(r, c) for r in diag for c in diag if c <= r))
             written += (edges[i][1] - edges[i][0]) * (edges[j][1] - edges[j][0]) * dtype.itemsize
     for i in range(nt - 1):
         cols = tuple(j for j in range(i + 1, nt) if (i, j) not in done)

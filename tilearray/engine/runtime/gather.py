@@ -85,8 +85,8 @@ def _one_a_thread(dask_scheduler=None, enter: bool = True) -> None:
     worker one queued task per thread (``worker-saturation`` 1.0). dask's
     default 1.1 rounds up to two on a one-thread worker, the second waiting
     there behind the first while another worker idles: a Cholesky at 32768²
-    on 2 one-thread workers left them idle 11% of the run that way, 5% with
-    one each. Not for every run: short tasks then wait for a round trip each
+    on 2 one-thread workers left them idle 11-16% of the run that way, 6-7%
+    with one each. Not for every run: short tasks then wait for a round trip each
     (reductions of 30 ms tasks ran 3-6% slower). Counted on the scheduler,
     so concurrent runs and clients share it; the last to leave restores it.
     A scheduler without queuing (``inf``, which cannot be changed while tasks
