@@ -213,8 +213,8 @@ def test_task_priorities_reach_the_scheduler():
 
     graph = {("t", i): (stamp, i) for i in range(8)}
     prio = {("t", i): (5 * i) % 8 + 1 for i in range(8)}
-    plan = SimpleNamespace(priorities=lambda: prio, queued=frozenset)
-    assert _submitted(graph, SimpleNamespace(priorities=dict, queued=frozenset)) is graph
+    plan = SimpleNamespace(priorities=lambda: prio)
+    assert _submitted(graph, SimpleNamespace(priorities=dict)) is graph
     with ta.Engine(n_workers=1, threads_per_worker=1, processes=False, quiet=True) as e:
         done = e.client.gather(e.client.get(_submitted(graph, plan), list(graph), sync=False))
     ran = [i for i, _ in sorted(done, key=lambda r: r[1])]
@@ -245,15 +245,15 @@ def test_queued_tasks_wait_on_the_scheduler_for_a_free_thread(queued):
     graph = {("q", i): (time.sleep, 0.05) for i in range(6)}
     graph["root"] = (len, list(graph))  # 6 tasks ready at once, with a dependent
     keys = frozenset(graph) - {"root"} if queued else frozenset()
-    plan = SimpleNamespace(priorities=dict, queued=lambda: keys)
+    plan = SimpleNamespace(priorities=dict)
     with ta.Engine(n_workers=1, threads_per_worker=1, processes=False, quiet=True) as e:
         scheduler = e.cluster.scheduler
         before = scheduler.WORKER_SATURATION
         plugin = Busiest()
         plugin.scheduler = scheduler
         scheduler.add_plugin(plugin, name="busiest")
-        with _queuing(e.client, plan):
-            assert e.client.gather(e.client.get(_submitted(graph, plan), "root")) == 6
+        with _queuing(e.client, keys):
+            assert e.client.gather(e.client.get(_submitted(graph, plan, keys), "root")) == 6
         assert scheduler.WORKER_SATURATION == before
     assert (plugin.most == 1) if queued else (plugin.most > 1), plugin.most
 

@@ -209,7 +209,7 @@ def cholesky_peak(b: int, panel: int, strip_read: int, a_flight: int, itemsize: 
     unit = panel * panel * l_itemsize
     reading = tile + 2 * strip_read + min(a_flight, strip_read)
     updating = tile + 4 * lpanel
-    factoring = tile + ltile + 2 * unit + 2 * unit
+    factoring = tile + ltile + 2 * unit + 2 * unit  # L_jj's unit read; an output unit written
     return as_rss(max(reading, updating, factoring))
 
 

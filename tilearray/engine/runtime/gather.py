@@ -40,14 +40,14 @@ is done (runs of several threads interleave: a ``dask.config.set`` block each
 could leave it raised)."""
 
 
-def _submitted(graph: dict, plan):
-    """``graph`` as submitted: the plan's queued tasks marked as such
-    (:func:`_as_queued`), its task priorities as dask's ``priority``
-    annotation (one HighLevelGraph layer; higher runs first among ready
-    tasks, unannotated tasks 0) when it has any, else as it is."""
+def _submitted(graph: dict, plan, queued=frozenset()):
+    """``graph`` as submitted: the tasks ``queued`` (the plan's) marked as
+    such (:func:`_as_queued`), the plan's task priorities as dask's
+    ``priority`` annotation (one HighLevelGraph layer; higher runs first
+    among ready tasks, unannotated tasks 0) when it has any, else as it is."""
     if plan is None:
         return graph
-    graph = _as_queued(graph, plan.queued())
+    graph = _as_queued(graph, queued)
     prio = plan.priorities()
     if not prio:
         return graph
@@ -107,10 +107,10 @@ def _one_a_thread(dask_scheduler=None, enter: bool = True) -> None:
 
 
 @contextlib.contextmanager
-def _queuing(client, plan):
-    """``with _queuing(client, plan):`` the run, one queued task per worker
-    thread when the plan has any (:func:`_one_a_thread`)."""
-    if plan is None or not plan.queued():
+def _queuing(client, queued):
+    """``with _queuing(client, queued):`` the run, one queued task per worker
+    thread when it has any ``queued`` (:func:`_one_a_thread`)."""
+    if not queued:
         yield
         return
     try:
@@ -149,14 +149,15 @@ def gather(client, graph: dict, keys: list, *, description: str, quiet: bool, pl
     keys = list(keys) + [k for k in stat_keys if k not in set(keys)]
     # tasks finished plus running tasks' fractions (progress events from inside tasks)
     bar = Bar(client, graph, description, quiet)
-    queuing = contextlib.ExitStack()
+    queued = plan.queued() if plan is not None else frozenset()
+    queuing = contextlib.ExitStack()  # closed after the run, in the finally below
     try:
-        queuing.enter_context(_queuing(client, plan))
+        queuing.enter_context(_queuing(client, queued))
         # NumPy operands (a right-hand side, a matrix under 32 MiB) travel
         # inside the graph once (pickled once, however many tasks use them):
         # dask's advice at 10 MB, scatter the data, is what that already is
         with _large_graphs():
-            futures = client.get(_submitted(graph, plan), keys, sync=False)
+            futures = client.get(_submitted(graph, plan, queued), keys, sync=False)
         keep: set = set()  # keys listed twice must not be released early
         seen: set = set()
         for f in futures:
