@@ -47,6 +47,7 @@ def format_bytes(n: int) -> str:
 __all__ = [
     "RSSSampler",
     "cubed_spec",
+    "concurrent_dgemm_gflops",
     "dgemm_gflops",
     "dir_size",
     "fmt_bytes",
@@ -148,6 +149,39 @@ def dgemm_gflops(n: int = 2048, threads: int = 1, repeats: int = 3) -> float:
             np.matmul(a, b, out=c)
             best = min(best, time.perf_counter() - t0)
     return 2 * n**3 / best / 1e9
+
+
+def _gemm_rate(barrier, seconds: float, n: int) -> float:
+    """GFLOP/s of one-thread ``n x n x 512`` dgemm updates (a Cholesky tile
+    update's shape) run for ``seconds`` after every process reached ``barrier``."""
+    import numpy as np
+    from scipy.linalg import blas
+    from threadpoolctl import threadpool_limits
+
+    rng = np.random.default_rng(0)
+    p = np.asfortranarray(rng.standard_normal((n, 512)))
+    c = np.zeros((n, n), order="F")
+    calls = 0
+    with threadpool_limits(1):
+        barrier.wait()
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            c = blas.dgemm(-1.0, p, p, 1.0, c, trans_b=True, overwrite_c=True)
+            calls += 1
+        dt = time.perf_counter() - t0
+    return 2 * n * n * 512 * calls / dt / 1e9
+
+
+def concurrent_dgemm_gflops(procs: int = 2, seconds: float = 5.0, n: int = 4096) -> list[float]:
+    """Each of ``procs`` fresh processes' one-thread dgemm GFLOP/s, all running
+    at once for ``seconds``: the machine's gemm throughput as one-thread
+    workers see it (two vCPUs of a shared host may be one physical core's
+    hyperthreads, sharing its vector units: then the sum is one core's rate)."""
+    ctx = mp.get_context("spawn")
+    with ctx.Manager() as manager:
+        barrier = manager.Barrier(procs)
+        with ctx.Pool(procs) as pool:
+            return pool.starmap(_gemm_rate, [(barrier, seconds, n)] * procs)
 
 
 # -- RSS sampling ----------------------------------------------------------------------

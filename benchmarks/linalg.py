@@ -125,6 +125,7 @@ import numpy as np
 # re-imports this file, and its RSS is measured.
 from _common import (
     RSSSampler,
+    concurrent_dgemm_gflops,
     dir_size,
     evict,
     fmt_bytes,
@@ -699,6 +700,7 @@ def run_all(args, paths, engines, ops) -> tuple[dict, dict]:
                 traceback.print_exc(file=sys.stderr)
                 results[e] = {op: {"error": f"{type(ex).__name__}: {ex}"[:160]} for op in ops}
         live = [e for e in engines if e in runners]
+        gemm = [machine_check(args)]
         for rep in range(args.repeats):
             for k, op in enumerate(ops):
                 j = (rep + k) % len(live) if live else 0
@@ -722,7 +724,7 @@ def run_all(args, paths, engines, ops) -> tuple[dict, dict]:
                     log(f"round {rep + 1} {op:10s} {e:9s} {r['wall']:7.2f} s  peak RSS "
                         f"{fmt_bytes(r['peak_rss'])}  {r.get('notes', '')}")
                     results[e].setdefault(op, {"runs": []})["runs"].append(r)
-        extra = {}
+        extra = {"gemm": [*gemm, machine_check(args)]}
         if "numpy" in runners:
             extra = {"blas": runners["numpy"].blas, "coretype": runners["numpy"].coretype}
         if "tilearray" in runners:
@@ -735,6 +737,15 @@ def run_all(args, paths, engines, ops) -> tuple[dict, dict]:
                 r.close()
             except Exception:
                 traceback.print_exc(file=sys.stderr)
+
+
+def machine_check(args) -> float:
+    """The machine's gemm GFLOP/s as the workers see it: ``args.workers``
+    one-thread dgemms at once, summed (logged with each one's rate)."""
+    rates = concurrent_dgemm_gflops(args.workers)
+    log("machine check: " + " + ".join(f"{r:.1f}" for r in rates)
+        + f" = {sum(rates):.1f} GFLOP/s ({args.workers} concurrent one-thread dgemms)")
+    return sum(rates)
 
 
 RSVD_REFERENCE_MAX_N = 8192
@@ -1086,6 +1097,21 @@ def main(argv=None) -> int:
           "assume_a='pos') with 1 BLAS thread (multi-threaded OpenBLAS potrf crashes here); "
           f"OPENBLAS_CORETYPE={extra.get('coretype', coretype)!r} (left as found). U and L "
           "are computed in memory, not stored")
+    before, after = extra["gemm"]
+    machine = (f"- machine check (shared host, its speed drifts): {args.workers} concurrent "
+               f"one-thread dgemms (4096 x 4096 x 512 updates) {before:.1f} GFLOP/s in all "
+               f"before the rounds, {after:.1f} after")
+    if sym:
+        flops = spd ** 3 / 3
+        machine += (f"; the Cholesky's n^3/3 = {flops / 1e12:.2f} TFLOP take "
+                    f"{flops / max(before, after) / 1e9:.1f}-{flops / min(before, after) / 1e9:.1f}"
+                    " s at that rate")
+        walls = {e: statistics.median(_walls(results[e]["cholesky"])) for e in engines
+                 if "runs" in results.get(e, {}).get("cholesky", {})}
+        if walls:
+            machine += "; Cholesky GFLOP/s: " + ", ".join(
+                f"{e} {flops / w / 1e9:.1f}" for e, w in walls.items())
+    print(machine)
     print("- peak RSS: largest over the worker processes (ta = tilearray, da = dask) "
           "sampled every 0.2 s during the job; np = the NumPy process"
           + (f"; tilearray plans for {fmt_bytes(extra['ta_task_memory'])} per task, its "
