@@ -141,3 +141,25 @@ def test_gram_of_an_expression_through_a_copy(tmp_path, dtype, monkeypatch):
             assert_close(got, want, scale=np.abs(want).max(), precision=dtype)
             assert expr.stats.bytes_read == plan.bytes_read
             assert expr.stats.tasks == plan.tasks
+
+
+@pytest.mark.parametrize("task_mib", [5.0, 5.8, 7.0])
+def test_gram_copy_units_stay_inside_the_input_tiles(tmp_path, task_mib):
+    """``np.cov`` / ``np.corrcoef`` of X 1203 x 805 in 400² tiles, a task
+    holding 4-6 tiles: the copy of ``[X.T - X.T[0], 1]`` (1204 columns) is
+    cut in units inside one tile of X each -- halving 1204 never lines up
+    with 400, and every unit across two tiles decoded both: these budgets
+    were refused or read X 136-202 times, the copy's minimum over the
+    task. Now a few reads of X; one case computed equals NumPy's."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1203, 805))
+    X = _write(tmp_path / "x.zarr", x, (400, 400))
+    budget = ta.Budget(int(task_mib * 2**20), 1, 1, baseline=0, fraction=1.0)
+    for build in (np.cov, lambda a: np.cov(a, rowvar=False), np.corrcoef):
+        plan = build(X).plan(budget=budget)
+        assert plan.peak_task_memory <= budget.task_memory
+        assert plan.bytes_read <= 12 * x.nbytes, str(plan)
+    with ta.Engine(n_workers=1, processes=False, quiet=True, memory_per_worker="148MiB"):
+        expr = np.cov(X)
+        assert expr.plan().bytes_read <= 12 * x.nbytes
+        assert_close(expr.compute(), np.cov(x), scale=np.abs(np.cov(x)).max())

@@ -168,6 +168,22 @@ MIN_GRAM_WIDTH = 64
 """Columns: the narrowest units of that copy tried."""
 
 
+def _gram_widths(width: int, tile: int) -> list[int]:
+    """Unit widths tried for the copy of a ``width``-column operand whose
+    stored input has ``tile`` columns (along the operand's columns): F's
+    width halved, and the tile halved (units inside one input tile each:
+    halving 4001 columns never lines up with 1000-wide tiles, and a unit
+    across two of them decodes both), down to :data:`MIN_GRAM_WIDTH`."""
+    out: set[int] = set()
+    for w in (width, min(tile, width)):
+        while w >= 1:
+            out.add(w)
+            if w < 2 * MIN_GRAM_WIDTH:
+                break
+            w = -(-w // 2)
+    return sorted(out, reverse=True)
+
+
 class Planner:
     """Walks one expression and orders its stage records.
 
@@ -363,7 +379,7 @@ class Planner:
         :data:`GRAM_COPY` times or does not fit (its blocks, small beside
         the inputs' units, each read whole units: ``np.cov`` of 4000² in
         1000² chunks at 200 MiB a worker read 8.11 GiB). The copy is stored
-        raw in units of F's rows by a width halved from F's until the
+        raw in units of F's rows by the width (:func:`_gram_widths`) whose
         copy's reads and writes plus the product's reads are least; its
         diagonal blocks are then decoded in row slabs like a stored X's.
         Returns the product's stage (the copy's added first), or None when
@@ -374,8 +390,8 @@ class Planner:
             return None
         mark = len(self.creates)
         wait = "barrier-" + tokenize(structure(node), self.run_id, "gram")
-        rows, width, best = min(leaf_tile(x, 0), x.shape[0]), x.shape[1], None
-        while width >= 1:
+        rows, best = min(leaf_tile(x, 0), x.shape[0]), None
+        for width in _gram_widths(x.shape[1], leaf_tile(x, 1)):
             ref, grid = self._temporary(x, (rows, width), "gram")
             del self.creates[mark:]  # only the chosen width's is made
             temp = Read(ref, Grid.regular(grid.shape, grid.tile, row_slabs=raw_streams(dtype)),
@@ -390,9 +406,6 @@ class Planner:
                 cost = copy.bytes_read + copy.bytes_written + gram.bytes_read
                 if best is None or cost < best[0]:
                     best = (cost, width, copy, gram)
-            if width < 2 * MIN_GRAM_WIDTH:
-                break
-            width = -(-width // 2)
         if best is None or (stage is not None and best[0] >= stage.bytes_read):
             return None
         _, width, copy, gram = best
