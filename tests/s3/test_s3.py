@@ -374,6 +374,24 @@ def test_input_rewritten_on_s3_is_noticed(s3_url, storage_options, s3fs_fs, rng)
     assert after != before and after[2] == before[2]
 
 
+def test_refused_resume_names_the_s3_input_that_changed(engine, s3_url, storage_options, rng):
+    """A job on an S3 input stops (a non-SPD matrix), the input is rewritten,
+    and the resume is refused naming that input as modified (the stopped
+    job recorded its objects' state in the output, as for local files)."""
+    x = rng.standard_normal((40, 40))
+    url, out = f"{s3_url}/a.zarr", f"{s3_url}/L.zarr"
+    kw = {"storage_options": storage_options}
+    a = ta.from_numpy(x, url, tile=(16, 16), **kw)
+    with pytest.raises(ta.NotPositiveDefiniteError):
+        ta.linalg.cholesky(a).to_zarr(out, engine=engine, **kw)
+    a = ta.from_numpy(x @ x.T + 40 * np.eye(40), url, tile=(16, 16), overwrite=True, **kw)
+    with pytest.raises(ta.StorageError, match=r"inputs changed since its job started: "
+                                              r"'s3://.*a\.zarr' was modified"):
+        ta.linalg.cholesky(a).to_zarr(out, resume=True, engine=engine, **kw)
+    got = ta.linalg.cholesky(a).to_zarr(out, overwrite=True, engine=engine, **kw)
+    assert_close(got.compute(), np.linalg.cholesky(x @ x.T + 40 * np.eye(40)))
+
+
 def test_store_not_answering_is_not_a_deleted_input(s3_url, storage_options, rng):
     """An input whose store does not answer when a job checks it (a server
     down, refused credentials) is named as such -- its state unknown, never

@@ -322,7 +322,8 @@ def _resume_refused(ref, existing=None, meta=None, node=None) -> StorageError:
             (node.dtype is not None and existing.dtype != node.dtype)):
         why = (f"it holds a {existing.shape} {existing.dtype} array, the expression gives "
                f"{tuple(node.shape)} {node.dtype}")
-    elif meta and (changed := sarray.changed_inputs(meta)):
+    elif meta and (changed := sarray.changed_inputs(
+            meta, None if node is None else {str(leaf.ref): leaf.ref for leaf in sources(node)})):
         why = "its inputs changed since its job started: " + "; ".join(changed)
     return StorageError(f"cannot resume {str(ref)!r}: {why}; pass overwrite=True to start again")
 

@@ -255,37 +255,47 @@ def unfinished(meta: dict, missing: int, n_units: int) -> tuple[str, str]:
 
 INPUTS_KEY = "inputs"
 """The output attribute (under :data:`ATTR_KEY`) holding, while it is
-incomplete, the state of each local input when its job started:
-``[[path, [newest mtime ns, bytes, files]], ...]``. A resume is refused when
-an input changed (the fingerprint covers these states), so an unfinished
+incomplete, the state of each input when its job started:
+``[[where, state], ...]``: a local input's path and ``[newest mtime ns,
+bytes, files]``, an object store's location (``s3://...``) and ``[digest,
+bytes, objects]`` (:func:`local_files_state`). A resume is refused when an
+input changed (the fingerprint covers these states), so an unfinished
 output whose inputs differ now says to rerun with ``overwrite=True``."""
 
 
 def record_inputs(ref: ArrayRef, states: dict[str, tuple[str, tuple]]) -> None:
-    """Record ``states`` (``{location: (local path, files state)}``) in the
-    incomplete output at ``ref`` (nothing when empty: no local inputs)."""
+    """Record ``states`` (``{location: (local path or location, state)}``) in
+    the incomplete output at ``ref`` (nothing when empty: no stored inputs)."""
     if not states:
         return
     arr = zarr.open_array(ref.store, path=ref.path or None, mode="r+")
     meta = info_attrs(arr)
-    meta[INPUTS_KEY] = [[path, list(state)] for path, state in states.values()]
+    meta[INPUTS_KEY] = [[where, list(state)] for where, state in states.values()]
     arr.attrs[ATTR_KEY] = meta
 
 
-def changed_inputs(meta: dict) -> list[str]:
+def changed_inputs(meta: dict, refs: dict[str, ArrayRef] | None = None) -> list[str]:
     """What happened to each recorded input (:data:`INPUTS_KEY`) whose files
-    differ now from when the job started: ``"'path' was modified"`` or
-    ``"... was deleted"``; [] when none did or none were recorded."""
+    or objects differ now from when the job started: ``"'path' was
+    modified"`` or ``"... was deleted"``; [] when none did or none were
+    recorded. An object store's input is looked at only through ``refs``
+    (``{location: ref}``, the expression's inputs: their options reach the
+    store); a local one by its path."""
     out = []
     recorded = meta.get(INPUTS_KEY) if meta else None
     for item in recorded if isinstance(recorded, list) else []:
         try:
-            path, state = str(item[0]), tuple(int(v) for v in item[1])
-        except (TypeError, ValueError, IndexError):
+            where, state = str(item[0]), list(item[1])
+        except (TypeError, IndexError):
             continue
-        now = files_state(path)
-        if now != state:
-            out.append(f"{path!r} " + ("was deleted" if now[2] == 0 else "was modified"))
+        if refs is not None and where in refs:
+            now = local_files_state(refs[where])
+        elif "://" not in where:
+            now = files_state(where)
+        else:
+            continue
+        if now is not None and list(now) != state:
+            out.append(f"{where!r} " + ("was deleted" if now[-1] == 0 else "was modified"))
     return out
 
 

@@ -85,13 +85,14 @@ def verify_inputs(states: dict, out: ArrayRef | None) -> None:
 def run_checked(states: dict, out: ArrayRef | None, fn, *args, **kwargs):
     """``fn(...)``; when it fails, an input that changed meanwhile is named
     (a deleted input otherwise surfaces as a raw FileNotFoundError). The
-    output ``out`` (created, incomplete) first records its local inputs'
-    states: should the job stop, opening it tells whether a resume would be
+    output ``out`` (created, incomplete) first records its inputs' states
+    (a local one by its path, an object store's by its location): should
+    the job stop, opening it or resuming it tells whether a resume would be
     accepted (:func:`~.array.changed_inputs`)."""
     if out is not None:
         sarray.record_inputs(out, {
-            loc: (local_path(ref), state) for loc, (ref, state) in states.items()
-            if isinstance(state, tuple) and local_path(ref) is not None})
+            loc: (local_path(ref) or loc, state) for loc, (ref, state) in states.items()
+            if isinstance(state, tuple)})
     try:
         return fn(*args, **kwargs)
     except Exception as e:
