@@ -371,6 +371,38 @@ def test_worker_killed_late_loses_only_its_running_task(tmp_path):
         assert_close(c.compute(engine=eng), x @ y)
 
 
+def test_corrupt_unit_of_its_own_partial_output_says_how_to_go_on(tmp_path, thread_engine):
+    """A resumed Cholesky reads back the L units its stopped run wrote; one of
+    them corrupt (a flipped byte under its crc32c) fails the resume naming
+    the unit's tile and saying it is this job's own output, to be computed
+    again with overwrite=True (a resume would read it again); the output
+    stays incomplete, and overwrite=True gives NumPy's factor."""
+    import numpy as np
+
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((1100, 1100))
+    s = x @ x.T + 1100 * np.eye(1100)
+    a = ta.from_numpy(s, tmp_path / "a.zarr", tile=(256, 256))
+    full, out = str(tmp_path / "full.zarr"), str(tmp_path / "L.zarr")
+    ta.linalg.cholesky(a).to_zarr(full, engine=thread_engine)
+    n_units = -(-1100 // 256)
+    last = n_units - 1
+    _killed_at(full, out, {(i, j) for i in range(n_units) for j in range(n_units)
+                           if (i, j) != (last, last)})
+    p = os.path.join(out, "c", str(last), "0")  # L_(last, 0): read back by the last tile
+    raw = bytearray(open(p, "rb").read())
+    raw[len(raw) // 2] ^= 0x10
+    with open(p, "wb") as f:
+        f.write(bytes(raw))
+    with pytest.raises(ta.CorruptChunkError, match=rf"at tile index \({last}, 0\).*this "
+                                                   r"job's own output.*overwrite=True"):
+        ta.linalg.cholesky(a).to_zarr(out, resume=True, engine=thread_engine)
+    with pytest.raises(ta.IncompleteOutputError):
+        ta.open(out)
+    got = ta.linalg.cholesky(a).to_zarr(out, overwrite=True, engine=thread_engine)
+    assert_close(got.compute(engine=thread_engine), np.linalg.cholesky(s))
+
+
 def _killed_at(src, dst, done):
     """A copy of the complete output ``src`` as a job killed with only the
     units ``done`` marked would have left it (the other units' bytes may be
@@ -380,8 +412,8 @@ def _killed_at(src, dst, done):
 
     shutil.copytree(src, dst)
     markers = os.path.join(dst, "tilearray.done")
-    for name in os.listdir(markers):
-        if tuple(int(v) for v in name.split(".")) not in done:
+    for name in os.listdir(markers):  # i.j, or i.j.fill (done, not stored)
+        if tuple(int(v) for v in name.split(".")[:2]) not in done:
             os.remove(os.path.join(markers, name))
     meta_path = os.path.join(dst, "zarr.json")
     with open(meta_path) as f:

@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 
-from ..errors import IncompleteOutputError, StorageError
+from ..errors import CorruptChunkError, IncompleteOutputError, StorageError
 from . import array as sarray
 from . import locks
 from .array import ArrayRef
@@ -101,6 +101,11 @@ def run_checked(states: dict, out: ArrayRef | None, fn, *args, **kwargs):
             raise err from e
         if isinstance(e, FileNotFoundError) and not isinstance(e, StorageError):
             raise StorageError(f"a file the job needed is gone: {e}") from e
+        if isinstance(e, CorruptChunkError) and out is not None and e.path == str(out):
+            raise CorruptChunkError(  # a factor's units, read back: a resume reads it again
+                e.path, e.tile, f"{e.reason}; it is this job's own output, a unit an "
+                "earlier run of it wrote and this run read back: pass overwrite=True to "
+                "compute the output again") from e
         raise
 
 
