@@ -218,3 +218,38 @@ def test_split_select_compress_and_friends(engine, tmp_path, rng):
         np.testing.assert_array_equal(got.compute(), want)
     with pytest.raises(ValueError, match="same length"):
         np.select([a > 0], [a, a])
+
+
+@pytest.mark.parametrize("fmt", [3, 2])
+def test_chunks_larger_than_the_array_are_planned_whole(tmp_path, rng, fmt):
+    """Plain zarr stores a chunk larger than its array padded to the chunk's
+    size and decodes it whole (a user's 600 x 600 in 8000 x 8000 chunks: a
+    helper's 160 MiB workers were killed, the plan said 14 MiB a task).
+    Planned with the decoded chunk: refused under a small budget naming the
+    array, its chunks and their size; computed equal to NumPy's once the
+    budget holds it. A vector in one huge chunk too."""
+    x = rng.standard_normal((300, 200))
+    v = rng.standard_normal(500)
+    zx = zarr.create_array(str(tmp_path / "x.zarr"), shape=x.shape, chunks=(3000, 3000),
+                           dtype="f8", zarr_format=fmt)
+    zx[...] = x
+    zv = zarr.create_array(str(tmp_path / "v.zarr"), shape=v.shape, chunks=(5_000_000,),
+                           dtype="f8", zarr_format=fmt)
+    zv[...] = v
+    X, V = ta.open(tmp_path / "x.zarr"), ta.open(tmp_path / "v.zarr")
+    small = ta.Budget(32 * 2**20, 1, 1, baseline=0, fraction=1.0)
+    on_x = r"x\.zarr' is stored in chunks of \(3000, 3000\), larger than its \(300, 200\) shape"
+    on_v = r"v\.zarr' is stored in chunks of \(5000000,\), larger than its \(500,\) shape"
+    for expr, named in ((X.sum(axis=0), on_x), (X.T @ X, on_x), (ta.linalg.qr(X, mode="r"), on_x),
+                        (X @ V[:200], on_v), (V.sum(), on_v)):
+        with pytest.raises(ta.PlanningError, match=named + r"; Zarr decodes a chunk whole, "
+                           r"(68\.66|38\.15) MiB each.*memory_per_worker >= "):
+            expr.plan(budget=small)
+    big = ta.Budget(512 * 2**20, 1, 1, baseline=0, fraction=1.0)
+    plan = (X.T @ X).plan(budget=big)
+    assert plan.peak_task_memory >= 3000 * 3000 * 8
+    with ta.Engine(n_workers=1, processes=False, quiet=True, memory_per_worker="1GiB"):
+        assert_close((X.T @ X).compute(), x.T @ x)
+        assert_close(X.sum(axis=0).compute(), x.sum(axis=0))
+        assert_close((X @ V[:200]).compute(), x @ v[:200])
+        assert_close(V.sum().compute(), v.sum())

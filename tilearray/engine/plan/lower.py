@@ -211,6 +211,7 @@ class Planner:
         self._read_leaves: set = set()  # stored arrays read by the stages so far
         self._dep_keys: list = []  # small keys big tasks read as operands
         self._stats_only: list = []  # keys stages gather for their figures only
+        self._padded: tuple[int, str] = (0, "")  # the largest padded chunk read (padding)
         self.run_id = uuid.uuid4().hex
 
     def _ident(self, node: Node) -> str:
@@ -227,6 +228,8 @@ class Planner:
         (so the plan's task total is the graph's size, which RunStats counts)
         and, for a stage reading ``spec``, a note when it reads again what an
         earlier stage read."""
+        if self._padded[0] and stage.bytes_read:
+            stage = self._with_padding(stage)
         loose, self._loose = self._loose.freeze(), Tasks()
         note = self._reread(spec, deps) if spec is not None else ""
         stage = dataclasses.replace(stage, description=stage.description + note,
@@ -235,6 +238,35 @@ class Planner:
         self._stats_only += [k for name, o in stage.outputs.items()
                              if o.kind == "stats" or name == "factors" for k in o.keys]
         return stage
+
+    def _note_padding(self, node: Source) -> None:
+        """Remember ``node`` if its stored chunks reach past the array itself
+        (chunks of 8000 x 8000 holding a 600 x 600 array): Zarr decodes each
+        chunk whole, padding included, so a read of it holds the whole
+        decoded chunk, which the blocks' figures (the array's own extent)
+        leave out."""
+        (m, n), (t0, t1) = node.grid.shape, node.grid.tile
+        if t0 <= m and t1 <= n:
+            return
+        item = np.dtype(node.dtype).itemsize
+        padded = (t0 * t1 - min(t0, m) * min(t1, n)) * item
+        if padded > self._padded[0]:
+            shape = (m,) if node.ndim == 1 else (m, n)
+            chunks = (t0,) if node.ndim == 1 else (t0, t1)
+            self._padded = (padded, f"{str(node.ref)!r} is stored in chunks of {chunks}, "
+                                    f"larger than its {shape} shape; Zarr decodes a chunk "
+                                    f"whole, {format_bytes(t0 * t1 * item)} each")
+
+    def _with_padding(self, stage: Stage) -> Stage:
+        """``stage`` (it reads stored arrays) holding the largest padded chunk's
+        padding too (:meth:`_note_padding`); refused when that is over the
+        budget, naming the array (a larger budget, or the array rechunked)."""
+        padded, what = self._padded
+        peak = stage.peak_task_memory + as_rss(padded)
+        if peak > self.budget.task_memory:
+            raise DoesNotFit(stage.kind, peak, f"{what} (rechunk it, e.g. with zarr, to "
+                             "chunks no larger than the array)", self.budget)
+        return dataclasses.replace(stage, peak_task_memory=peak)
 
     def finish(self) -> None:
         """Tasks after the last stage are its own."""
@@ -259,6 +291,7 @@ class Planner:
     def spec(self, node: Node, deps: list):
         """Spec for a 2-D node; small operands become ``Dep`` on their keys."""
         if isinstance(node, Source):
+            self._note_padding(node)
             sharded = self.inner_shards and node.grid.sharded
             return Read(node.ref, node.grid.inner() if sharded else node.grid, node.dtype)
         if isinstance(node, Transpose):
@@ -650,6 +683,7 @@ class Planner:
         elif isinstance(node, MatVec):
             key = self.matvec(node, value=True).outputs["0"].keys[0]
         elif isinstance(node, Source):  # a stored 1-D array
+            self._note_padding(node)
             key = self.add(lower_load(node)).outputs["0"].keys[0]
         elif isinstance(node, nd.Diagonal | nd.Quantile | nd.Values | nd.Unique) \
                 and not node.x.small:
