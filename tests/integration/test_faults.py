@@ -6,6 +6,7 @@ import os
 import socket
 import time
 
+import dask
 import numpy as np
 import pytest
 from zarr.storage import LocalStore
@@ -150,3 +151,30 @@ def test_error_raised_while_handling_a_zarr_error_keeps_its_class(engine, tmp_pa
     # an error whose __init__ takes a tile and a column cannot be rebuilt whole: left as it came
     assert _restored(Exception(repr(ta.NotPositiveDefiniteError((2, 2), 17)))) is None
     assert _restored(Exception("ValueError('x')")) is None and _restored(Exception("x")) is None
+
+
+def _die():
+    os._exit(1)  # a worker process dying inside a task (memory killer, native crash)
+
+
+@pytest.mark.timeout(120)
+def test_task_that_kills_every_worker_says_what_tilearray_knows(tmp_path, rng):
+    """distributed's KilledWorker (every worker that ran a task died) keeps
+    its type and gains a note: the plan's memory per task against the
+    workers' limit, and what to do."""
+    from distributed.scheduler import KilledWorker
+
+    x = rng.standard_normal((64, 64))
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}), \
+            ta.Engine(n_workers=1, threads_per_worker=1, memory_per_worker="512MiB",
+                      quiet=True) as eng:
+        a = ta.from_numpy(x, tmp_path / "a.zarr", tile=(32, 32))
+        plan = (a @ a)._lower(engine=eng)
+        graph = dict(plan.graph())
+        key = next(iter(plan.result.keys))
+        graph[key] = (_die,)
+        with pytest.raises(KilledWorker) as e:
+            eng.run(graph, [key], plan=plan)
+    note = "\n".join(getattr(e.value, "__notes__", []))
+    assert "every worker that ran this task died" in note
+    assert "512.00 MiB a worker" in note and "memory_per_worker" in note

@@ -14,6 +14,7 @@ import time
 import warnings
 
 import dask
+from dask.utils import format_bytes
 
 from ..._config import SharedSetting
 from .stats import RunStats
@@ -186,6 +187,7 @@ def gather(client, graph: dict, keys: list, *, description: str, quiet: bool, pl
                 except Exception as e:
                     rebuilt = _restored(e)
                     if rebuilt is None:
+                        _note_killed(e, plan)
                         raise  # as it came, its cause kept
                     raise rebuilt from None
                 for i in index[fut.key]:
@@ -308,6 +310,24 @@ def _worker_peaks(client) -> dict:
         return client.run(take_peak, on_error="ignore")
     except Exception:
         return {}
+
+
+def _note_killed(e: Exception, plan) -> None:
+    """Add to distributed's ``KilledWorker`` (each worker that ran the task
+    died) what tilearray knows: the plan's memory per task against the
+    workers' limit, and the usual causes."""
+    if type(e).__name__ != "KilledWorker" or not hasattr(e, "add_note"):
+        return
+    figures = ""
+    if plan is not None:
+        f = _plan_figures(plan)
+        figures = (f" The plan projected at most {format_bytes(f['projected_task_memory'])} "
+                   f"a task ({format_bytes(f['task_memory_budget'])} allowed, "
+                   f"{format_bytes(f['memory_per_worker'])} a worker).")
+    e.add_note("tilearray: every worker that ran this task died while running it." + figures
+               + " A worker is restarted when its memory passes its limit (its log says so: "
+               "'Worker exceeded ... memory budget'), or dies on a crash in native code: "
+               "rerun with a larger memory_per_worker; nothing half-written is marked done.")
 
 
 def _restored(e: Exception) -> Exception | None:
