@@ -283,7 +283,9 @@ def index(a, key: tuple) -> ExprBase:
             lists.append((ax, k))
     if len(lists) == 2:
         raise PlanningError("indexing both axes with lists (NumPy's pointwise indexing) is not "
-                            "supported; index one axis at a time: a[rows][:, cols]")
+                            "supported: a[rows][:, cols] gives the block of those rows and "
+                            "columns (NumPy's a[np.ix_(rows, cols)]), and for a few points "
+                            "np.diagonal(a[rows][:, cols]) their values")
     for ax, k in lists:
         x = take(x, k, ax)
     for ax, k in scalars:

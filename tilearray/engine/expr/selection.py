@@ -230,7 +230,8 @@ def masked(a, mask) -> ExprBase:
     or dtype."""
     if np.dtype(getattr(mask, "dtype", None)) != np.bool_:
         raise IndexError(f"a 2-D index must be a boolean mask, got dtype {mask.dtype} (integer "
-                         "positions: index one axis at a time, a[rows][:, cols])")
+                         "positions: a[rows][:, cols] gives the block of those rows and "
+                         "columns, np.ix_'s)")
     for ax, (size, msize) in enumerate(zip(a.shape, np.shape(mask), strict=True)):
         if size != msize:
             raise IndexError(f"boolean index did not match indexed array along axis {ax}; "
