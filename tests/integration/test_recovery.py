@@ -434,10 +434,6 @@ def test_resume_reuses_every_done_unit_whatever_the_blocks(tmp_path):
     units). Random done sets (Hypothesis) at two budgets; results equal
     NumPy's, and the run's figures the plan's."""
     import numpy as np
-    from hypothesis import HealthCheck, given, settings
-    from hypothesis import strategies as st
-
-    from tilearray.storage import ArrayRef
 
     rng = np.random.default_rng(4)
     x, y = rng.standard_normal((700, 520)), rng.standard_normal((520, 610))
@@ -447,8 +443,39 @@ def test_resume_reuses_every_done_unit_whatever_the_blocks(tmp_path):
         b = ta.from_numpy(y, tmp_path / "b.zarr", tile=(130, 100))
         full = str(tmp_path / "c.zarr")
         (a @ b).to_zarr(full, tile=(100, 100))
-    units = [(i, j) for i in range(7) for j in range(7)]
-    want = x @ y
+    _check_resumes(tmp_path, full, (7, 7), x @ y,
+                   lambda: ta.open(tmp_path / "a.zarr") @ ta.open(tmp_path / "b.zarr"))
+
+
+@pytest.mark.timeout(300)
+def test_resumed_map_stores_only_the_units_not_done(tmp_path):
+    """The same for an elementwise output (a map's blocks): a helper's resume
+    at 600 MiB of a job killed at 160 MiB rewrote all 71 done units (its
+    blocks planned whole), and 15 of 79 at the same budget."""
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((700, 520))
+    with ta.Engine(n_workers=1, threads_per_worker=2, processes=False, quiet=True,
+                   memory_per_worker="4GiB"):
+        a = ta.from_numpy(x, tmp_path / "a.zarr", tile=(100, 130))
+        full = str(tmp_path / "c.zarr")
+        (np.sqrt(np.abs(a)) * 2 - a.mean(axis=0)).to_zarr(full, tile=(100, 100))
+    _check_resumes(tmp_path, full, (7, 6), np.sqrt(np.abs(x)) * 2 - x.mean(axis=0),
+                   lambda: np.sqrt(np.abs(ta.open(tmp_path / "a.zarr"))) * 2
+                   - ta.open(tmp_path / "a.zarr").mean(axis=0))
+
+
+def _check_resumes(tmp_path, full, grid, want, build):
+    """Resume copies of the complete output ``full`` (units ``grid``) with
+    random units done (Hypothesis) at two budgets: only the others are
+    written, the run's figures are the plan's, the values ``want``."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from tilearray.storage import ArrayRef
+
+    units = [(i, j) for i in range(grid[0]) for j in range(grid[1])]
     runs = iter(range(10**6))
 
     @settings(max_examples=14, deadline=None,
@@ -460,7 +487,7 @@ def test_resume_reuses_every_done_unit_whatever_the_blocks(tmp_path):
         _killed_at(full, out, done)
         with ta.Engine(n_workers=1, threads_per_worker=2, processes=False, quiet=True,
                        memory_per_worker=memory):
-            expr = ta.open(tmp_path / "a.zarr") @ ta.open(tmp_path / "b.zarr")
+            expr = build()
             plan = expr._lower(ArrayRef.from_location(out), ta.open(
                 out, allow_incomplete=True)._node.grid, frozenset(done))
             c = expr.to_zarr(out, resume=True)

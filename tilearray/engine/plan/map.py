@@ -13,7 +13,7 @@ from ...graphs.blocks import intervals, max_interval
 from ...graphs.emit import Tasks
 from . import layout
 from .memory import BlockTask, block_peak, op_temporaries, per_element, read_flight, write_flight
-from .sizing import DoesNotFit, all_done, short
+from .sizing import DoesNotFit, all_done, missing_parts, short
 from .types import Budget, Output, Stage
 
 
@@ -70,14 +70,23 @@ def lower_map(node, spec, deps: list, budget: Budget, out=None, out_grid=None,
         for j, cols in enumerate(intervals(col_edges)):
             if out_grid is not None and all_done(out_grid, rows, cols, skip):
                 continue
-            tot.add(costs.at(i, j))
             key = ("map-" + token, i, j)
             if out is None:
+                tot.add(costs.at(i, j))
                 work.add(key, gel.block_compute, spec, rows, cols, dtype, deps)
-            else:
-                work.add(key, gel.block_store, spec, rows, cols, dtype, out, deps)
-                written += (rows[1] - rows[0]) * (cols[1] - cols[0]) * dtype.itemsize
-            blocks.append((rows, cols))
+                blocks.append((rows, cols))
+                continue
+            # resumed: a block with some units done stores only the others, as
+            # parts (each inside the block: its peak covers them)
+            todo = missing_parts(out_grid, rows, cols, skip)
+            parts = [(rows, cols, costs.at(i, j))] if todo is None else \
+                [(r, c, layout.BlockCosts(spec, r, c).at(0, 0)) for r, c in todo]
+            for q, (r, c, cost) in enumerate(parts):
+                tot.add(cost)
+                work.add(key if todo is None else (*key, q), gel.block_store, spec, r, c, dtype,
+                         out, deps)
+                written += (r[1] - r[0]) * (c[1] - c[0]) * dtype.itemsize
+                blocks.append((r, c))
     check_fits("map", peak, str(node), budget)
     keys = tuple(t.key for t in work.freeze())
     result = Output("store", keys) if out is not None else Output("blocks", keys, tuple(blocks))
