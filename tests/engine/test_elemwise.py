@@ -101,8 +101,10 @@ def test_incompatible_shapes_name_both(tmp_path, rng, pair):
     c = ta.from_numpy(rng.standard_normal((45, 5)), tmp_path / "c.zarr", tile=(8, 5))
     with pytest.raises(ta.PlanningError, match=r"\(45, 38\).*\(45, 5\)"):
         a + c
+    with pytest.raises(ta.PlanningError, match=r"broadcast.*\(45, 38\) and \(2,\)"):
+        a + [1, 2]  # a list is np.asarray(list), as in NumPy
     with pytest.raises(TypeError, match="TiledArrays, scalars"):
-        a + [1, 2]
+        a + None
 
 
 def test_numpy_vectors_broadcast_like_reduction_results(engine, pair):

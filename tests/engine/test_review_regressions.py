@@ -253,3 +253,21 @@ def test_chunks_larger_than_the_array_are_planned_whole(tmp_path, rng, fmt):
         assert_close(X.sum(axis=0).compute(), x.sum(axis=0))
         assert_close((X @ V[:200]).compute(), x @ v[:200])
         assert_close(V.sum().compute(), v.sum())
+
+
+def test_operands_as_numpy_takes_them(engine, tmp_path):
+    """A list operand is NumPy's ``np.asarray(list)`` (it was refused); an
+    operand NumPy has no loop for is a TypeError, as NumPy's UFuncTypeError
+    (it was a ValueError); a long double array is refused by name before
+    Zarr's own message (a helper's user trial)."""
+    x = np.arange(12.0).reshape(3, 4)
+    a = ta.from_numpy(x, tmp_path / "a.zarr", tile=(2, 3))
+    assert_close((a + [1.0, 2, 3, 4]).compute(), x + [1.0, 2, 3, 4])
+    assert_close(([[1], [2], [3]] * a).compute(), [[1], [2], [3]] * x)
+    assert_close(np.maximum(a, (0, 5, 5, 0)).compute(), np.maximum(x, (0, 5, 5, 0)))
+    with pytest.raises(TypeError, match="add: unsupported for dtypes"):
+        a + "x"
+    with pytest.raises(TypeError, match="operands must be TiledArrays, scalars, NumPy arrays"):
+        a + {"k": 1}
+    with pytest.raises(ta.StorageError, match="unsupported dtype float128.*float16 to float64"):
+        ta.from_numpy(np.zeros((2, 2), np.longdouble), tmp_path / "l.zarr")

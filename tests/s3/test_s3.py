@@ -469,7 +469,8 @@ def test_missing_bucket_and_unknown_options_are_named(s3_url, storage_options):
     reported as damaged metadata, "a copy that ran out of space?")."""
     with pytest.raises(ta.StorageError, match="the bucket 'no-such-bucket-45' does not exist"):
         ta.open("s3://no-such-bucket-45/x.zarr", storage_options=storage_options)
-    with pytest.raises(ta.StorageError, match="No array found"):
+    with pytest.raises(ta.StorageError, match=r"no Zarr array at 's3://.*nothing-here\.zarr': "
+                                              "no zarr.json or .zarray is stored there"):
         ta.open(f"{s3_url}/nothing-here.zarr", storage_options=storage_options)
     with pytest.raises(ta.StorageError,
                        match="storage_options are not accepted.*endpoint_urll"):

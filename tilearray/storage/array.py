@@ -82,10 +82,10 @@ def check_dtype(dtype: Any, where: str, error: type = StorageError) -> np.dtype:
         dt = np.dtype(dtype)
     except TypeError as e:
         raise error(f"{where}: unsupported dtype {dtype!r}: {e}") from None
-    if dt.kind not in SUPPORTED_KINDS:
-        raise error(
+    if dt.kind not in SUPPORTED_KINDS or dt.kind == "f" and dt.itemsize > 8:
+        raise error(  # Zarr has no long double
             f"{where}: unsupported dtype {dt} (tilearray handles bool, integer and "
-            "floating-point matrices)"
+            "floating-point matrices, float16 to float64)"
         )
     return dt
 
@@ -125,8 +125,9 @@ def open_array(
                 "written; rerun that job with resume=True or overwrite=True") from None
         if _is_group(ref):  # a format 2 group: zarr says only "no array found"
             raise StorageError(_group_message(ref)) from None
-        raise StorageError(f"no Zarr array at {loc!r}: {missing_bucket(ref.store) or e}") \
-            from None
+        why = missing_bucket(ref.store) or ("no zarr.json or .zarray is stored there"
+                                            if isinstance(e, ArrayNotFoundError) else e)
+        raise StorageError(f"no Zarr array at {loc!r}: {why}") from None
     except (ContainsGroupError, NodeTypeValidationError) as e:
         raise StorageError(_group_message(ref)) from e
     except (numcodecs.errors.UnknownCodecError, zarr.errors.UnknownCodecError) as e:

@@ -12,7 +12,7 @@ import numpy as np
 from dask.base import tokenize
 from dask.utils import format_bytes
 
-from ...errors import PlanningAxisError, PlanningError
+from ...errors import PlanningArgumentTypeError, PlanningAxisError, PlanningError
 from ...graphs.reduction import NO_IDENTITY, OPS, VARIANCES
 from ...graphs.spec import func
 from .nodes import Constant, Elemwise, Full, MatMul, MatVec, Node, Reduce, is_big_vector
@@ -84,7 +84,8 @@ def _sample(x):
 
 
 def elemwise(name: str, *args, **kwargs) -> ExprBase:
-    nodes = [as_node(a) for a in args]
+    # a list operand is NumPy's np.asarray(list)
+    nodes = [as_node(np.asarray(a) if isinstance(a, list | tuple) else a) for a in args]
     for a in nodes:
         _check_operand(a, name)
         if isinstance(a, complex | np.complexfloating):
@@ -117,7 +118,7 @@ def elemwise(name: str, *args, **kwargs) -> ExprBase:
         try:
             dtype = np.asarray(func(name)(*[_sample(a) for a in nodes], **kwargs)).dtype
         except TypeError as e:
-            raise PlanningError(f"{name}: unsupported for dtypes "
+            raise PlanningArgumentTypeError(f"{name}: unsupported for dtypes "
                                 f"{[str(a.dtype) for a in nodes if isinstance(a, Node)]}: {e}") from None
     if dtype.kind not in "biuf":
         raise PlanningError(f"{name}: the result dtype {dtype} is not supported; tilearray "
@@ -136,8 +137,9 @@ def nan_as(a, fill):
 def _check_operand(a, name: str) -> None:
     """Refuse what cannot be an elementwise operand, with a TypeError like NumPy's."""
     if not isinstance(a, Node) and not np.isscalar(a) and not isinstance(a, np.dtype | type):
-        raise TypeError(f"{name}: operands must be TiledArrays, scalars or small NumPy "
-                        f"vectors, got {type(a).__name__}")
+        raise TypeError(f"{name}: operands must be TiledArrays, scalars, NumPy arrays or "
+                        f"lists (a matrix up to {format_bytes(MATRIX_OPERAND_BYTES)}), got "
+                        f"{type(a).__name__}")
 
 
 HANDLED: dict = {}
