@@ -19,7 +19,7 @@ from .engine.expr.ops import HANDLED, build_reduction, elemwise
 from .engine.expr.selection import held
 from .engine.plan.lower import result_stage
 from .engine.plan.types import Stage
-from .errors import PlanningArgumentTypeError, PlanningError
+from .errors import PlanningArgumentError, PlanningArgumentTypeError, PlanningError
 from .graphs.blas import result_dtype
 
 log = logging.getLogger("tilearray")
@@ -900,7 +900,7 @@ def norm(x: TiledArray, ord=None, axis=None, keepdims=False) -> TiledArray:
             if keepdims:
                 s = TiledArray(Elemwise((1, 1), s.dtype, "reshape", (s._node, (1, 1))))
             return s
-        raise PlanningError(f"norm: invalid norm order {ord!r} for matrices")
+        raise PlanningArgumentError(f"norm: invalid norm order {ord!r} for matrices")
     return _vector_norm(x, ord, axes[0], keepdims)
 
 
@@ -919,7 +919,7 @@ def _vector_norm(x: TiledArray, ord, axis, keepdims: bool) -> TiledArray:
         return build_reduction("sum", (x != 0).astype(x.dtype), axis, keepdims, 0)
     if isinstance(ord, int | float):
         return elemwise("power", build_reduction("sum", a**ord, axis, keepdims, 0), 1.0 / ord)
-    raise PlanningError(f"norm: invalid norm order {ord!r} for vectors")
+    raise PlanningArgumentError(f"norm: invalid norm order {ord!r} for vectors")
 
 
 def _tall_side(x: TiledArray) -> TiledArray:

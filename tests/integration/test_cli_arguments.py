@@ -207,3 +207,14 @@ def test_launcher_needs_three_ranks_before_starting_mpi(tmp_path):
     p = subprocess.run([sys.executable, "-m", "tilearray.engine.mpi", "-n", "2", "--", "job.py"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "-n must be at least 3" in p.stderr and "ran" not in p.stdout
+
+
+def test_invalid_norm_order_is_a_usage_error(tmp_path):
+    """``reduce --op norm --ord 3`` is bad usage (exit 2, the command's help
+    named), as an unknown option is; it exited 1, "job failed"."""
+    ta.from_numpy(np.ones((6, 5)), tmp_path / "a.zarr", tile=(4, 4))
+    r = subprocess.run([sys.executable, "-m", "tilearray", "reduce", str(tmp_path / "a.zarr"),
+                        "--op", "norm", "--ord", "3"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "invalid norm order 3" in r.stderr and "tilearray reduce --help" in r.stderr
