@@ -726,7 +726,7 @@ def run_all(args, paths, engines, ops) -> tuple[dict, dict]:
                     results[e].setdefault(op, {"runs": []})["runs"].append(r)
         extra = {"gemm": [*gemm, machine_check(args)]}
         if "numpy" in runners:
-            extra = {"blas": runners["numpy"].blas, "coretype": runners["numpy"].coretype}
+            extra.update(blas=runners["numpy"].blas, coretype=runners["numpy"].coretype)
         if "tilearray" in runners:
             extra["ta_task_memory"] = runners["tilearray"].eng.budget().task_memory
             extra["ta_ru_maxrss"] = max_rss_of_workers(runners["tilearray"].client)

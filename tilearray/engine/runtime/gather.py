@@ -111,19 +111,17 @@ def _one_a_thread(dask_scheduler=None, enter: bool = True) -> None:
 def _queuing(client, queued):
     """``with _queuing(client, queued):`` the run, one queued task per worker
     thread when it has any ``queued`` (:func:`_one_a_thread`)."""
-    if not queued:
-        yield
-        return
-    try:
-        client.run_on_scheduler(_one_a_thread, enter=True)
-    except Exception:  # a scheduler refusing functions: its own saturation then
-        yield
-        return
+    entered = False
+    if queued:
+        with contextlib.suppress(Exception):  # a scheduler refusing functions: its own then
+            client.run_on_scheduler(_one_a_thread, enter=True)
+            entered = True
     try:
         yield
     finally:
-        with contextlib.suppress(Exception):  # a scheduler gone takes its setting with it
-            client.run_on_scheduler(_one_a_thread, enter=False)
+        if entered:
+            with contextlib.suppress(Exception):  # a scheduler gone takes its setting with it
+                client.run_on_scheduler(_one_a_thread, enter=False)
 
 
 def gather(client, graph: dict, keys: list, *, description: str, quiet: bool, plan=None,
