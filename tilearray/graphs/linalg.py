@@ -17,8 +17,9 @@ from collections.abc import Sequence
 
 import numpy as np
 from scipy import linalg as sla
-from scipy.linalg import blas, lapack
+from scipy.linalg import lapack
 
+from . import nogil
 from .blas import (
     as_float,
     gemm_update,
@@ -188,13 +189,11 @@ def gram_leaf_r(block) -> np.ndarray | None:
     m, n = a.shape
     if a.dtype != np.float64 or m < n or n == 0:
         return None
-    if a.flags.c_contiguous:  # X_i^T X_i as (X_i^T) (X_i^T)^T: X_i^T is F-ordered
-        g = blas.dsyrk(1.0, a.T, trans=0, lower=0)
-    elif a.flags.f_contiguous:
-        g = blas.dsyrk(1.0, a, trans=1, lower=0)
-    else:
+    if nogil.layout(a) is None:
         return None
-    c, info = lapack.dpotrf(g, lower=0, clean=1, overwrite_a=1)
+    g = nogil.syrk(1.0, a, 0.0, np.zeros((n, n), order="F"), trans=True, lower=False)
+    c, info = nogil.potrf(g, lower=False)
+    c = np.triu(c)
     if info != 0 or not np.isfinite(c).all():
         return None
     return c if _rcond_2(c) >= GRAM_MIN_RCOND else None

@@ -17,43 +17,30 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from scipy.linalg import blas
 
 from ..storage import IOStats, buffers, write_block
 from ..storage.geometry import Range
 from ..storage.io import open_row_streamer
+from . import nogil
 from .progress import report
 from .spec import Read, evaluate, prefetch
 
 log = logging.getLogger(__name__)
-_GEMM = {np.dtype("float32"): blas.sgemm, np.dtype("float64"): blas.dgemm}
 
 
 def gemm_accumulate(acc: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
-    """``acc += a @ b`` in place, without temporaries for BLAS dtypes.
+    """``acc += a @ b`` in place, without temporaries for BLAS dtypes, the GIL
+    released while BLAS runs (:mod:`.nogil`).
 
     ``acc`` must be Fortran-ordered. Contiguous operands (either order) are
     passed to BLAS with a transpose flag instead of being copied.
     """
-    gemm = _GEMM.get(acc.dtype)
-    if gemm is None or not acc.flags.f_contiguous:
+    if nogil.routine("gemm", acc.dtype) is None or not acc.flags.f_contiguous:
         np.add(acc, np.matmul(a, b).astype(acc.dtype, copy=False), out=acc)
         return
-    a = a.astype(acc.dtype, copy=False)
-    b = b.astype(acc.dtype, copy=False)
-    a_arg, ta = _blas_operand(a)
-    b_arg, tb = _blas_operand(b)
-    out = gemm(1.0, a_arg, b_arg, beta=1.0, c=acc, trans_a=ta, trans_b=tb, overwrite_c=1)
-    if out is not acc and not np.shares_memory(out, acc):  # pragma: no cover - defensive
+    out = nogil.gemm(1.0, a, b, 1.0, acc)
+    if out is not acc:  # pragma: no cover - defensive (a read-only acc)
         acc[...] = out
-
-
-def _blas_operand(x: np.ndarray) -> tuple[np.ndarray, int]:
-    if x.flags.f_contiguous:
-        return x, 0
-    if x.flags.c_contiguous:
-        return x.T, 1
-    return np.asfortranarray(x), 0
 
 
 def load_order(a_panels: tuple[Range, ...], b_panels: tuple[Range, ...]) -> list[tuple[str, int]]:
@@ -185,28 +172,16 @@ def is_gram(a_spec, b_spec, rows, cols, a_panels, b_panels) -> bool:
     return same and tuple(rows) == tuple(cols) and tuple(a_panels) == tuple(b_panels)
 
 
-_SYRK = {np.dtype("float32"): blas.ssyrk, np.dtype("float64"): blas.dsyrk}
-
-
 def syrk_accumulate(acc: np.ndarray, p: np.ndarray, transposed: bool) -> bool:
     """``acc += p.T @ p`` (``transposed``) or ``acc += p @ p.T``, symmetric:
     BLAS syrk updates the upper triangle only, for half the FLOPs of a gemm.
     Returns False when it ran a full gemm instead (other dtypes, or ``acc``
     not Fortran-ordered); then ``acc`` is whole and needs no mirroring."""
-    syrk = _SYRK.get(acc.dtype)
-    if syrk is None or not acc.flags.f_contiguous:
+    if nogil.routine("syrk", acc.dtype) is None or not acc.flags.f_contiguous:
         gemm_accumulate(acc, p.T, p) if transposed else gemm_accumulate(acc, p, p.T)
         return False
-    p = p.astype(acc.dtype, copy=False)
-    if not (p.flags.c_contiguous or p.flags.f_contiguous):
-        p = np.ascontiguousarray(p)
-    # syrk: trans=0 -> A @ A.T with A (n x k) Fortran; trans=1 -> A.T @ A, A (k x n)
-    if transposed:
-        a, trans = (p.T, 0) if p.flags.c_contiguous else (p, 1)
-    else:
-        a, trans = (p, 0) if p.flags.f_contiguous else (p.T, 1)
-    out = syrk(1.0, a, beta=1.0, c=acc, trans=trans, lower=0, overwrite_c=1)
-    if out is not acc and not np.shares_memory(out, acc):  # pragma: no cover - defensive
+    out = nogil.syrk(1.0, p, 1.0, acc, trans=transposed, lower=False)
+    if out is not acc:  # pragma: no cover - defensive (a read-only acc)
         acc[...] = out
     return True
 
