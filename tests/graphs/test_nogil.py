@@ -158,3 +158,18 @@ def test_kernels_release_the_gil():
         }
     assert held <= 2, held
     assert all(turns >= 10 for turns in released.values()), released
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(40, 40), (57, 13), (1, 1)])
+def test_getrf_pivots_as_lapack(dtype, shape):
+    import scipy.linalg as sla
+
+    a = np.random.default_rng(6).standard_normal(shape).astype(dtype)
+    lu, piv, info = nogil.getrf(a.copy(order="F"))
+    want_lu, want_piv, _ = sla.lapack.get_lapack_funcs("getrf", (a,))(a)
+    assert info == 0
+    np.testing.assert_array_equal(piv, want_piv)  # 0-based, as SciPy's
+    assert_close(lu, want_lu, precision=dtype)
+    a[:, 0] = 0  # an exactly zero first column: LAPACK's info names it
+    assert nogil.getrf(a.copy(order="F"))[2] == 1

@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from scipy.linalg import lapack
 from threadpoolctl import ThreadpoolController
 
 from .._config import SharedSetting
@@ -276,8 +275,7 @@ def getrf_panel(panel: np.ndarray, *, col0: int = 0, index: int = 0,
     h, w = a.shape
     if h < w:
         raise ValueError(f"an LU panel needs at least as many rows as columns, got {a.shape}")
-    getrf_ = lapack.get_lapack_funcs("getrf", (a,))
-    lu, piv, info = getrf_(a, overwrite_a=0)
+    lu, piv, info = nogil.getrf(np.array(a, order="F"))
     if info > 0 and not allow_singular:
         raise SingularMatrixError(col0 + info - 1, index)
     if info < 0:  # pragma: no cover - a bug in the arguments

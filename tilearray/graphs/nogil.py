@@ -28,7 +28,7 @@ from scipy.linalg import cython_blas, cython_lapack
 
 _P = ctypes.c_void_p
 _SIGNATURES = {  # argument count of each routine; all are pointers
-    "gemm": 13, "syrk": 10, "trsm": 11, "potrf": 5,
+    "gemm": 13, "syrk": 10, "trsm": 11, "potrf": 5, "getrf": 6,
 }
 _PREFIX = {np.dtype("float32"): "s", np.dtype("float64"): "d"}
 
@@ -43,14 +43,14 @@ def _capsule_pointer(capsule) -> int:
 
 def routine(name: str, dtype):
     """The ctypes function of ``name`` (``"gemm"``, ``"syrk"``, ``"trsm"``,
-    ``"potrf"``) for ``dtype`` (float32 or float64); None for other dtypes."""
+    ``"potrf"``, ``"getrf"``) for ``dtype`` (float32 or float64); None for other dtypes."""
     prefix = _PREFIX.get(np.dtype(dtype).newbyteorder("="))
     return None if prefix is None else _routine(prefix + name)
 
 
 @functools.cache
 def _routine(name: str):
-    module = cython_lapack if name.endswith("potrf") else cython_blas
+    module = cython_lapack if name[1:] in ("potrf", "getrf") else cython_blas
     address = _capsule_pointer(module.__pyx_capi__[name])
     return ctypes.CFUNCTYPE(None, *[_P] * _SIGNATURES[name[1:]])(address)
 
@@ -165,3 +165,17 @@ def potrf(a: np.ndarray, *, lower=True) -> tuple[np.ndarray, int]:
     routine("potrf", a.dtype)(_char("L" if lower else "U"), _int(a.shape[0]), a.ctypes.data,
                               _int(lda), ctypes.byref(info))
     return a, info.value
+
+
+def getrf(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """LU with partial pivoting of ``a`` (``m x n``) in place when it allows
+    (:func:`inout`); returns ``(lu, piv, info)``: row ``i`` was swapped with
+    row ``piv[i]`` (0-based, in order), ``info > 0`` the 1-based column of an
+    exactly zero pivot (LAPACK's)."""
+    a, lda = inout(a, a.dtype.newbyteorder("="))
+    m, n = a.shape
+    piv = np.zeros(min(m, n), dtype=np.intc)
+    info = ctypes.c_int(0)
+    routine("getrf", a.dtype)(_int(m), _int(n), a.ctypes.data, _int(lda), piv.ctypes.data,
+                              ctypes.byref(info))
+    return a, piv - 1, info.value
