@@ -173,3 +173,28 @@ def test_getrf_pivots_as_lapack(dtype, shape):
     assert_close(lu, want_lu, precision=dtype)
     a[:, 0] = 0  # an exactly zero first column: LAPACK's info names it
     assert nogil.getrf(a.copy(order="F"))[2] == 1
+
+
+def test_mismatched_shapes_raise_before_blas_touches_memory():
+    """BLAS trusts the extents it is given: a mismatch would read or write
+    past an array (the review's repros: a potrf of a 4 x 2 view wrote outside
+    it), so each routine checks them first, as SciPy's wrappers did."""
+    big = np.zeros((4, 6), order="F")
+    big[:, :4] = 4 * np.eye(4) + 1
+    before = big.copy()
+    calls = {
+        "potrf": lambda: nogil.potrf(big[:, :2]),
+        "syrk": lambda: nogil.syrk(1.0, np.ones((3, 1)), 0.0, big[:3, :2]),
+        "gemm k": lambda: nogil.gemm(1.0, np.eye(2), big[:1, :1], 0.0, big[:2, :2]),
+        "gemm m": lambda: nogil.gemm(1.0, np.ones((3, 2)), np.ones((2, 2)), 1.0, big[:2, :2]),
+        "gemm n": lambda: nogil.gemm(1.0, np.ones((2, 2)), np.ones((2, 3)), 1.0, big[:2, :2]),
+        "trsm": lambda: nogil.trsm(np.eye(3), big[:2, :2], left=True, lower=True, trans=False,
+                                   unit=False),
+        "gemm_update": lambda: blas.gemm_update(big[:2, :2], np.ones((2, 3)), np.ones((2, 2))),
+    }
+    for name, call in calls.items():
+        with pytest.raises(ValueError, match="expected"):
+            call()
+        np.testing.assert_array_equal(big, before, err_msg=name)
+    with pytest.raises(ValueError, match="32-bit BLAS"):
+        nogil._int(2**31)

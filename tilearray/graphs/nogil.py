@@ -33,12 +33,16 @@ _SIGNATURES = {  # argument count of each routine; all are pointers
 _PREFIX = {np.dtype("float32"): "s", np.dtype("float64"): "d"}
 
 
+# private prototypes: setting restype/argtypes on ctypes.pythonapi's own
+# function objects would change them for every other user in the process
+_capsule_name = ctypes.PYFUNCTYPE(ctypes.c_char_p, ctypes.py_object)(
+    ("PyCapsule_GetName", ctypes.pythonapi))
+_capsule_address = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi))
+
+
 def _capsule_pointer(capsule) -> int:
-    name = ctypes.pythonapi.PyCapsule_GetName
-    name.restype, name.argtypes = ctypes.c_char_p, [ctypes.py_object]
-    pointer = ctypes.pythonapi.PyCapsule_GetPointer
-    pointer.restype, pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
-    return pointer(capsule, name(capsule))
+    return _capsule_address(capsule, _capsule_name(capsule))
 
 
 def routine(name: str, dtype):
@@ -59,8 +63,22 @@ def _char(c: str):
     return ctypes.byref(ctypes.c_char(c.encode()))
 
 
+_INT_MAX = 2**31 - 1  # SciPy's BLAS takes 32-bit ints (LP64)
+
+
 def _int(i: int):
+    if not 0 <= i <= _INT_MAX:
+        raise ValueError(f"a BLAS dimension or leading dimension of {i} is outside "
+                         f"0..{_INT_MAX} (32-bit BLAS)")
     return ctypes.byref(ctypes.c_int(int(i)))
+
+
+def _check(name: str, **shapes) -> None:
+    """Raise ValueError unless the named extents agree pairwise, as SciPy's
+    wrappers did: BLAS itself would read or write past the arrays."""
+    for what, (got, want) in shapes.items():
+        if got != want:
+            raise ValueError(f"{name}: {what} is {got}, expected {want}")
 
 
 def _scalar(x: float, dtype):
@@ -93,7 +111,7 @@ def operand(x: np.ndarray, trans: bool, dtype) -> tuple[np.ndarray, int, bool]:
     x = np.asarray(x, dtype=dtype)
     lay = layout(x)
     if lay is None:
-        x = np.asfortranarray(x, dtype=np.dtype(dtype).newbyteorder("="))
+        x = np.array(x, dtype=np.dtype(dtype).newbyteorder("="), order="F")  # aligned
         lay = (max(x.shape[0], 1), False)
     ld, flipped = lay
     return x, ld, trans != flipped
@@ -119,7 +137,8 @@ def gemm(alpha, a, b, beta, c, *, trans_a=False, trans_b=False) -> np.ndarray:
     a, lda, ta = operand(a, trans_a, dtype)
     b, ldb, tb = operand(b, trans_b, dtype)
     m, n = c.shape
-    k = a.shape[0] if trans_a else a.shape[1]  # op(a) is m x k in the caller's terms
+    (am, k), (bk, bn) = a.shape[::-1] if trans_a else a.shape, b.shape[::-1] if trans_b else b.shape
+    _check("gemm", rows_of_op_a=(am, m), rows_of_op_b=(bk, k), columns_of_op_b=(bn, n))
     routine("gemm", dtype)(_char("T" if ta else "N"), _char("T" if tb else "N"),
                            _int(m), _int(n), _int(k), _scalar(alpha, dtype),
                            a.ctypes.data, _int(lda), b.ctypes.data, _int(ldb),
@@ -134,7 +153,8 @@ def syrk(alpha, a, beta, c, *, trans=False, lower=True) -> np.ndarray:
     c, ldc = inout(c, dtype)
     a, lda, t = operand(a, trans, dtype)
     n = c.shape[0]
-    k = a.shape[0] if trans else a.shape[1]
+    an, k = a.shape[::-1] if trans else a.shape
+    _check("syrk", columns_of_c=(c.shape[1], n), rows_of_op_a=(an, n))
     routine("syrk", dtype)(_char("L" if lower else "U"), _char("T" if t else "N"),
                            _int(n), _int(k), _scalar(alpha, dtype), a.ctypes.data,
                            _int(lda), _scalar(beta, dtype), c.ctypes.data, _int(ldc))
@@ -149,6 +169,7 @@ def trsm(a, b, *, left, lower, trans, unit) -> np.ndarray:
     if t != trans:  # a lies transposed: its lower triangle is the stored upper one
         lower = not lower
     m, n = b.shape
+    _check("trsm", shape_of_a=(a.shape, (m, m) if left else (n, n)))
     routine("trsm", dtype)(_char("L" if left else "R"), _char("L" if lower else "U"),
                            _char("T" if t else "N"), _char("U" if unit else "N"),
                            _int(m), _int(n), _scalar(1.0, dtype), a.ctypes.data, _int(lda),
@@ -160,6 +181,7 @@ def potrf(a: np.ndarray, *, lower=True) -> tuple[np.ndarray, int]:
     """Cholesky of ``a`` in place when it allows (:func:`inout`), one triangle
     read and written, the other left as it was; returns ``(a, info)``
     (LAPACK's: ``info > 0`` is the 1-based column whose pivot failed)."""
+    _check("potrf", columns_of_a=(a.shape[1], a.shape[0]))
     a, lda = inout(a, a.dtype.newbyteorder("="))
     info = ctypes.c_int(0)
     routine("potrf", a.dtype)(_char("L" if lower else "U"), _int(a.shape[0]), a.ctypes.data,
