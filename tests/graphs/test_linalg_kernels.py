@@ -6,6 +6,7 @@ Q and U are compared through reconstruction and orthogonality, R through
 """
 
 import pickle
+import threading
 
 import numpy as np
 import pytest
@@ -404,6 +405,47 @@ def test_one_blas_thread_nests_and_restores():
         assert [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"] == inside
     assert inside and set(inside) == {1}
     assert [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"] == before
+
+
+def test_one_blas_thread_restores_from_another_thread():
+    """The first thread in applies the limit and the last out restores it,
+    here another thread: threadpoolctl (3.7 on) ignores OpenBLAS limits set
+    by any thread but the one that first set one (here the main thread's
+    ``threadpool_limits``) unless control is handed over. Without that the
+    limit was never applied, or never restored (the driver's NumPy left on one
+    thread in half the runs of 4 threads calling kernels)."""
+    from threadpoolctl import threadpool_limits
+
+    def counts():
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    inside = []
+
+    def first():
+        with blas.one_blas_thread():
+            first_in.set()
+            second_in.wait(10)
+        first_out.set()
+
+    def second():
+        first_in.wait(10)
+        with blas.one_blas_thread():
+            second_in.set()
+            first_out.wait(10)
+            inside.append(counts())
+            blas.potrf(np.eye(3))
+
+    with threadpool_limits(2, user_api="blas"):  # a count to come back to, on any machine
+        before = counts()
+        threads = [threading.Thread(target=first), threading.Thread(target=second)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        after = counts()
+    assert set(before) == {2} and inside and set(inside[0]) == {1}
+    assert after == before
 
 
 # ---------------------------------------------------------------- LU

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+import threadpoolctl
 from threadpoolctl import ThreadpoolController
 
 from .._config import SharedSetting
@@ -34,13 +35,33 @@ from . import nogil
 _CONTROLLER: list = []  # threadpoolctl's view of the loaded BLAS, made once
 
 
+def _release_openblas_control() -> None:
+    """threadpoolctl (3.7 on) lets only the thread that first set OpenBLAS's
+    process-wide thread count set it again; other threads' calls do nothing.
+    The shared setting below applies from the first thread to enter and
+    restores from the last to leave, often another one (which left OpenBLAS
+    at one thread for good in the driver, in half the runs of 4 threads):
+    each of its calls takes control, under the setting's lock."""
+    clear = getattr(getattr(threadpoolctl, "OpenBLASController", None),
+                    "clear_controlling_thread", None)
+    if clear is not None:
+        clear(force=True)
+
+
 def _limit_blas():
     if not _CONTROLLER:
         _CONTROLLER.append(ThreadpoolController())
+    _release_openblas_control()
     return _CONTROLLER[0].limit(limits=1, user_api="blas")
 
 
-one_blas_thread = SharedSetting(_limit_blas, lambda limiter: limiter.restore_original_limits())
+def _restore_blas(limiter) -> None:
+    _release_openblas_control()
+    limiter.restore_original_limits()
+    _release_openblas_control()
+
+
+one_blas_thread = SharedSetting(_limit_blas, _restore_blas)
 """``with one_blas_thread():`` runs the body with every loaded BLAS limited to
 one thread. BLAS thread counts are process-wide, so nested and concurrent
 users share one limit: the first to enter sets it, the last to leave
