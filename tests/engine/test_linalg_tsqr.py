@@ -610,3 +610,38 @@ def test_numpy_2_results_and_functions(thread_engine, tmp_path, rng):
     xn[5, 1] = np.nan
     r = np.linalg.qr(ta.from_numpy(xn, tmp_path / "nan.zarr", tile=(64, 7)), mode="r").compute()
     assert np.all(np.tril(r, -1) == 0)
+
+
+def test_refused_nested_products_plan_in_linear_time(tmp_path, monkeypatch):
+    """A temporary refused under the budget stays refused: each tile an
+    enclosing product or TSQR tried used to re-plan the whole subexpression,
+    so the randomized SVD's nested power iterations took exponential time to
+    be refused (a helper's 300000 x 64 chunk around a 200000 x 40 array at
+    256 MiB a worker: 0.2 s, 9 s, then minutes for n_power_iter 0, 1, 2).
+    Counted in TSQR lowerings, not seconds: 21, 83, 145 with the memo, 995
+    for one iteration without it."""
+    from tilearray.engine.plan.lower import Planner
+    from tilearray.errors import PlanningError
+
+    x = np.random.default_rng(0).standard_normal((20000, 40)).astype(np.float32)
+    z = zarr.create_array(tmp_path / "x.zarr", shape=x.shape, chunks=(30000, 64), dtype="f4",
+                          zarr_format=2)  # one chunk larger than the array: padded, refused
+    z[...] = x
+    xt = ta.open(tmp_path / "x.zarr")
+    calls = []
+    tsqr = Planner.tsqr
+    monkeypatch.setattr(Planner, "tsqr", lambda self, *a, **k: calls.append(1) or
+                        tsqr(self, *a, **k))
+
+    def lowerings(iterations: int) -> int:
+        q = ta.linalg.qr(xt @ np.ones((40, 20)))[0]
+        for _ in range(iterations):
+            q = ta.linalg.qr(xt @ ta.linalg.qr(xt.T @ q)[0])[0]
+        calls.clear()
+        with pytest.raises(PlanningError, match="smallest product task needs"):
+            (q.T @ xt).plan(budget=ta.Budget(4 * 2**20, 1, 1, baseline=0, fraction=1.0))
+        return len(calls)
+
+    none, one = lowerings(0), lowerings(1)
+    assert one <= 10 * none, (none, one)
+    assert lowerings(2) - one <= 2 * (one - none)

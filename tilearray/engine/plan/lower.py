@@ -207,6 +207,7 @@ class Planner:
         self._small: dict[str, str] = {}  # an expression's identity -> its key
         self._shifted: dict = {}  # id(var/std node) -> (node, its unshifted form)
         self._temps: dict[str, tuple] = {}
+        self._refused: dict[str, DoesNotFit] = {}  # temporaries that do not fit, by identity
         self._idents: dict[int, tuple] = {}  # id -> (node, identity): kept alive
         self._read_leaves: set = set()  # stored arrays read by the stages so far
         self._dep_keys: list = []  # small keys big tasks read as operands
@@ -346,6 +347,11 @@ class Planner:
         ``Read`` and the key of the barrier after its blocks."""
         if self._ident(node) in self._temps:
             return self._temps[self._ident(node)]
+        if self._ident(node) in self._refused:
+            # refused once under this budget, refused again: without this, each
+            # tile an enclosing product tried re-planned the whole subexpression,
+            # and nested products (power iterations) took exponential time
+            raise self._refused[self._ident(node)]
         if isinstance(node, MatMul):
             tile = product_tile(node)
         elif isinstance(node, MatVec):
@@ -371,8 +377,12 @@ class Planner:
                 raise
 
         # the Cholesky factor's unit is already sized to the budget
-        ref, grid, stage = attempt(tile) if isinstance(node, Factor) or not self.shrink \
-            else shrink_tile(tile, attempt)
+        try:
+            ref, grid, stage = attempt(tile) if isinstance(node, Factor) or not self.shrink \
+                else shrink_tile(tile, attempt)
+        except DoesNotFit as e:
+            self._refused[self._ident(node)] = e
+            raise
         token = tokenize(structure(node), self.run_id)
         wait = self._loose.add("barrier-" + token, barrier, *stage.outputs["result"].keys)
         self._temps[self._ident(node)] = (Read(ref, grid, np.dtype(node.dtype)), wait)
