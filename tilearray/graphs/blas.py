@@ -234,7 +234,6 @@ def trsm_left_upper(upper: np.ndarray, b: np.ndarray, *, trans: bool = False,
 
 def _trsm(a, b, *, side, lower, trans, unit):
     dtype = np.result_type(result_dtype(a.dtype), result_dtype(b.dtype))
-    a = np.asarray(a, dtype=dtype)
     b = nogil.inout(b, dtype)[0]
     if b.size == 0:
         return b
@@ -252,8 +251,7 @@ def syrk_update(c: np.ndarray, a: np.ndarray) -> np.ndarray:
     """
     dtype = np.result_type(result_dtype(c.dtype), result_dtype(a.dtype))
     c = nogil.inout(c, dtype)[0]
-    a = np.asarray(a, dtype=dtype)
-    if a.size == 0:
+    if np.size(a) == 0:
         return c
     return nogil.syrk(-1.0, a, 1.0, c, lower=True)
 
@@ -270,8 +268,7 @@ def gemm_update(c: np.ndarray, a: np.ndarray, b: np.ndarray, *, trans_a: bool = 
     """
     dtype = np.result_type(*(result_dtype(x.dtype) for x in (c, a, b)))
     c = nogil.inout(c, dtype)[0]
-    a, b = np.asarray(a, dtype=dtype), np.asarray(b, dtype=dtype)
-    if a.size == 0 or b.size == 0:
+    if np.size(a) == 0 or np.size(b) == 0:
         return c
     return nogil.gemm(-1.0, a, b, 1.0, c, trans_a=trans_a, trans_b=trans_b)
 
