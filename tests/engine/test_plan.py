@@ -52,6 +52,24 @@ def test_plan_refuses_and_names_budget_that_fits(tmp_path, rng):
         (a @ a).plan(budget=tiny)
 
 
+@pytest.mark.parametrize("expr", ["cov", "map", "reduce", "scan"])
+def test_refusal_names_a_long_expression_briefly(tmp_path, rng, expr):
+    """A refused stage is named by its expression cut to 90 characters: the
+    internals of np.cov (a join, a shift, a Gram) once ran to 600 characters
+    before the reason and the budget that fits (helper-42)."""
+    a = ta.from_numpy(rng.standard_normal((20000, 40)), tmp_path / "a.zarr", tile=(10000, 40))
+    deep = (a - 0.25) * 2.0 + np.abs(a - 1.5) - np.sqrt(np.abs(a)) + a / 3.0 \
+        + np.exp(-np.abs(a))
+    x = {"cov": lambda: np.cov(deep, rowvar=False), "map": lambda: deep,
+         "reduce": lambda: deep.sum(axis=0), "scan": lambda: np.cumsum(deep, axis=0)}[expr]()
+    assert len(str(deep)) > 250  # the expression itself is long
+    with pytest.raises(ta.PlanningError, match="it would fit with") as err:
+        x.plan(budget=ta.Budget(16 * 2**20, 1, 1, baseline=2**20, fraction=0.8))
+    msg = str(err.value)
+    assert len(msg) < 300, msg
+    assert msg.startswith(("(", "cumsum(")) and "open(" in msg and "task needs" in msg
+
+
 @pytest.mark.parametrize("expr", ["centre", "cov", "matmul"])
 def test_suggested_budget_fits_the_whole_expression(tmp_path, rng, expr):
     """The refusal names a memory_per_worker (rounded up, passable back) under

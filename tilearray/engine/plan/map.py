@@ -87,7 +87,7 @@ def lower_map(node, spec, deps: list, budget: Budget, out=None, out_grid=None,
                          out, deps)
                 written += (r[1] - r[0]) * (c[1] - c[0]) * dtype.itemsize
                 blocks.append((r, c))
-    check_fits("map", peak, str(node), budget)
+    check_fits("map", peak, short(node), budget)
     keys = tuple(t.key for t in work.freeze())
     result = Output("store", keys) if out is not None else Output("blocks", keys, tuple(blocks))
     return Stage(

@@ -429,7 +429,7 @@ def lower_matmul(node, a_spec, b_spec, deps: list, budget: Budget, out=None, out
     layouts, smallest = candidates(op, _Peaks(op), budget.task_memory, hard,
                                    op.gram and out is not None)
     if not layouts:
-        check_fits("matmul", smallest[2], str(node), budget)
+        check_fits("matmul", smallest[2], short(node), budget)
     chosen, k_split, trade = choose(op, layouts, budget, dtype, op.gram and out is not None)
     work, result, tot, written = tasks(op, chosen, k_split, dtype, deps, out, out_grid, skip)
     return Stage("matmul", describe(op, node, chosen, k_split, trade), len(work), chosen[2],

@@ -50,7 +50,7 @@ def _line_stage(node, kind: str, spec, deps, blocks, fn: str, kwargs: tuple, joi
         tot.add(cost)
         keys.append(work.add((f"{kind}-" + token, i), gnp.block_line, spec, rows, cols, deps,
                              fn, kwargs, strips))
-    check_fits(kind, peak, label or str(node), budget)
+    check_fits(kind, peak, label or short(node), budget)
     key = work.add(f"{kind}-join-" + token, *((join,) if join else (gnp.join_values, join_axis)),
                    *keys)
     return Stage("reduce", what, len(work), peak, tot.nbytes, reads=tot.reads,
@@ -238,7 +238,7 @@ def lower_unique(node, spec, deps: list, budget: Budget) -> Stage:
     limit = int(max(min(UNIQUE_LIMIT, budget.task_memory // ((fan + 1) * merge_per_value)), 1))
     temps = (op_temporaries(spec) + 1) * max(item, 8) + 3 * (per_value + 8)
     costs, peak = fit_blocks(spec, node.x.shape, None, temps, budget)
-    check_fits("unique", peak, str(node), budget)
+    check_fits("unique", peak, short(node), budget)
     m, n = node.x.shape
     token = tokenize("unique", spec, costs.row_edges, costs.col_edges, deps, node.equal_nan)
     work, keys, tot = Tasks(), [], layout.ReadTotals()
@@ -264,10 +264,10 @@ def lower_select(node, x_spec, mask_spec, deps: list, budget: Budget) -> Stage:
     item = np.dtype(node.dtype).itemsize
     temps = (op_temporaries(joint) + 2) * max(item, 8) + 3 * 8  # + the positions
     costs, peak = fit_blocks(joint, node.x.shape, None, temps, budget)
-    check_fits("select", peak, str(node), budget)
+    check_fits("select", peak, short(node), budget)
     count = int(node.shape[0])
     join_peak = as_rss(count * (3 * item + 24))  # parts, joined, order, the ordered values
-    check_fits("select", join_peak, f"{node}: joining the {count} selected elements in C "
+    check_fits("select", join_peak, f"{short(node)}: joining the {count} selected elements in C "
                "order in one task", budget)
     token = tokenize("select", joint, costs.row_edges, costs.col_edges, deps, count,
                      node.positions)
@@ -310,7 +310,7 @@ def lower_scan(node, spec, deps: list, budget: Budget, out=None, out_grid=None,
     dtype, ax, op = np.dtype(node.dtype), node.axis, node.op
     temps = (op_temporaries(spec) + 1) * max(dtype.itemsize, 8)
     costs, peak = fit_blocks(spec, node.shape, out_grid, temps, budget, dtype.itemsize)
-    check_fits("scan", peak, str(node), budget)
+    check_fits("scan", peak, short(node), budget)
     row_edges, col_edges = costs.row_edges, costs.col_edges
     token = tokenize("scan", spec, row_edges, col_edges, str(out), str(dtype), deps, op, ax)
     bands = intervals(row_edges if ax == 0 else col_edges)

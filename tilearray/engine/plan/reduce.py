@@ -20,6 +20,7 @@ from ..expr.nodes import Elemwise, MatMul, MatVec, Node, Reduce, Scan, Sort, str
 from . import layout
 from .map import check_fits, fit_blocks
 from .memory import op_temporaries
+from .sizing import short
 from .types import Budget, Output, Stage
 
 
@@ -108,7 +109,7 @@ def lower_reduce(nodes: list[Reduce], specs: list, deps: list, budget: Budget,
                                        rows, cols, tuple(r.op for r in nodes),
                                        tuple(r.axis for r in nodes), n, deps)
             tot.add(costs.at(i, j))
-    check_fits("reduce", peak, " and ".join(str(r) for r in nodes), budget)
+    check_fits("reduce", peak, " and ".join(short(r) for r in nodes), budget)
     split_every = int(_config.get("reduction.split-every"))
     outputs = {}
     for q, node in enumerate(nodes):

@@ -128,7 +128,7 @@ def lower_tsqr(node, specs, widths, deps: list, budget: Budget, out=None, out_gr
     check_fits("TSQR combine", combine, f"{short(node)} (R factors of {stacked} x {w} "
                "stacked in one task; fewer columns or tilearray.reduction.split-every: 2 "
                "also lower it)", budget)
-    check_fits("tsqr", max(peak, combine), str(node), budget)
+    check_fits("tsqr", max(peak, combine), short(node), budget)
     name = "tsqr-" + tokenize(node.part, specs, widths, row_edges, deps, node.options,
                               str(out))
     up, costs = Tasks(), _costs(specs, widths, row_edges)
