@@ -143,7 +143,9 @@ class StorageArgumentTypeError(StorageError, ArgumentTypeError):
 
 
 class PlanningArgumentError(PlanningError, ArgumentError):
-    """A bad value for an output's layout or the budget (``tile``, ``shard``)."""
+    """A bad value for an output's layout or the budget (``tile``, ``shard``),
+    or operands whose shapes the operation cannot take (a matmul's inner
+    dimensions, shapes that do not broadcast)."""
 
 
 class PlanningArgumentTypeError(PlanningError, ArgumentTypeError):

@@ -266,8 +266,8 @@ def test_plan_expression_is_not_evaluated_as_python(data):
 
 
 def test_plan_errors_from_tilearray_exit_1(data):
-    err = one_line_error(cli("plan", "a.zarr @ a.zarr", cwd=data))
-    assert "not aligned" in err and "(300, 200)" in err
+    err = one_line_error(cli("plan", "a.zarr @ a.zarr", cwd=data), code=2)  # bad usage
+    assert "not aligned" in err and "(300, 200)" in err and "tilearray plan --help" in err
     err = one_line_error(cli("plan", "nope.zarr @ b.zarr", cwd=data))
     assert "nope.zarr" in err
     err = one_line_error(cli("plan", "a.zarr*2", cwd=data))
@@ -324,7 +324,7 @@ def test_matmul_existing_output_overwrite_and_resume(work, remote):
 
 def test_matmul_mismatched_shapes_fails_with_one_line(work):
     p = cli("matmul", "a.zarr", "a.zarr", "-o", "bad.zarr", *JOB, cwd=work)
-    err = one_line_error(p)
+    err = one_line_error(p, code=2)  # bad usage, as the command's other argument errors
     assert "not aligned" in err and "(300, 200)" in err
     assert p.stderr.strip() == err  # nothing else: it fails before any cluster starts
     assert not (work / "bad.zarr").exists()
@@ -332,8 +332,8 @@ def test_matmul_mismatched_shapes_fails_with_one_line(work):
 
 def test_debug_shows_the_traceback(work):
     p = cli("matmul", "a.zarr", "a.zarr", "-o", "bad.zarr", "--debug", *JOB, cwd=work)
-    assert p.returncode == 1
-    assert "Traceback" in p.stderr and "PlanningError" in p.stderr
+    assert p.returncode == 2
+    assert "Traceback" in p.stderr and "PlanningArgumentError" in p.stderr
     assert p.stderr.strip().splitlines()[-1].startswith("tilearray: error: matmul: shapes")
 
 
@@ -419,6 +419,9 @@ def test_reduce_prints_values(work, remote):
     ["matmul", "a.zarr", "b.zarr", "-o", "x.zarr", "--workers", "0"],
     ["matmul", "a.zarr", "b.zarr", "-o", "x.zarr", "--resume", "--overwrite"],
     ["matmul", "a.zarr", "b.zarr", "-o", "a.zarr", "--overwrite"],   # output is an input
+    ["matmul", "b.zarr", "a.zarr", "-o", "x.zarr"],                  # 150 != 300
+    ["plan", "a.zarr @ a.zarr"],                                      # 200 != 300
+    ["plan", "a.zarr + b.zarr"],                                      # shapes do not broadcast
     ["matmul", "a.zarr", "b.zarr", "-o", "x.zarr", "--mpi", "--workers", "2"],
     ["random", "r.zarr", "--shape", "10", "-1"],
     ["random", "r.zarr", "--shape", "10", "10", "--dtype", "nope"],

@@ -202,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
         with _signals(), _logging(args.debug):
             return int(args.func(args) or 0)
     except (UsageError, ArgumentError) as e:  # a flag's value (tile, shard, name...)
+        if args.debug:
+            traceback.print_exc()
         print(f"{PROG}: error: {cli_words(str(e))} (see '{PROG} {args.command} --help')",
               file=sys.stderr)
         return 2

@@ -12,7 +12,12 @@ import numpy as np
 from dask.base import tokenize
 from dask.utils import format_bytes
 
-from ...errors import PlanningArgumentTypeError, PlanningAxisError, PlanningError
+from ...errors import (
+    PlanningArgumentError,
+    PlanningArgumentTypeError,
+    PlanningAxisError,
+    PlanningError,
+)
 from ...graphs.reduction import NO_IDENTITY, OPS, VARIANCES
 from ...graphs.spec import func
 from .nodes import Constant, Elemwise, Full, MatMul, MatVec, Node, Reduce, is_big_vector
@@ -97,7 +102,7 @@ def elemwise(name: str, *args, **kwargs) -> ExprBase:
     try:
         shape = np.broadcast_shapes(*shapes)
     except ValueError:
-        raise PlanningError(
+        raise PlanningArgumentError(
             f"{name}: operands could not be broadcast together with shapes "
             + " and ".join(str(s) for s in shapes)
         ) from None
@@ -109,7 +114,7 @@ def elemwise(name: str, *args, **kwargs) -> ExprBase:
     tiled = [a for a in nodes if isinstance(a, Node) and not a.small]
     for a in tiled:
         if a.shape != shape:
-            raise PlanningError(
+            raise PlanningArgumentError(
                 f"{name}: cannot broadcast stored array of shape {a.shape} to {shape}; "
                 "only reductions (vectors, scalars) broadcast against matrices"
             )
@@ -280,7 +285,7 @@ def matmul(a, b) -> ExprBase:
                             f"{nb.shape}")
     ka, kb = na.shape[-1], nb.shape[0]
     if ka != kb:
-        raise PlanningError(
+        raise PlanningArgumentError(
             f"matmul: shapes {na.shape} and {nb.shape} are not aligned: "
             f"{ka} (dim {na.ndim - 1}) != {kb} (dim 0)"
         )
