@@ -343,6 +343,37 @@ def test_one_get_per_shard_also_at_ragged_edges(s3_url, storage_options, rng):
     assert plan.store_gets == 4
 
 
+@pytest.mark.parametrize("block", [None, 1024], ids=["objects-under-block", "over-block"])
+@pytest.mark.parametrize("shard", [None, (64, 64)], ids=["unsharded", "sharded"])
+def test_whole_object_read_is_one_get_without_a_size_request(s3_url, storage_options, rng,
+                                                              monkeypatch, block, shard):
+    """s3fs asks an object's size (a HEAD: one more round trip) before a
+    whole-object GET, to split objects over its block size into concurrent
+    ranged GETs. tilearray's objects under the block size are read as the
+    range from byte 0: one GET, no HEAD. Objects over it (``block`` 1 KiB)
+    keep s3fs's concurrent path. Same values either way, sharded or not."""
+    import s3fs
+
+    from tilearray.storage import IOStats, read_region
+
+    x = rng.standard_normal((150, 130))
+    url = f"{s3_url}/w.zarr"
+    opts = dict(storage_options, **({} if block is None else {"default_block_size": block}))
+    ta.from_numpy(x, url, tile=(32, 32), shard=shard, storage_options=opts)
+    sizes, info = [], s3fs.S3FileSystem._info
+
+    async def counted_info(self, path, *args, **kwargs):
+        if "/c/" in path:
+            sizes.append(path)
+        return await info(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_info", counted_info)
+    ref = ArrayRef.from_location(url, storage_options=opts)
+    np.testing.assert_array_equal(read_region(ref, (0, 150), (0, 130), IOStats()), x)
+    objects = 9 if shard else 25  # 3 x 3 shards, 5 x 5 chunks
+    assert len(sizes) == (0 if block is None else objects), sizes
+
+
 def test_missing_object_of_complete_output_is_an_error(engine, s3_url, storage_options,
                                                        s3fs_fs, rng):
     x = rng.standard_normal((64, 64))

@@ -31,6 +31,7 @@ from .array import (
 from .chunks import DirectReader, direct_reader
 from .geometry import Grid, Range
 from .locks import check_writer, local_root
+from .objects import fsspec_of
 from .stream import PERMANENT_OS_ERRORS, RowStreamer, row_streamer
 
 log = logging.getLogger(__name__)
@@ -132,27 +133,45 @@ class WholeObjectReads(WrapperStore):
     that shard holds. Keys found missing are recorded (``missing``), which
     is what :func:`check_units_stored` needs -- no existence request per unit.
     Made per read attempt; its objects live as long as that read.
+
+    ``object_bytes``: the most an object of the array holds decoded (a shard
+    or chunk). An object no larger than s3fs's block size is fetched as the
+    range from byte 0, one GET: a whole-object read first asks for the
+    object's size (a HEAD, one more round trip per object) to split objects
+    over the block size into concurrent ranged GETs, which these never are.
     """
 
-    def __init__(self, store):
+    def __init__(self, store, object_bytes: int | None = None):
         super().__init__(store)
         self._objects: dict = {}
         self.missing: set[str] = set()
+        self._object_bytes = object_bytes
+        fs = (fsspec_of(store) or (None,))[0]
+        block = getattr(fs, "default_block_size", None)
+        self._one_get = isinstance(block, int) and object_bytes is not None \
+            and object_bytes <= block
 
     def _with_store(self, store):
-        return type(self)(store)
+        return type(self)(store, self._object_bytes)
+
+    async def _get_whole(self, key: str, prototype):
+        if self._one_get:
+            from zarr.abc.store import OffsetByteRequest
+
+            return await self._store.get(key, prototype, OffsetByteRequest(0))
+        return await self._store.get(key, prototype)
 
     async def _whole(self, key: str, prototype):
         import asyncio
 
         task = self._objects.get(key)
         if task is None:
-            task = self._objects[key] = asyncio.ensure_future(self._store.get(key, prototype))
+            task = self._objects[key] = asyncio.ensure_future(self._get_whole(key, prototype))
         return await task
 
     async def get(self, key, prototype, byte_range=None):
         if byte_range is None:
-            value = await self._store.get(key, prototype)
+            value = await self._get_whole(key, prototype)
         else:
             whole = await self._whole(key, prototype)
             value = None if whole is None else _slice(whole, byte_range)
@@ -203,7 +222,8 @@ def _read_request(arr, ref: ArrayRef, grid: Grid, req: ReadRequest, stats: IOSta
             elif grid.within:  # inner chunks: Zarr's sharding codec reads them by range
                 data = arr[sel]
             else:
-                whole = WholeObjectReads(arr.store_path.store)
+                whole = WholeObjectReads(arr.store_path.store,
+                                         grid.unit[0] * grid.unit[1] * arr.dtype.itemsize)
                 data = _over(arr, whole)[sel]
                 if missing is not None:
                     missing.update(whole.missing)
