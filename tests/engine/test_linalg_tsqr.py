@@ -332,6 +332,26 @@ def test_tree_of_few_or_short_r_factors_fits(engine, tmp_path, rng):
                  np.abs(np.linalg.qr(square, mode="r")))
 
 
+def test_r_tree_fan_in_lowered_to_fit_the_budget(tmp_path, rng):
+    """The R tree's fan-in is the largest up to ``reduction.split-every``
+    whose combines fit: a 20000 x 1000 X (R factors of 8 MB) is factored on
+    2 x 280 MiB workers (refused there at fan-in 8, as helper-44 found at
+    15000 x 1500), worker memory under the budget, R as NumPy's."""
+    x = rng.standard_normal((20000, 1000))
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(2000, 1000))
+    budgets = {mem: ta.Budget.from_config(mem, 2, 1) for mem in ("280MiB", "4GiB")}
+    fan_in = {mem: int(re.search(r"fan-in (\d+)", ta.linalg.qr(a, mode="r").plan(
+        budget=b).stages[0].description).group(1)) for mem, b in budgets.items()}
+    assert fan_in["4GiB"] == 8 > fan_in["280MiB"] >= 2
+    with ta.Engine(n_workers=2, threads_per_worker=1, memory_per_worker="280MiB",
+                   quiet=True) as eng:
+        r = ta.linalg.qr(a, mode="r")
+        assert f"fan-in {fan_in['280MiB']}" in str(r.plan(engine=eng))
+        got = r.compute(engine=eng)
+        assert eng.last_run.peak_worker_memory <= budgets["280MiB"].memory_per_worker
+    assert_close(np.abs(got), np.abs(np.linalg.qr(x, mode="r")))
+
+
 def test_q_pieces_held_between_the_passes_are_planned(tmp_path):
     """Writing Q or U, the tree's Q pieces stay in worker memory from the up
     tree to the down tree: shown in the plan, and refused (before reading

@@ -1,6 +1,7 @@
 """Lowering a TSQR (QR, thin SVD and least squares of a tall-skinny matrix):
 row blocks as large as a task holds, R factors combined up a tree whose
-fan-in is ``tilearray.reduction.split-every``, and for Q or U a second pass
+fan-in is ``tilearray.reduction.split-every`` or the largest below it whose
+combines fit the budget, and for Q or U a second pass
 down the tree writing row blocks (:mod:`tilearray.graphs.tsqr` tasks). Pure:
 node, specs and budget in, :class:`~.types.Stage` records out."""
 
@@ -118,16 +119,15 @@ def lower_tsqr(node, specs, widths, deps: list, budget: Budget, out=None, out_gr
     itemsize = np.dtype(node.dtype).itemsize
     big = node.part in ("Q", "U")
     out_cols = node.shape[1] if big else 0
-    fan_in = int(_config.get("reduction.split-every"))
     row_edges, peak = row_blocks(specs, widths, m, itemsize, budget, out_cols if big else 0,
                                  out_grid if big else None)
     root_part = {"Q": "R", "U": "Vt"}.get(node.part, node.part)  # "down": R, or U's SVD
-    stacked, combine = _tree_peak(intervals(row_edges), fan_in, w, max(itemsize, 8), root_part)
+    fan_in, stacked, combine = _fan_in(intervals(row_edges), w, max(itemsize, 8), root_part,
+                                       budget, big)
     # a combine (or the root) holds R factors of ``stacked x w`` whatever the
     # row blocks: named with the memory it needs, as every refusal
     check_fits("TSQR combine", combine, f"{short(node)} (R factors of {stacked} x {w} "
-               "stacked in one task; fewer columns or tilearray.reduction.split-every: 2 "
-               "also lower it)", budget)
+               f"stacked in one task, at fan-in {fan_in}; fewer columns lower it)", budget)
     check_fits("tsqr", max(peak, combine), short(node), budget)
     name = "tsqr-" + tokenize(node.part, specs, widths, row_edges, deps, node.options,
                               str(out))
@@ -143,7 +143,7 @@ def lower_tsqr(node, specs, widths, deps: list, budget: Budget, out=None, out_gr
                              tuple(widths), deps, ahead(spans, i, budget), keep_r))
         tot.add(*(c.at(i, 0) for c in costs))
     top, levels = _tree(up, name, leaves, fan_in, keep_q=big)
-    held, down_peak = _check_pieces_fit(node, spans, levels, w, itemsize, budget) if big \
+    held, down_peak = _check_pieces_fit(node, spans, fan_in, w, itemsize, budget) if big \
         else (0, 0)
     part, options = node.part, node.options
     if big:  # the root hands down D (Q) or D @ U_R (U)
@@ -168,48 +168,87 @@ def lower_tsqr(node, specs, widths, deps: list, budget: Budget, out=None, out_gr
                                keep_r)]
 
 
+def _fan_in(spans, w: int, itemsize: int, part: str, budget: Budget,
+            big: bool) -> tuple[int, int, int]:
+    """``(fan_in, rows, peak)``: the largest fan-in of the R tree, at most
+    ``tilearray.reduction.split-every``, whose combine tasks fit the budget
+    -- and, writing Q or U (``big``), whose down tasks and held Q pieces do
+    (:func:`_pieces`) -- down to 2 (when none does, fan-in 2's figures, the
+    least need, or for Q or U the configured one's: more levels hold more
+    Q pieces), with its largest combine's stacked rows and peak
+    (:func:`_tree_peak`). A wide X's combines stack ``fan_in`` R factors of
+    ``w x w``: at 15000 x 1500 the default fan-in was refused at 280 MiB a
+    worker where fan-in 2 fits (helper-44)."""
+    configured = max(int(_config.get("reduction.split-every")), 2)
+    for fan_in in range(configured, 1, -1):
+        rows, peak = _tree_peak(spans, fan_in, w, itemsize, part)
+        if peak > budget.task_memory:
+            continue
+        if big:
+            held, down = _pieces(spans, fan_in, w, itemsize)
+            if down > budget.task_memory or held > _pieces_room(budget):
+                continue
+        return fan_in, rows, peak
+    last = configured if big else 2  # more levels hold more Q pieces
+    return (last, *_tree_peak(spans, last, w, itemsize, part))
+
+
+def _stacked(spans, fan_in: int, w: int) -> list[list[int]]:
+    """Rows each combine of the R tree stacks, level by level (a leaf's R is
+    ``min(rows, w) x w``; a combine passes on ``min(stacked, w)`` rows)."""
+    rows, levels = [min(b - a, w) for a, b in spans], []
+    while len(rows) > 1:
+        levels.append([sum(rows[q:q + fan_in]) for q in range(0, len(rows), fan_in)])
+        rows = [min(r, w) for r in levels[-1]]
+    return levels
+
+
 def _tree_peak(spans, fan_in: int, w: int, itemsize: int, part: str) -> tuple[int, int]:
     """``(rows, peak)`` of the largest combine or root task of the R tree
-    over leaves ``spans``: a leaf's R is ``min(rows, w) x w``; a combine
-    stacks its children's (at most ``fan_in``) and passes on ``min(stacked,
-    w)`` rows, so a wide X or a few leaves hold far less than ``fan_in``
-    full R's; the root computes ``part`` from the last R."""
-    rows = [min(b - a, w) for a, b in spans] or [0]
+    over leaves ``spans`` (:func:`_stacked`): a wide X or a few leaves hold
+    far less than ``fan_in`` full R's; the root computes ``part`` from the
+    last R."""
+    levels = _stacked(spans, fan_in, w)
     best = (0, 0)
-    while len(rows) > 1:
-        stacked = [sum(rows[q:q + fan_in]) for q in range(0, len(rows), fan_in)]
+    for stacked in levels:
         top = max(stacked)
         best = max(best, (top, tsqr_combine_peak(top, w, itemsize)), key=lambda x: x[1])
-        rows = [min(s, w) for s in stacked]
-    return max(best, (rows[0], tsqr_root_peak(rows[0], w, itemsize, part)), key=lambda x: x[1])
+    last = min(levels[-1][0], w) if levels else min(spans[0][1] - spans[0][0], w) if spans else 0
+    return max(best, (last, tsqr_root_peak(last, w, itemsize, part)), key=lambda x: x[1])
 
 
-def _check_pieces_fit(node, spans, levels, w: int, itemsize: int, budget: Budget) -> tuple:
-    """Writing Q or U, every combine node's Q pieces (its children's R
-    factors' rows by ``w``) stay in worker memory from the up tree to the
-    down tree; refuse when they would take more than a quarter of the
-    workers' task memory (they are not spread evenly), or when a down task
-    does not fit. Returns ``(bytes held, the largest down task's peak)``."""
-    rows = [min(b - a, w) for a, b in spans]  # R_i of a leaf is min(m_i, w) x w
-    held = tallest = 0
-    for level in levels:  # a node's pieces: its children's R factors stacked
-        stacked, q = [], 0
-        for _, children in level:
-            stacked.append(sum(rows[q:q + len(children)]))
-            q += len(children)
-        held += sum(stacked)
-        tallest = max(tallest, *stacked)
-        rows = [min(r, w) for r in stacked]
+def _pieces(spans, fan_in: int, w: int, itemsize: int) -> tuple[int, int]:
+    """Writing Q or U: ``(bytes of Q pieces held, the largest down task's
+    peak)``. Every combine node's Q pieces (its children's R factors' rows by
+    ``w``) stay in worker memory from the up tree to the down tree. A down
+    task holds its node's value (Q pieces, stacked x w, and its R, w x w),
+    its parent's (the root's: the slice handed down and R, w x w each) and
+    its children's slices (stacked x k, k <= w): a 3001² Q had planned 247
+    MiB tasks and its down task killed 433 MiB workers (444 MiB, helper-37)."""
+    levels = _stacked(spans, fan_in, w)
     item = max(itemsize, 8)
-    held *= w * item
-    # a down task: its node's value (Q pieces, stacked x w, and its R, w x w),
-    # its parent's (the root's: the slice handed down and R, w x w each) and
-    # its children's slices (stacked x k, k <= w): a 3001² Q had planned 247
-    # MiB tasks and its down task killed 433 MiB workers (444 MiB, helper-37)
+    held = sum(sum(stacked) for stacked in levels) * w * item
+    tallest = max((max(stacked) for stacked in levels), default=0)
     down = as_rss((2 * tallest + 3 * w) * w * item) if levels else 0  # one leaf: no down task
+    return held, down
+
+
+def _pieces_room(budget: Budget) -> int:
+    """The Q pieces may take a quarter of the workers' task memory (they are
+    not spread evenly)."""
+    return budget.n_workers * budget.task_memory // 4
+
+
+def _check_pieces_fit(node, spans, fan_in: int, w: int, itemsize: int,
+                      budget: Budget) -> tuple:
+    """Writing Q or U, refuse when the Q pieces held between the passes take
+    more than :func:`_pieces_room`, or when a down task does not fit.
+    Returns ``(bytes held, the largest down task's peak)`` (:func:`_pieces`)."""
+    held, down = _pieces(spans, fan_in, w, itemsize)
+    tallest = max((max(st) for st in _stacked(spans, fan_in, w)), default=0)
     check_fits("TSQR down", down, f"{short(node)} (a node of the tree handing its slices "
                f"down: Q pieces of {tallest} x {w})", budget)
-    room = budget.n_workers * budget.task_memory // 4
+    room = _pieces_room(budget)
     if held > room:
         raise PlanningError(
             f"{short(node)}: writing {node.part}, the TSQR tree's Q pieces "
