@@ -21,6 +21,7 @@ from .engine.plan.lower import result_stage
 from .engine.plan.types import Stage
 from .errors import PlanningArgumentError, PlanningArgumentTypeError, PlanningError
 from .graphs.blas import result_dtype
+from .graphs.linalg import svd_from_r
 
 log = logging.getLogger("tilearray")
 
@@ -966,9 +967,10 @@ def pinv(a: TiledArray, rcond=None, hermitian: bool = False, *, rtol=_NO_RTOL) -
     From the thin SVD of the tall side (TSQR): ``pinv(X) = V diag(1/s) U^T``
     with singular values at or below ``rcond * s.max()`` dropped (NumPy's
     default ``rcond`` 1e-15; ``rtol=None`` for ``max(m, n) * eps``). ``s``
-    and ``Vt`` come from one read of X, now; the result is lazy, ``n x m``
-    for an ``m x n`` X: ``(U @ (diag(1/s) Vt)).T``, whose storing or use
-    reads X again (U applied down the TSQR tree)."""
+    and ``Vt`` come from one read of X, now (R of the TSQR in one run, then
+    the SVD of R here); the result is lazy, ``n x m`` for an ``m x n`` X:
+    ``(U @ (diag(1/s) Vt)).T``, whose storing or use reads X twice more (U
+    applied down the TSQR tree)."""
     x = _tall(a, "pinv", empty=True)
     if x.size == 0:  # NumPy's empty n x m (of x's own dtype, as NumPy)
         return held(x, np.linalg.pinv(np.empty(x.shape, x.dtype)))
@@ -979,7 +981,7 @@ def pinv(a: TiledArray, rcond=None, hermitian: bool = False, *, rtol=_NO_RTOL) -
         raise ValueError("pinv: `rtol` and `rcond` can't be both set.")
     wide = x.shape[0] < x.shape[1]
     tall = _tall(_tall_side(x), "svd", empty=True)
-    s, vt = np.asarray(_part(tall, "s").compute()), np.asarray(_part(tall, "Vt").compute())
+    _, s, vt = svd_from_r(np.asarray(_part(tall, "R").compute()))  # one run, one read
     u = _part(tall, "U", align=vt)  # U to match this Vt (its run's R is another R)
     large = s > rcond * (s.max() if s.size else 0)
     inv_s = np.zeros_like(s)
