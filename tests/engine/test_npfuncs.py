@@ -162,6 +162,12 @@ def test_integer_indexing(thread_engine, mats, tmp_path, dtype):
         a[[1, 2], [3, 4]]  # the hint's two forms, as NumPy gives them:
     check(a[[1, 2]][:, [3, 4]], x[np.ix_([1, 2], [3, 4])], exact=True)
     check(np.diagonal(a[[1, 2]][:, [3, 4]]), x[[1, 2], [3, 4]], exact=True)
+    mask = np.arange(x.shape[0]) % 3 == 0
+    for key in (np.ix_([1, 2], [3, 4]), np.ix_([44, -1, 0, 0], [30]), np.ix_(mask, [2, 0]),
+                np.ix_([], [])):  # NumPy's open mesh, as the hint names it (helper-44)
+        check(a[key], x[key], exact=True)
+    with pytest.raises(IndexError, match="out of bounds"):
+        a[np.ix_([1], [31])]
 
 
 @pytest.mark.parametrize("dtype", ["float64", "int32"])

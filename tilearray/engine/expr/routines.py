@@ -258,7 +258,12 @@ def sort(op: str, a, axis, kind=None) -> ExprBase:
 
 def index(a, key: tuple) -> ExprBase:
     """``a[key]`` for a 2-D key with an integer, an integer list or a boolean
-    mask on one or both axes (slices applied first, then the gathers)."""
+    mask on one or both axes (slices applied first, then the gathers), or
+    NumPy's open mesh ``np.ix_(rows, cols)``: the block of those rows and
+    columns."""
+    if _open_mesh(key):
+        rows, cols = (np.asarray(k).reshape(-1) for k in key)
+        return take(take(a, rows, 0), cols, 1)
     basic = tuple(k if isinstance(k, slice) else slice(None) for k in key)
     x = a[basic] if basic != (slice(None), slice(None)) else a
     lists, scalars = [], []
@@ -283,8 +288,8 @@ def index(a, key: tuple) -> ExprBase:
             lists.append((ax, k))
     if len(lists) == 2:
         raise PlanningError("indexing both axes with lists (NumPy's pointwise indexing) is not "
-                            "supported: a[rows][:, cols] gives the block of those rows and "
-                            "columns (NumPy's a[np.ix_(rows, cols)]), and for a few points "
+                            "supported: a[np.ix_(rows, cols)] (or a[rows][:, cols]) gives the "
+                            "block of those rows and columns, and for a few points "
                             "np.diagonal(a[rows][:, cols]) their values")
     for ax, k in lists:
         x = take(x, k, ax)
@@ -294,6 +299,16 @@ def index(a, key: tuple) -> ExprBase:
         axis = None if len(scalars) == 2 else scalars[0][0]
         return build_reduction("max", x, axis, False, 0)
     return x
+
+
+def _open_mesh(key: tuple) -> bool:
+    """Whether ``key`` is what ``np.ix_`` makes of two index lists: integer
+    arrays of shapes ``(k, 1)`` and ``(1, m)``."""
+    if len(key) != 2 or any(isinstance(k, slice | ExprBase) for k in key):
+        return False
+    rows, cols = (np.asarray(k) for k in key)
+    return rows.ndim == cols.ndim == 2 and rows.shape[1] == 1 and cols.shape[0] == 1 and \
+        rows.dtype.kind in "iu" and cols.dtype.kind in "iu"
 
 
 UFUNC_REDUCE = {"add": "sum", "multiply": "prod", "maximum": "max", "minimum": "min",
