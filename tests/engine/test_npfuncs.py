@@ -761,6 +761,31 @@ def test_quantiles_of_narrow_bands_read_a_copy_once(tmp_path):
             check(expr, want)
 
 
+def test_flattening_refusal_names_the_call_and_the_axis(tmp_path):
+    """A matrix flattened into one task (NumPy's axis=None, ravel, reshape)
+    and refused there is named by the user's call, with the axis that would
+    not gather it, not by the internal selection of every element
+    (helper-44: ``open(...)[full((4000, 4000), True)]``)."""
+    import zarr
+
+    zarr.create_array(str(tmp_path / "x.zarr"), shape=(3000, 3000), chunks=(500, 500),
+                      dtype="float64")  # metadata only: refused before any read
+    with ta.Engine(n_workers=1, threads_per_worker=1, memory_per_worker="160MiB",
+                   processes=False, quiet=True):
+        a = ta.open(tmp_path / "x.zarr")
+        for call, name, axis_hint in [(lambda: np.cumsum(a), r"np\.cumsum\(a\)", True),
+                                      (lambda: np.sort(a, axis=None), r"np\.sort\(a\)", True),
+                                      (lambda: a.ravel(), r"a\.ravel\(\)", False),
+                                      (lambda: a.reshape(1000, 9000),
+                                       r"a\.reshape\(\(1000, 9000\)\)", False)]:
+            with pytest.raises(ta.PlanningError, match=name + " .*gathers all 9000000 elements "
+                               r"of the 3000 x 3000 matrix into one task") as err:
+                call()
+            assert ("pass axis=0 or axis=1" in str(err.value)) == axis_hint
+            assert "memory_per_worker >=" in str(err.value)
+        assert_close(np.asarray(np.cumsum(a, axis=0)[:2, :3]), np.zeros((2, 3)))
+
+
 @pytest.fixture
 def tall(tmp_path):
     """A 200,000,000 x 4 float64 array (6 GiB) with only its metadata written."""

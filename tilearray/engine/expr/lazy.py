@@ -481,7 +481,8 @@ class LazyArray(ExprBase):
         if n.ndim == 1:  # a blocked product (x @ w): computed first
             values = selection.held(self, np.asarray(self.compute()))
             return values.reshape(new, order=order)
-        values = selection.flat(self.T if order == "F" else self)
+        values = selection.flat(self.T if order == "F" else self,
+                                "a.ravel()" if len(new) == 1 else f"a.reshape({new})")
         return values if len(new) == 1 else values.reshape(new, order=order)
 
     def ravel(self, order="C") -> LazyArray:

@@ -32,7 +32,8 @@ def _ordering(name: str, a, axis, kind, order, stable):
     if isinstance(a, LazyArray) and not a._node.small and a.ndim == 2:
         if axis is not None:
             return routines.sort(name, a, axis, kind)
-        a = selection.flat(a)  # all elements in one vector: gathered now, when they fit
+        # all elements in one vector: gathered now, when they fit
+        a = selection.flat(a, f"np.{name}(a) (axis=None)", along_axis=True)
     a = small_only(a, name, "")
     kw = given(kind=kind)
     if isinstance(a, np.ndarray):

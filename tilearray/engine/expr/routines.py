@@ -13,6 +13,7 @@ from dask.base import tokenize
 
 from ...errors import PlanningError
 from ...graphs.spec import SCANS
+from . import selection
 from .nodes import Concat, Constant, Diagonal, Elemwise, Full, Node, Positions, Scan, Sort, Take
 from .ops import ExprBase, as_node, build_reduction, reduce_as, wrap_like
 
@@ -229,7 +230,9 @@ def scan(op: str, a, axis=None, dtype=None) -> ExprBase:
     ``LazyArray.reshape``: a matrix's elements are gathered now)."""
     n = _operand(a, op)
     if axis is None and n.ndim > 1:  # the flattened array (a matrix's gathered now, if it fits)
-        return scan(op, a.reshape(-1), 0, dtype)
+        flat = a.reshape(-1) if n.small or 1 in n.shape else \
+            selection.flat(a, f"np.{op}(a) (axis=None)", along_axis=True)
+        return scan(op, flat, 0, dtype)
     x = wrap_like(a, n) if dtype is None else wrap_like(a, n).astype(dtype)
     n = as_node(x)
     axis = axis_index(0 if axis is None else axis, op, n.ndim)

@@ -255,15 +255,27 @@ def _selected(a, mask, dtype, positions: bool = False) -> np.ndarray:
                                         positions)))
 
 
-def flat(a) -> ExprBase:
+def flat(a, what: str = "a.ravel()", along_axis: bool = False) -> ExprBase:
     """All the elements of a matrix in C order (``a.ravel()``), computed now:
     one pass, joined in one task (refused by the planner when they do not
-    fit it); a small 1-D result."""
+    fit it); a small 1-D result. A refusal names ``what`` flattened the
+    matrix (the user's call, not the internal selection) and, for an
+    operation that also works along an axis (``along_axis``), that axis=0
+    or 1 would not gather it."""
     n = as_node(a)
     if 0 in n.shape:
         return held(a, np.empty(0, n.dtype))
     every = Full(tuple(n.shape), np.dtype(bool), True)  # every element: no count pass
-    return held(a, _compute(wrap_like(a, Select((a.size,), n.dtype, n, every))))
+    try:
+        return held(a, _compute(wrap_like(a, Select((a.size,), n.dtype, n, every))))
+    except PlanningError as e:
+        if type(e) is not PlanningError:  # not a refusal under the budget
+            raise
+        hint = "; pass axis=0 or axis=1 to work along its columns or rows instead" \
+            if along_axis else ""
+        raise PlanningError(f"{what} gathers all {a.size} elements of the {n.shape[0]} x "
+                            f"{n.shape[1]} matrix into one task (NumPy's flattened array)"
+                            f"{hint}: {e}") from None
 
 
 def flat_positions(a) -> np.ndarray:

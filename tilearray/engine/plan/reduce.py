@@ -109,7 +109,8 @@ def lower_reduce(nodes: list[Reduce], specs: list, deps: list, budget: Budget,
                                        rows, cols, tuple(r.op for r in nodes),
                                        tuple(r.axis for r in nodes), n, deps)
             tot.add(costs.at(i, j))
-    check_fits("reduce", peak, " and ".join(short(r) for r in nodes), budget)
+    check_fits("reduce", peak, short(nodes[0]) + (f" and {len(nodes) - 1} more reduction(s) "
+               "of the same pass" if len(nodes) > 1 else ""), budget)
     split_every = int(_config.get("reduction.split-every"))
     outputs = {}
     for q, node in enumerate(nodes):
