@@ -144,6 +144,7 @@ def test_numpy_matrix_operands(engine, tmp_path, rng, monkeypatch, dtype):
         (np.where(a > m, a, m), np.where(x > m, x, m)), ((a - m).sum(axis=0), (x - m).sum(axis=0)),
         ((a + m).T @ a, (x + m).T @ x), (np.vstack([a, m]), np.vstack([x, m])),
         (np.hstack([m, a]), np.hstack([m, x])), (np.maximum(a.T, m.T), np.maximum(x.T, m.T)),
+        (a.mT @ m, x.mT @ m),  # NumPy 2's matrix transpose
     ]
     for expr, want in cases:
         got = expr.compute()

@@ -633,6 +633,9 @@ def test_numpy_2_results_and_functions(thread_engine, tmp_path, rng):
     assert_close(np.linalg.vecdot(a, a, axis=0).compute(), np.linalg.vecdot(x, x, axis=0))
     assert_close(np.linalg.matmul(a, w).compute(), x @ w)
     assert_close(np.linalg.matrix_transpose(a).compute(), x.T)
+    assert_close(a.mT.compute(), x.mT)
+    with pytest.raises(ValueError, match="ndim < 2"):
+        _ = a[:, 0].mT  # as NumPy's
     assert_close(np.linalg.trace(a[:7], offset=1).compute(), np.trace(x[:7], offset=1))
     assert_close(np.linalg.diagonal(a[:7]).compute(), np.diagonal(x[:7]))
     with pytest.raises(np.linalg.LinAlgError, match="1-dimensional"):

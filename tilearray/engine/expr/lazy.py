@@ -144,6 +144,14 @@ class LazyArray(ExprBase):
             return type(self)(n.x)
         return type(self)(Transpose(n.shape[::-1], n.dtype, n))
 
+    @property
+    def mT(self) -> LazyArray:  # noqa: N802 - NumPy's name
+        """The matrix transpose (NumPy 2's ``a.mT``): :attr:`T` of a matrix;
+        NumPy's ValueError for a 1-D array."""
+        if self._node.ndim < 2:
+            raise ValueError("matrix transpose with ndim < 2 is undefined")
+        return self.T
+
     def transpose(self) -> LazyArray:
         """The transpose; same as :attr:`T`."""
         return self.T
