@@ -185,7 +185,7 @@ def _fan_in(spans, w: int, itemsize: int, part: str, budget: Budget,
         if peak > budget.task_memory:
             continue
         if big:
-            held, down = _pieces(spans, fan_in, w, itemsize)
+            held, down, _ = _pieces(spans, fan_in, w, itemsize)
             if down > budget.task_memory or held > _pieces_room(budget):
                 continue
         return fan_in, rows, peak
@@ -217,9 +217,9 @@ def _tree_peak(spans, fan_in: int, w: int, itemsize: int, part: str) -> tuple[in
     return max(best, (last, tsqr_root_peak(last, w, itemsize, part)), key=lambda x: x[1])
 
 
-def _pieces(spans, fan_in: int, w: int, itemsize: int) -> tuple[int, int]:
+def _pieces(spans, fan_in: int, w: int, itemsize: int) -> tuple[int, int, int]:
     """Writing Q or U: ``(bytes of Q pieces held, the largest down task's
-    peak)``. Every combine node's Q pieces (its children's R factors' rows by
+    peak, its node's stacked rows)``. Every combine node's Q pieces (its children's R factors' rows by
     ``w``) stay in worker memory from the up tree to the down tree. A down
     task holds its node's value (Q pieces, stacked x w, and its R, w x w),
     its parent's (the root's: the slice handed down and R, w x w each) and
@@ -230,7 +230,7 @@ def _pieces(spans, fan_in: int, w: int, itemsize: int) -> tuple[int, int]:
     held = sum(sum(stacked) for stacked in levels) * w * item
     tallest = max((max(stacked) for stacked in levels), default=0)
     down = as_rss((2 * tallest + 3 * w) * w * item) if levels else 0  # one leaf: no down task
-    return held, down
+    return held, down, tallest
 
 
 def _pieces_room(budget: Budget) -> int:
@@ -244,8 +244,7 @@ def _check_pieces_fit(node, spans, fan_in: int, w: int, itemsize: int,
     """Writing Q or U, refuse when the Q pieces held between the passes take
     more than :func:`_pieces_room`, or when a down task does not fit.
     Returns ``(bytes held, the largest down task's peak)`` (:func:`_pieces`)."""
-    held, down = _pieces(spans, fan_in, w, itemsize)
-    tallest = max((max(st) for st in _stacked(spans, fan_in, w)), default=0)
+    held, down, tallest = _pieces(spans, fan_in, w, itemsize)
     check_fits("TSQR down", down, f"{short(node)} (a node of the tree handing its slices "
                f"down: Q pieces of {tallest} x {w})", budget)
     room = _pieces_room(budget)
