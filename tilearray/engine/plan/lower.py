@@ -345,13 +345,14 @@ class Planner:
         """A matmul (or a TSQR's Q / U, a Cholesky factor) inside another
         expression: computed into a temporary array first; returns its
         ``Read`` and the key of the barrier after its blocks."""
-        if self._ident(node) in self._temps:
-            return self._temps[self._ident(node)]
-        if self._ident(node) in self._refused:
+        ident = self._ident(node)
+        if ident in self._temps:
+            return self._temps[ident]
+        if ident in self._refused:
             # refused once under this budget, refused again: without this, each
             # tile an enclosing product tried re-planned the whole subexpression,
             # and nested products (power iterations) took exponential time
-            raise self._refused[self._ident(node)]
+            raise self._refused[ident]
         if isinstance(node, MatMul):
             tile = product_tile(node)
         elif isinstance(node, MatVec):
@@ -381,12 +382,12 @@ class Planner:
             ref, grid, stage = attempt(tile) if isinstance(node, Factor) or not self.shrink \
                 else shrink_tile(tile, attempt)
         except DoesNotFit as e:
-            self._refused[self._ident(node)] = e
+            self._refused[ident] = e
             raise
         token = tokenize(structure(node), self.run_id)
         wait = self._loose.add("barrier-" + token, barrier, *stage.outputs["result"].keys)
-        self._temps[self._ident(node)] = (Read(ref, grid, np.dtype(node.dtype)), wait)
-        return self._temps[self._ident(node)]
+        self._temps[ident] = (Read(ref, grid, np.dtype(node.dtype)), wait)
+        return self._temps[ident]
 
     def _temporary(self, node: Node, tile: tuple, part: str = "", shape=None) -> tuple:
         """A temporary array for ``node`` (or its ``part`` of ``shape``; unique

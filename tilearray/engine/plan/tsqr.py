@@ -180,8 +180,9 @@ def _fan_in(spans, w: int, itemsize: int, part: str, budget: Budget,
     ``w x w``: at 15000 x 1500 the default fan-in was refused at 280 MiB a
     worker where fan-in 2 fits (helper-44)."""
     configured = max(int(_config.get("reduction.split-every")), 2)
+    figures = {}
     for fan_in in range(configured, 1, -1):
-        rows, peak = _tree_peak(spans, fan_in, w, itemsize, part)
+        figures[fan_in] = rows, peak = _tree_peak(spans, fan_in, w, itemsize, part)
         if peak > budget.task_memory:
             continue
         if big:
@@ -190,7 +191,7 @@ def _fan_in(spans, w: int, itemsize: int, part: str, budget: Budget,
                 continue
         return fan_in, rows, peak
     last = configured if big else 2  # more levels hold more Q pieces
-    return (last, *_tree_peak(spans, last, w, itemsize, part))
+    return (last, *figures[last])
 
 
 def _stacked(spans, fan_in: int, w: int) -> list[list[int]]:
