@@ -786,6 +786,25 @@ def test_flattening_refusal_names_the_call_and_the_axis(tmp_path):
         assert_close(np.asarray(np.cumsum(a, axis=0)[:2, :3]), np.zeros((2, 3)))
 
 
+def test_whole_array_quantile_refusal_names_the_call(tmp_path):
+    """A quantile over all elements refused under the budget is named by the
+    user's call, before the internal pass that did not fit (the census's
+    fused reductions: helper-44 saw only ``isnan(open(...)).sum(...)``)."""
+    import zarr
+
+    zarr.create_array(str(tmp_path / "x.zarr"), shape=(4000, 4000), chunks=(1000, 1000),
+                      dtype="float64")  # metadata only: refused before any read
+    with ta.Engine(n_workers=1, threads_per_worker=1, memory_per_worker="150MiB",
+                   processes=False, quiet=True):
+        a = ta.open(tmp_path / "x.zarr")
+        for call, name in [(lambda: np.percentile(a, [5, 50]), "percentile"),
+                           (lambda: np.nanmedian(a), "nanmedian"),
+                           (lambda: np.quantile(a, 0.3), "quantile")]:
+            with pytest.raises(ta.PlanningError, match=rf"^np\.{name}\(a\) over all 16000000 "
+                               r"elements \(axis=None\): .*memory_per_worker >= \d+MiB"):
+                call()
+
+
 @pytest.fixture
 def tall(tmp_path):
     """A 200,000,000 x 4 float64 array (6 GiB) with only its metadata written."""

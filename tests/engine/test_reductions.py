@@ -424,3 +424,39 @@ def test_reductions_of_a_0d_result_take_numpys_axes(engine, tmp_path, op, axis):
     got = getattr(np, op)(a.sum(), axis=axis).compute()
     assert np.asarray(got).dtype == np.asarray(want).dtype
     assert_close(got, want)
+
+
+@pytest.mark.timeout(300)
+def test_fused_reductions_price_their_temporaries_by_strip(tmp_path):
+    """Reductions sharing a pass evaluate their expressions strip by strip,
+    so their temporaries are one strip's, not one block's. The census of
+    ``np.percentile(a, q)`` over all elements (NaNs, infinities, finite min
+    and max: five reductions of one pass) was planned at 128 MiB a task for
+    a 4000 x 4000 matrix in 1000 x 1000 chunks, where its sum plans 27 MiB,
+    and refused at 200 MiB a worker (helper-44). It plans under the budget,
+    every worker's RSS stays under its limit and within its baseline plus the
+    planned task, and the quantiles are NumPy's."""
+    import zarr
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4000, 4000))
+    x[3, 7], x[2500, 3999] = np.inf, -np.inf
+    zarr.create_array(str(tmp_path / "x.zarr"), data=x, chunks=(1000, 1000))
+    with ta.Engine(n_workers=2, threads_per_worker=1, memory_per_worker="200MiB",
+                   quiet=True) as eng:
+        budget = eng.budget()
+        a = ta.open(tmp_path / "x.zarr")
+        finite = np.where(np.isfinite(a), a, np.nan)
+        census = np.stack([np.isnan(a).sum(), (a == -np.inf).sum(), (a == np.inf).sum(),
+                           np.nanmin(finite), np.nanmax(finite)])
+        plan = census.plan()
+        assert [s.kind for s in plan.stages][0] == "reduce" and plan.bytes_read == x.nbytes
+        assert plan.peak_task_memory <= budget.task_memory, str(plan)
+        got = census.compute()
+        fin = x[np.isfinite(x)]
+        assert_close(got, [0, 1, 1, fin.min(), fin.max()])
+        assert 0 < census.stats.peak_worker_memory <= budget.memory_per_worker
+        assert census.stats.peak_worker_memory <= budget.baseline + plan.peak_task_memory, \
+            (census.stats, str(plan))
+        assert_close(np.asarray(np.percentile(a, [5, 50, 95])), np.percentile(x, [5, 50, 95]))
+        assert float(np.median(a)) == np.median(x)

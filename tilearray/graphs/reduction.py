@@ -206,7 +206,13 @@ fresh block-sized arrays: ``(a - b)`` and var's squared deviations of a
 faults of the new arrays, against ~3 ms in strips."""
 
 
-def _strip_mined(spec, op) -> bool:
+def strip_rows(width):
+    """Rows of the strips a block ``width`` wide (an int or an array of
+    widths) is evaluated in: :data:`STRIP_BYTES` of float64, at least one."""
+    return np.maximum(1, STRIP_BYTES // np.maximum(8 * np.asarray(width), 1))
+
+
+def strip_mined(spec, op) -> bool:
     """Whether evaluating ``spec`` for ``op`` makes block-sized temporaries
     (an elementwise op, var's deviations); a bare read reduces in place."""
     while isinstance(spec, Trans):
@@ -267,8 +273,8 @@ def _block_partial(spec, op, axis, rows, cols, ncols, deps, stats, full, lent):
     threshold (distributed's MALLOC_TRIM_THRESHOLD_ fixes it at 128 KiB), so
     each would be new pages, faulted in and zeroed."""
     h = rows[1] - rows[0]
-    if _strip_mined(spec, op) and not has_gather(spec):
-        h = max(1, STRIP_BYTES // max(8 * (cols[1] - cols[0]), 1))
+    if strip_mined(spec, op) and not has_gather(spec):
+        h = int(strip_rows(cols[1] - cols[0]))
     if h >= rows[1] - rows[0]:  # a gather's reads and result shared through ``full``
         seen = full if has_gather(spec) else _views(spec, rows, cols, full)
         x = evaluate(spec, rows, cols, list(deps), stats, _seen=seen)

@@ -216,6 +216,18 @@ for _name in ("nonzero", "flatnonzero", "argwhere"):
     HANDLED[getattr(np, _name)] = _positions(_name)
 
 
+def _named(name: str, a, axis, run):
+    """``run()``; a refusal under the budget of a quantile over all elements
+    names the user's call, not its internal passes (the census's fused
+    reductions, a histogram)."""
+    try:
+        return run()
+    except PlanningError as e:
+        if type(e) is not PlanningError or axis is not None:  # an axis's names the call
+            raise
+        raise PlanningError(f"np.{name}(a) over all {a.size} elements (axis=None): {e}") from None
+
+
 def _quantile(name: str, op: str, scale: float):
     def impl(a, q=None, axis=None, out=None, overwrite_input=False, method="linear",
              keepdims=False, *, weights=None, interpolation=None):
@@ -227,7 +239,8 @@ def _quantile(name: str, op: str, scale: float):
         qv = np.asarray(q, dtype=np.float64) / scale
         # NumPy's result dtype (NEP 50: a Python float q keeps float32 data float32)
         dtype = np.asarray(np_func(np.ones((2, 2), a.dtype), q, axis=0, method=method)).dtype
-        return statistics.quantile(op, a, qv, axis, method, keepdims, dtype)
+        return _named(name, a, axis, lambda: statistics.quantile(op, a, qv, axis, method,
+                                                                  keepdims, dtype))
 
     np_func = getattr(np, name)
     impl.__name__ = name
@@ -250,7 +263,8 @@ def _median(name: str):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             dtype = np.asarray(np_func(np.ones((2, 2), a.dtype), axis=0)).dtype
-        return statistics.quantile(name, a, 0.5, axis, "linear", keepdims, dtype)
+        return _named(name, a, axis, lambda: statistics.quantile(name, a, 0.5, axis, "linear",
+                                                                  keepdims, dtype))
 
     impl.__name__ = name
     return impl

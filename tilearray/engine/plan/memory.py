@@ -89,16 +89,22 @@ class BlockTask:
     """Zarr's read buffers in flight, at most (:func:`read_flight`), in bytes."""
     write_flight: int = 0
     """One output unit copied + encoded while the block is written (:func:`write_flight`)."""
+    strip_temp_per_elem: int = 0
+    """Bytes per element of the temporaries made strip by strip (a reduction's
+    expression over a block read whole: :func:`~tilearray.graphs.reduction.strip_rows`),
+    priced over one strip, not the block."""
 
 
-def block_peak(task: BlockTask, read_bytes, size) -> int:
+def block_peak(task: BlockTask, read_bytes, size, strip=None) -> int:
     """Peak of a block task reading ``read_bytes`` for a block of ``size``
-    elements (scalars or NumPy arrays of them), the larger of its two phases:
+    elements (scalars or NumPy arrays of them; ``strip``: the elements of its
+    largest strip, if its expression is evaluated strip by strip), the larger
+    of its two phases:
 
     - evaluating: its reads (each stored array's region is fetched in one
       request, decoded into one array: :func:`~tilearray.storage.io.read_region`),
       zarr's chunk buffers in flight (never more than the reads), the ops'
-      temporaries and the result block;
+      temporaries (a strip's, strip by strip) and the result block;
     - writing: the result block and one output unit copied and encoded at a
       time (the reads are freed by then, unless the result is a view of them:
       a block with no op).
@@ -107,8 +113,9 @@ def block_peak(task: BlockTask, read_bytes, size) -> int:
     twice, compressed and decoded: a map writing 900 x 1300 shards was
     projected at 108 MiB where tracemalloc measured about a third of that.)"""
     out = size * task.out_itemsize
+    strip = size if strip is None else np.minimum(size, strip)
     evaluating = (read_bytes + np.minimum(task.read_flight, read_bytes)
-                  + size * task.temp_per_elem + out)
+                  + size * task.temp_per_elem + strip * task.strip_temp_per_elem + out)
     writing = out + np.minimum(task.write_flight, out) + (read_bytes if not task.temp_per_elem
                                                           else 0)
     return as_rss(int(np.max(np.maximum(evaluating, writing), initial=0)))

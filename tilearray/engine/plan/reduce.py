@@ -84,16 +84,20 @@ def lower_reduce(nodes: list[Reduce], specs: list, deps: list, budget: Budget,
     combine tree and final value per reduction: outputs ``"0"``, ``"1"``, ...
     (one per node, in order). ``note`` is appended to the description."""
     m, n = nodes[0].x.shape
-    # op results, plus the float64 accumulation copy / (x - mean)**2 of var,
-    # the NaN mask and filled copy of nanargmin
-    temps = sum((op_temporaries(spec) + (2 if r.op in gred.VARIANCES or
-                                         r.op.startswith("nanarg") else 1))
-                * max(np.dtype(r.x.dtype).itemsize, 8) for r, spec in zip(nodes, specs,
-                                                                            strict=True))
     joint = specs[0] if len(specs) == 1 else Op("fused", tuple(specs))  # for costs only
-    # blocks are read whole first, then reduced strip by strip; through a
-    # gather, evaluated in one pass (:func:`~tilearray.graphs.reduction.reduce_map`)
-    costs, peak = fit_blocks(joint, (m, n), None, temps, budget, one_pass=has_gather(joint))
+    # blocks are read whole first, then reduced strip by strip (an
+    # expression's temporaries a strip at a time); through a gather,
+    # evaluated in one pass (:func:`~tilearray.graphs.reduction.reduce_map`)
+    gather = has_gather(joint)
+    temps = [0, 0]  # bytes per element: over the block, over a strip
+    for r, spec in zip(nodes, specs, strict=True):
+        # op results, plus the float64 accumulation copy / (x - mean)**2 of
+        # var, the NaN mask and filled copy of nanargmin
+        per = (op_temporaries(spec) + (2 if r.op in gred.VARIANCES or r.op.startswith("nanarg")
+                                       else 1)) * max(np.dtype(r.x.dtype).itemsize, 8)
+        temps[int(gred.strip_mined(spec, r.op) and not gather)] += per
+    costs, peak = fit_blocks(joint, (m, n), None, temps[0], budget, one_pass=gather,
+                             strip_temps=temps[1])
     row_edges, col_edges = costs.row_edges, costs.col_edges
     what = [(r.op, r.axis, r.ddof) for r in nodes]
     token = tokenize("reduce", what, specs, row_edges, col_edges, deps)
