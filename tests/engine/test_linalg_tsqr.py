@@ -420,6 +420,30 @@ def test_svd_factors_come_with_u_and_q_computes(thread_engine, tmp_path, rng):
     assert s2.stats.bytes_read == x.nbytes
 
 
+@pytest.mark.parametrize("first", ["s", "Vt", "R"])
+def test_small_factors_computed_one_at_a_time_read_x_once(thread_engine, tmp_path, rng, first):
+    """``s.compute()`` then ``Vt.compute()`` of one ``svd(X)`` (or either
+    after ``qr(X, mode="r")``) read X once: the run that computes one keeps R,
+    and the others are the SVD of that R, in the driver (helper-44: X was
+    read once per part). U written afterwards matches them."""
+    x = _x(rng)
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(200, 37))
+    u, s, vt = ta.linalg.svd(a)
+    parts = {"s": s, "Vt": vt, "R": ta.linalg.qr(a, mode="r")}
+    got = {first: np.asarray(parts[first].compute())}
+    assert parts[first].stats.bytes_read == x.nbytes
+    for name, part in parts.items():
+        if name != first:
+            assert part.plan().bytes_read == 0, name
+            got[name] = np.asarray(part.compute())
+            assert part.stats.bytes_read == 0, name
+    ws = np.linalg.svd(x, compute_uv=False)
+    assert_close(got["s"], ws, scale=ws[0])
+    assert_close(np.abs(got["R"]), np.abs(np.linalg.qr(x, mode="r")), scale=ws[0])
+    ua = np.asarray(u.to_zarr(tmp_path / "u.zarr"))
+    assert np.linalg.norm((ua * got["s"]) @ got["Vt"] - x) <= 1e-12 * np.linalg.norm(x)
+
+
 def test_randomized_svd_of_a_square_matrix(thread_engine, tmp_path, rng):
     """svd_compressed / svd(k=): a 700 x 500 matrix of rank 12 plus 1e-8 noise
     (tiles not dividing it): the top singular values to 1e-6 with power

@@ -17,6 +17,7 @@ from dask.base import tokenize
 
 from .. import _config
 from ..errors import IncompleteOutputError, StorageError
+from ..graphs.linalg import svd_from_r
 from ..storage import ArrayRef, Grid, create, done_units, grid_of, mark_complete, open_array
 from ..storage import array as sarray
 from ..storage.commit import (
@@ -222,8 +223,19 @@ def cached_factor(node):
     factorization on unchanged inputs computed it, else None."""
     if not isinstance(node, TSQR) or node.part not in ("R", "s", "Vt") or not _FACTORS:
         return None
-    hit = _FACTORS.get(_factor_key(node, input_states(node)))
-    return None if hit is None else hit.get(node.part)
+    return _part(_FACTORS.get(_factor_key(node, input_states(node))), node.part,
+                 node.x.shape[1])
+
+
+def _part(hit: dict | None, part: str, n: int):
+    """``part`` of a remembered factorization ``hit`` of an ``m x n`` X: as a
+    run gave it, or s and Vt from its R (the root's SVD of R, taken here:
+    ``s.compute()`` then ``Vt.compute()`` of one ``svd(x)`` read X once)."""
+    if hit is None:
+        return None
+    if hit.get(part) is None and part in ("s", "Vt") and hit.get("R") is not None:
+        _, hit["s"], hit["Vt"] = svd_from_r(np.asarray(hit["R"])[:, :n])
+    return hit.get(part)
 
 
 def _remember(node, states, outputs, values=None) -> None:
@@ -262,10 +274,11 @@ def aligned(node, states: dict, memo=None):
                 if any(a is not b for a, b in zip(v, w, strict=True)):
                     changes[f.name] = w
         if isinstance(node, TSQR) and node.part == "U" and "align" not in dict(node.options):
-            hit = _FACTORS.get(_factor_key(node, states)) if _FACTORS else None
-            if hit is not None and hit.get("Vt") is not None:
+            vt = _part(_FACTORS.get(_factor_key(node, states)), "Vt",
+                       node.x.shape[1]) if _FACTORS else None
+            if vt is not None:
                 changes["options"] = tuple(sorted({**dict(node.options),
-                                                   "align": np.asarray(hit["Vt"])}.items()))
+                                                   "align": np.asarray(vt)}.items()))
         if changes:
             new = dataclasses.replace(node, **changes)
     memo[id(node)] = new

@@ -100,7 +100,8 @@ def _r_of(value) -> np.ndarray:
 
 def root(part: str, n: int, m: int, options: tuple, top):
     """The root: signs normalised so ``diag(R) >= 0``, then ``part`` of the
-    factorization: "R" (``r x n``), "s" / "Vt" (thin SVD of R), "lstsq"
+    factorization: "R" (``r x n``), "s" / "Vt" (thin SVD of R, as
+    ``{"R": ..., part: ...}``: :func:`factor`), "lstsq"
     (NumPy's tuple from R of ``[X | Y]``), or "down": ``{"slice": ...,
     "R": ..., ["s": ..., "Vt": ...]}`` -- the slice handed down to the top
     node's children (``D``, or ``D @ U_R`` with ``options`` ``(("right",
@@ -114,9 +115,9 @@ def root(part: str, n: int, m: int, options: tuple, top):
     r = r * d[:, None]
     if part == "R":
         out = r
-    elif part in ("s", "Vt"):
+    elif part in ("s", "Vt"):  # with R, kept by the driver for the other parts
         s_vt = kern.svd_from_r(r[:, :n], compute_uv=part == "Vt")
-        out = s_vt[2] if part == "Vt" else s_vt
+        out = {"R": r, part: s_vt[2] if part == "Vt" else s_vt}
     elif part == "lstsq":
         out = kern.lstsq_from_r(r, n, m, rcond=opts.get("rcond"), vector=opts.get("vector"))
         if opts.get("result"):  # computed in float64 (NumPy's way), returned in X's dtype
@@ -131,6 +132,12 @@ def root(part: str, n: int, m: int, options: tuple, top):
                 u_r, out["Vt"] = kern.align_svd(u_r, out["Vt"], np.asarray(opts["align"]))
             out["slice"] = out["slice"] @ u_r
     return out, counted(st)
+
+
+def factor(part: str, root_):
+    """``part`` of a root's ``{"R": ..., part: ...}``; the root's figures are
+    counted through the root itself (the plan's "factors" output)."""
+    return root_[0][part], counted({})
 
 
 def down(node, slice_, index: int = 0):

@@ -951,6 +951,8 @@ def _lower_walk(p: Planner, node, budget, out, out_grid, skip) -> Plan:
     side = {}
     if node.small or (node.ndim != 2 and not isinstance(node, MatVec)):
         key = p.small(node)
+        if isinstance(node, TSQR) and "factors" in p.stages[-1].outputs:
+            side = {"factors": p.stages[-1].outputs["factors"]}  # R with s or Vt
         p.finish()
         stat_keys = p.stat_keys([key])
         last = p.add(lower_store_small(node, key, out) if out is not None else result_stage(node))

@@ -149,6 +149,9 @@ def lower_tsqr(node, specs, widths, deps: list, budget: Budget, out=None, out_gr
     if big:  # the root hands down D (Q) or D @ U_R (U)
         part, options = "down", tuple(sorted({**dict(options), "right": node.part}.items()))
     root = up.add(name + "-root", gts.root, part, n, m, options, top)
+    # s or Vt: the root also gives R, from which the driver takes the other
+    factors = big or part in ("s", "Vt")
+    value = up.add(name + "-" + part, gts.factor, part, root) if factors and not big else root
     flops = 2 * m * w * w
     # the up leaves read and factor (R only); with Q or U, ``peak`` is the
     # down leaves' (they also hold and write their rows of the result)
@@ -159,8 +162,8 @@ def lower_tsqr(node, specs, widths, deps: list, budget: Budget, out=None, out_gr
         + (f" (their Q pieces, {format_bytes(held)}, held for the pass down)" if big else ""),
         len(up), max(up_peak, combine), tot.nbytes, flops=flops,
         reads=tot.reads, store_gets=tot.gets, work=up.freeze(),
-        outputs={"R": Output("value", (root,))} if not big else
-        {"factors": Output("value", (root,))})
+        outputs={**({"R": Output("value", (value,))} if not big else {}),
+                 **({"factors": Output("value", (root,))} if factors else {})})
     if not big:
         return [first]
     return [first, _down_stage(node, name, specs, widths, deps, row_edges, levels, root,
