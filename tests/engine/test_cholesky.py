@@ -761,7 +761,10 @@ def test_planning_makes_zero_store_calls(tmp_path, rng):
     assert counts(name)["gets"] == 0 and counts(name).get("sets", 0) == 0
 
 
-def test_only_matrix_errors_lose_the_workers_failure_log():
+def test_only_known_errors_lose_the_workers_failure_log():
+    """tilearray's own errors (which the client raises, naming the tile,
+    chunk or path) and LinAlgError fail without distributed's "Compute
+    Failed" record; any other failure keeps it."""
     import logging
 
     from tilearray.engine.runtime.plugins import _keep_record as keep
@@ -775,8 +778,10 @@ def test_only_matrix_errors_lose_the_workers_failure_log():
     assert not keep(record('NotPositiveDefiniteError("... column 100 ...")'))
     assert not keep(record("SingularMatrixError('... column 3 ...')"))
     assert not keep(record("AllNaNSliceError('np.nanargmin: All-NaN slice encountered')"))
-    assert keep(record("CorruptChunkError('a.zarr: chunk (0, 1): crc32c mismatch')"))
+    assert not keep(record("CorruptChunkError('a.zarr: chunk (0, 1): crc32c mismatch')"))
+    assert not keep(record("StorageError('input b.zarr was modified while compute() read it')"))
     assert keep(record("ZeroDivisionError('division by zero')"))
+    assert keep(record("RuntimeError('Zstd decompression error')"))
     other = logging.LogRecord("distributed.worker", logging.ERROR, __file__, 1,
                               "Failed to communicate", (), None)
     assert keep(other)

@@ -333,6 +333,20 @@ def test_missing_chunk_of_complete_output_is_an_error(engine, tmp_path, rng):
     _not_complete(out)
 
 
+def test_corrupt_chunk_is_reported_once(thread_engine, tmp_path, rng, caplog):
+    """A corrupt chunk fails the job with the CorruptChunkError alone: no
+    worker "Compute Failed" record and traceback beside it (helper-44)."""
+    x = rng.standard_normal((N, N))
+    b = ta.from_numpy(x, tmp_path / "b.zarr", tile=(TILE, TILE))
+    path = tmp_path / "b.zarr" / "c" / "1" / "0"
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ta.CorruptChunkError, match=r"b\.zarr.*tile index \(1, 0\)"):
+        b.sum(axis=0).compute(engine=thread_engine)
+    assert "Compute Failed" not in caplog.text
+
+
 @pytest.mark.timeout(120)
 def test_missing_shard_of_complete_output_names_its_first_tile(engine, tmp_path, rng):
     x = rng.standard_normal((32, 32))

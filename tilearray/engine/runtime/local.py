@@ -94,11 +94,11 @@ def start_local(n_workers, threads, memory_per_worker, processes, adaptive, span
         _keep_nannies(cluster)
     if adaptive is not None:
         cluster.adapt(minimum=lo, maximum=hi)
-    from .plugins import BlasLimit, IgnoreInterrupt, QuietMatrixErrors
+    from .plugins import BlasLimit, IgnoreInterrupt, QuietKnownErrors
 
     try:
         client.register_plugin(BlasLimit(blas), name=BlasLimit.name)
-        client.register_plugin(QuietMatrixErrors(), name=QuietMatrixErrors.name)
+        client.register_plugin(QuietKnownErrors(), name=QuietKnownErrors.name)
         if processes:
             client.register_plugin(IgnoreInterrupt(), name=IgnoreInterrupt.name)
     except OSError as e:  # distributed's CommClosedError is one

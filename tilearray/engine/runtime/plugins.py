@@ -44,42 +44,53 @@ class IgnoreInterrupt(WorkerPlugin):
             signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-class QuietMatrixErrors(WorkerPlugin):
-    """A task that finds its matrix not positive definite or singular (or a
-    ``nanargmin`` slice all NaN) fails without the worker's "Compute Failed"
-    log record (a traceback on the user's terminal before the error itself):
-    the client raises the same error, whose message names the tile and
-    column. Other failures keep distributed's log."""
+class QuietKnownErrors(WorkerPlugin):
+    """A task failing with one of tilearray's own errors -- a matrix not
+    positive definite or singular, a ``nanargmin`` slice all NaN, a corrupt
+    chunk, a changed input -- fails without the worker's "Compute Failed"
+    log record (a traceback on the user's terminal beside the error itself):
+    the client raises the same error, whose message names the tile, chunk or
+    path. Other failures keep distributed's log."""
 
-    name = "tilearray-quiet-matrix-errors"
-    ERRORS = ("NotPositiveDefiniteError", "SingularMatrixError", "AllNaNSliceError",
-              "LinAlgError")
+    name = "tilearray-quiet-known-errors"
     _users = 0  # workers of this process using the filter (in-process workers share it)
     _lock = threading.Lock()
 
     def setup(self, worker):
         import logging
 
-        with QuietMatrixErrors._lock:
-            if QuietMatrixErrors._users == 0:
+        with QuietKnownErrors._lock:
+            if QuietKnownErrors._users == 0:
                 logging.getLogger("distributed.worker").addFilter(_keep_record)
-            QuietMatrixErrors._users += 1
+            QuietKnownErrors._users += 1
 
     def teardown(self, worker):
         import logging
 
-        with QuietMatrixErrors._lock:
-            QuietMatrixErrors._users -= 1
-            if QuietMatrixErrors._users == 0:
+        with QuietKnownErrors._lock:
+            QuietKnownErrors._users -= 1
+            if QuietKnownErrors._users == 0:
                 logging.getLogger("distributed.worker").removeFilter(_keep_record)
 
 
+def _known_errors() -> tuple:
+    """``"Name("`` of every tilearray error class, and NumPy's LinAlgError:
+    how distributed's record shows the exception (``repr``)."""
+    from ... import errors
+
+    names, todo = {"LinAlgError"}, [errors.TilearrayError]
+    while todo:
+        cls = todo.pop()
+        names.add(cls.__name__)
+        todo += cls.__subclasses__()
+    return tuple(n + "(" for n in sorted(names))
+
+
 def _keep_record(record) -> bool:
-    """False for distributed's "Compute Failed" record of a matrix error."""
+    """False for distributed's "Compute Failed" record of a known error."""
     if not str(record.msg).startswith("Compute Failed") or len(record.args or ()) < 4:
         return True
-    return not str(record.args[3]).startswith(
-        tuple(e + "(" for e in QuietMatrixErrors.ERRORS))
+    return not str(record.args[3]).startswith(_known_errors())
 
 
 class PeakMemory(WorkerPlugin):
