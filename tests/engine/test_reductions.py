@@ -460,3 +460,32 @@ def test_fused_reductions_price_their_temporaries_by_strip(tmp_path):
             (census.stats, str(plan))
         assert_close(np.asarray(np.percentile(a, [5, 50, 95])), np.percentile(x, [5, 50, 95]))
         assert float(np.median(a)) == np.median(x)
+
+
+@pytest.mark.parametrize("func", [np.var, np.std, np.nanvar, np.nanstd])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int32])
+def test_variance_about_a_given_mean_like_numpy(thread_engine, func, dtype):
+    """NumPy 2's ``mean=``: the spread about the mean given (any broadcasting
+    array, a scalar, or a lazy result), with ``ddof`` (NaN where the
+    nan-variants' slices have none left) and ``keepdims``; as NumPy's in
+    value, shape and dtype (helper-44: refused as unsupported)."""
+    rng = np.random.default_rng(9)
+    x = (rng.standard_normal((130, 45)) * 10).astype(dtype)
+    if x.dtype.kind == "f":
+        x[5, 3], x[:, 9] = np.nan, np.nan
+    a = ta.from_numpy(x, f"memory://var-about-{func.__name__}-{x.dtype}", tile=(50, 20))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        centre = [(None, 0.5), (0, np.nanmean(x, 0, keepdims=True)),
+                  (1, np.nanmean(x, 1, keepdims=True)), (0, np.zeros(45, x.dtype))]
+        for axis, mean in centre:
+            for ddof, keepdims in [(0, False), (1, True), (130, False)]:
+                want = func(x, axis=axis, mean=mean, ddof=ddof, keepdims=keepdims)
+                got = np.asarray(func(a, axis=axis, mean=mean, ddof=ddof,
+                                      keepdims=keepdims).compute(engine=thread_engine))
+                assert got.shape == np.shape(want) and got.dtype == np.asarray(want).dtype
+                tol = 1e-5 if x.dtype == np.float32 else 1e-12
+                np.testing.assert_allclose(got, want, rtol=tol, equal_nan=True)
+        lazy = a.mean(axis=0, keepdims=True)  # a lazy mean: the same as the data's own
+        if x.dtype.kind != "f":
+            assert_close(a.var(axis=0, mean=lazy).compute(engine=thread_engine), x.var(0))

@@ -13,7 +13,7 @@ import numpy as np
 from ...errors import PlanningError, PlanningIndexError
 from ...graphs.reduction import NO_IDENTITY
 from ...storage import Grid
-from . import routines, selection
+from . import routines, selection, statistics
 from .nodes import Elemwise, SliceNode, Source, Transpose, derive_dims
 from .ops import (
     DTYPE_OPS,
@@ -55,7 +55,7 @@ def _row_or_column(key: tuple, shape: tuple) -> tuple:
 
 def _unsupported(op: str, **given) -> None:
     """Refuse NumPy arguments a lazy reduction has no use for (``out=``,
-    ``where=``, ``mean=``), naming them."""
+    ``where=``), naming them."""
     bad = sorted(k for k, v in given.items() if v is not None)
     if bad:
         raise TypeError(f"{op}: {', '.join(k + '=' for k in bad)} not supported on TiledArrays "
@@ -96,10 +96,14 @@ def _reduction(op: str, summary: str):
     if op in ("var", "std"):
         def method(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False, *,
                    where=None, mean=None):
-            _unsupported(op, out=out, where=where, mean=mean)
+            _unsupported(op, out=out, where=where)
+            if mean is not None:
+                return statistics.var_about(op, self, mean, axis, keepdims, ddof, dtype)
             return reduce_as(op, self, axis, keepdims, ddof, dtype)
         ddof_doc = ("\n    ddof : int or float\n        Delta degrees of freedom: divide by "
-                    "``N - ddof``.")
+                    "``N - ddof``.\n    mean : array-like or TiledArray, optional (keyword)\n"
+                    "        As NumPy 2's: the spread about this mean (broadcasting as a "
+                    "``keepdims``\n        mean), not the data's own.")
     elif op in DTYPE_OPS:
         def method(self, axis=None, dtype=None, out=None, keepdims=False, *, where=None):
             _unsupported(op, out=out, where=where)

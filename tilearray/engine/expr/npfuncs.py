@@ -19,7 +19,7 @@ from . import routines, statistics
 from .lazy import LazyArray
 from .nodes import Elemwise
 from .npbase import implements
-from .ops import HANDLED, elemwise, matmul, nan_as, reduce_as
+from .ops import HANDLED, VARIANCES, elemwise, matmul, nan_as, reduce_as
 
 _INITIAL = {"sum": "add", "prod": "multiply", "max": "maximum", "min": "minimum",
             "nansum": "add", "nanmax": "fmax", "nanmin": "fmin"}
@@ -37,12 +37,15 @@ def _reduction(np_func, op: str):
         dtype = bound.pop("dtype", None)
         ddof = bound.pop("ddof", bound.pop("correction", 0))
         initial = bound.pop("initial", None) if op in _INITIAL else None
+        mean = bound.pop("mean", None) if op in VARIANCES else None
         for name, value in bound.items():
             if not (name == "out" and value is None) and not (name == "where" and value is True):
                 raise TypeError(f"np.{np_func.__name__}: argument {name}= is not supported "
                                 "on TiledArrays")
         if not isinstance(a, LazyArray):
             raise TypeError(f"np.{np_func.__name__}: expected a TiledArray, got {type(a).__name__}")
+        if mean is not None:
+            return statistics.var_about(op, a, mean, axis, keepdims, ddof, dtype)
         res = reduce_as(op, a, axis, keepdims, ddof, dtype)
         if initial is None:
             return res

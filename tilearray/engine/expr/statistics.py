@@ -13,7 +13,28 @@ import numpy as np
 from ...errors import PlanningError
 from . import routines, selection
 from .nodes import Elemwise, Full, Outer, Quantile, Unique, is_big_vector
-from .ops import ExprBase, as_constant, as_node, elemwise, wrap_like
+from .ops import ExprBase, as_constant, as_node, elemwise, reduce_as, wrap_like
+
+
+def var_about(op: str, a, mean, axis=None, keepdims=False, ddof=0, dtype=None) -> ExprBase:
+    """NumPy 2's ``mean=`` of ``var`` / ``std`` / ``nanvar`` / ``nanstd``
+    (``op``): the spread about the given ``mean`` (a NumPy array, scalar or
+    lazy result broadcasting against ``a`` as NumPy's ``keepdims`` mean), not
+    about the data's own: ``sum(|a - mean|**2) / (N - ddof)`` over ``axis``,
+    the NaNs of ``a`` left out (and not counted in N) by the nan-variants,
+    whose slices with ``N - ddof <= 0`` give NaN. One pass over ``a``."""
+    nan = op.startswith("nan") and a.dtype.kind == "f"  # no NaN in others: NumPy's var
+    dev = a - mean
+    total = reduce_as("nansum" if nan else "sum", dev * dev, axis, keepdims, 0, dtype)
+    if nan:  # NumPy's count of the elements that are not NaN
+        dof = reduce_as("sum", ~np.isnan(a), axis, keepdims) - ddof
+        var = np.where(dof > 0, total / np.maximum(dof, 1), np.nan)
+        var = var.astype(total.dtype) if var.dtype != total.dtype else var
+    else:
+        n = a.size // max(total.size, 1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            var = total / max(n - ddof, 0)
+    return np.sqrt(var) if op.endswith("std") else var
 
 
 def cov(m, y=None, rowvar=True, bias=False, ddof=None, fweights=None, aweights=None,
