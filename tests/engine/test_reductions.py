@@ -489,3 +489,40 @@ def test_variance_about_a_given_mean_like_numpy(thread_engine, func, dtype):
         lazy = a.mean(axis=0, keepdims=True)  # a lazy mean: the same as the data's own
         if x.dtype.kind != "f":
             assert_close(a.var(axis=0, mean=lazy).compute(engine=thread_engine), x.var(0))
+
+
+@pytest.mark.parametrize("make", [
+    lambda a: np.full_like(a, 3), lambda a: np.ones_like(a) * 2,
+    lambda a: np.zeros_like(a) + 1, lambda a: np.full_like(a, 7, dtype=np.int32)],
+    ids=["full_like", "ones_times_2", "zeros_plus_1", "full_like_int32"])
+def test_constant_arrays_reduce_and_multiply_like_numpy(thread_engine, make):
+    """A lazy constant (``np.full_like(a, 3)``, ``np.ones_like(a) * 2``) reads
+    nothing; each block is its value broadcast over the block. A block used
+    to be the bare scalar: ``np.full_like(a, 3).sum()`` gave 51 (one 3 per
+    block) for 6,300,000, ``sum(axis=0)`` and ``std()`` failed (helper-45)."""
+    x = np.zeros((3000, 700))
+    a = ta.from_numpy(x, "memory://constant-reductions", tile=(1024, 300), overwrite=True)
+    c, want = make(a), make(x)
+    for f in (lambda v: v.sum(), lambda v: v.sum(axis=0), lambda v: v.sum(axis=1, keepdims=True),
+              lambda v: v.prod(axis=0), lambda v: v.std(), lambda v: v.mean(axis=1),
+              lambda v: np.count_nonzero(v, axis=0), lambda v: v.max(axis=0),
+              lambda v: np.cumsum(v, axis=0)[-3:, :4], lambda v: v[:, :5].T @ v[:, :7],
+              lambda v: v @ np.arange(700.0)):
+        got, exp = f(c), f(want)
+        got = np.asarray(got.compute(engine=thread_engine))
+        assert got.shape == exp.shape and got.dtype == exp.dtype
+        np.testing.assert_array_equal(got, exp)
+    np.testing.assert_array_equal(c[:2, :3].compute(engine=thread_engine), want[:2, :3])
+
+
+def test_blocked_vector_indexed_like_numpy(thread_engine):
+    """``(a @ w)[:3]``, ``v[[5, 1]]``, ``v[v > 0]`` of a blocked 1-D product:
+    computed, then indexed by NumPy's rules (it was refused: "a 1-D product
+    is not held in memory", helper-45)."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((3000, 70))
+    a = ta.from_numpy(x, "memory://blocked-vector-index", tile=(1024, 30), overwrite=True)
+    v, w = a @ np.ones(70), x @ np.ones(70)
+    for key in (slice(None, 3), [5, 1], -1, slice(None, None, -7)):
+        assert_close(np.asarray(v[key].compute(engine=thread_engine)), w[key])
+    assert_close(np.asarray(v[v > 0].compute(engine=thread_engine)), w[w > 0])

@@ -290,7 +290,8 @@ def _block_partial(spec, op, axis, rows, cols, ncols, deps, stats, full, lent):
         hh = srows[1] - srows[0]
         seen = _views(spec, srows, cols, full)
         if result is not None:
-            args = [evaluate(a, srows, cols, list(deps), stats, _seen=seen) for a in spec.args]
+            args = [evaluate(a, srows, cols, list(deps), stats, _seen=seen, whole=False)
+                        for a in spec.args]
             x = ufunc(*args, out=result[:hh])
         else:
             x = np.asarray(evaluate(spec, srows, cols, list(deps), stats, _seen=seen))

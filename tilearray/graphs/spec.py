@@ -398,14 +398,29 @@ def _concat_edges(spec: Concat, axis: int, common: bool):
 
 
 def evaluate(spec, rows: Range, cols: Range, deps: list, stats: IOStats, _seen=None,
-             max_bytes: int | None = None) -> Any:
+             max_bytes: int | None = None, whole: bool = True) -> Any:
     """Compute region ``rows x cols`` of a spec on the worker.
 
     A stored array that appears several times (``a * a``, ``a - a.mean(0)``)
     is read once per region. ``max_bytes`` bounds each read request (and so
-    the decode buffers alive at once).
+    the decode buffers alive at once). ``whole``: the result has the
+    region's shape, a spec of constants, rows or columns alone
+    (``np.ones_like(a)``, ``np.full_like(a, 3) * 2``) broadcast to it in a
+    new array (its callers may write into it); else (an operand of a ufunc
+    that broadcasts) it may be anything broadcasting to it. (Until
+    2026-12-07 such a spec's block was its scalar: ``np.full_like(a,
+    3).sum()`` summed one 3 per block, helper-45.)
     """
-    seen = {} if _seen is None else _seen
+    x = _evaluate(spec, rows, cols, deps, stats, {} if _seen is None else _seen, max_bytes)
+    shape = (rows[1] - rows[0], cols[1] - cols[0])
+    if whole and np.shape(x) != shape:
+        x = np.array(np.broadcast_to(x, shape))
+    return x
+
+
+def _evaluate(spec, rows: Range, cols: Range, deps: list, stats: IOStats, seen: dict,
+              max_bytes: int | None) -> Any:
+    """:func:`evaluate`, its result any array broadcasting to the region."""
     if isinstance(spec, Read):
         key = (spec, rows, cols)
         if key not in seen:
@@ -413,12 +428,12 @@ def evaluate(spec, rows: Range, cols: Range, deps: list, stats: IOStats, _seen=N
                                     inner=spec.grid.within is not None)
         return seen[key]
     if isinstance(spec, Trans):
-        return evaluate(spec.x, cols, rows, deps, stats, seen, max_bytes).T
+        return _evaluate(spec.x, cols, rows, deps, stats, seen, max_bytes).T
     if isinstance(spec, Slice):
         (r0, c0), (rs, cs) = spec.start, spec.step
         rr = (r0 + rows[0] * rs, r0 + (rows[1] - 1) * rs + 1) if rows[1] > rows[0] else (r0, r0)
         cc = (c0 + cols[0] * cs, c0 + (cols[1] - 1) * cs + 1) if cols[1] > cols[0] else (c0, c0)
-        block = evaluate(spec.x, rr, cc, deps, stats, seen, max_bytes)
+        block = _evaluate(spec.x, rr, cc, deps, stats, seen, max_bytes)
         return block[::rs, ::cs] if (rs, cs) != (1, 1) else block
     if isinstance(spec, Const):
         return spec.value
@@ -436,7 +451,7 @@ def evaluate(spec, rows: Range, cols: Range, deps: list, stats: IOStats, _seen=N
             return np.asarray(v).reshape(len(v), -1)[rows[0] : rows[1], cols[0] : cols[1]]
         return v
     if isinstance(spec, Op):
-        args = [evaluate(a, rows, cols, deps, stats, seen, max_bytes) for a in spec.args]
+        args = [_evaluate(a, rows, cols, deps, stats, seen, max_bytes) for a in spec.args]
         return func(spec.name)(*args, **dict(spec.kwargs))
     if isinstance(spec, Concat | Gather):  # its parts' reads are dropped once copied in
         key = (spec, tuple(rows), tuple(cols))
@@ -462,7 +477,7 @@ def _evaluate_joined(spec, rows: Range, cols: Range, deps, stats, seen, max_byte
             if b > a:
                 sub = list(region)
                 sub[ax] = (a - spec.offsets[k], b - spec.offsets[k])
-                piece = evaluate(part, *sub, deps, stats, ChainMap({}, seen), max_bytes)
+                piece = _evaluate(part, *sub, deps, stats, ChainMap({}, seen), max_bytes)
                 dst = [slice(None), slice(None)]
                 dst[ax] = slice(a - lo, b - lo)
                 out[tuple(dst)] = piece
@@ -472,7 +487,7 @@ def _evaluate_joined(spec, rows: Range, cols: Range, deps, stats, seen, max_byte
     for a, b in gather_spans(spec.index, spec.edges, lo, hi):
         sub = list(region)
         sub[ax] = (a, b)
-        piece = evaluate(spec.x, *sub, deps, stats, ChainMap({}, seen), max_bytes)
+        piece = _evaluate(spec.x, *sub, deps, stats, ChainMap({}, seen), max_bytes)
         shape = [rows[1] - rows[0], cols[1] - cols[0]]
         shape[ax] = b - a
         piece = np.broadcast_to(piece, shape)

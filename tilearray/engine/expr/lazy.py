@@ -10,6 +10,7 @@ import operator
 
 import numpy as np
 
+from ... import _config
 from ...errors import PlanningError, PlanningIndexError
 from ...graphs.reduction import NO_IDENTITY
 from ...storage import Grid
@@ -385,9 +386,12 @@ class LazyArray(ExprBase):
         stored vector, a reduction's result), by NumPy's rules."""
         n = self._node
         key = key if isinstance(key, tuple) else (key,)
-        if not n.small:
-            raise PlanningError(f"indexing {n}: a 1-D product is not held in memory; "
-                                "store it with .to_zarr(path) and index ta.open(path)")
+        if not n.small:  # a blocked product (x @ w): computed first, as reshape does
+            if self.nbytes > _config.get_bytes("compute.max-result-size"):
+                raise PlanningError(f"indexing {n}: a 1-D product of {self.size} elements is "
+                                    "not held in memory; store it with .to_zarr(path) and "
+                                    "index ta.open(path)")
+            return selection.held(self, np.asarray(self.compute()))[key]
         # a lazy index or mask (small: means[means > 0]) is computed now; lists as NumPy's
         key = tuple(np.asarray(k.compute()) if isinstance(k, ExprBase) else
                     _list_index(k) if isinstance(k, list) else k for k in key)
