@@ -526,3 +526,25 @@ def test_blocked_vector_indexed_like_numpy(thread_engine):
     for key in (slice(None, 3), [5, 1], -1, slice(None, None, -7)):
         assert_close(np.asarray(v[key].compute(engine=thread_engine)), w[key])
     assert_close(np.asarray(v[v > 0].compute(engine=thread_engine)), w[w > 0])
+
+
+def test_initial_on_methods_and_zero_size_like_numpy(thread_engine):
+    """NumPy's ``initial=`` on the methods (keyword and positional) as on the
+    functions; a zero-size reduction with it is ``initial`` itself, also
+    for max / min, which have no identity (helper-45: the methods refused
+    the keyword; ``np.max(a[5:5], axis=0, initial=-1.0)`` was refused)."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((300, 70))
+    a = ta.from_numpy(x, "memory://initial-methods", tile=(128, 30), overwrite=True)
+    cases = [(lambda v: v.sum(0, initial=10)), (lambda v: v.max(1, initial=1.5)),
+             (lambda v: v.min(initial=-0.5)), (lambda v: v[:3].prod(0, None, None, False, 2.0)),
+             (lambda v: v.max(0, None, True, 0.25)), (lambda v: v[5:5].max(0, initial=-1.0)),
+             (lambda v: v[:, 3:3].min(1, initial=7.0)), (lambda v: v[5:5].sum(initial=3.0)),
+             (lambda v: np.max(v[5:5], axis=0, initial=-1.0)),
+             (lambda v: np.nansum(v, axis=1, initial=2.0)),
+             (lambda v: v.astype(np.int32).sum(0, np.int64, initial=4))]
+    for f in cases:
+        want = f(x)
+        got = np.asarray(f(a).compute(engine=thread_engine))
+        assert got.shape == np.shape(want) and got.dtype == np.asarray(want).dtype
+        assert_close(got, want)

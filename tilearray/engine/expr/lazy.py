@@ -19,11 +19,13 @@ from .nodes import Elemwise, SliceNode, Source, Transpose, derive_dims
 from .ops import (
     DTYPE_OPS,
     HANDLED,
+    INITIAL,
     ExprBase,
     build_reduction,
     elemwise,
     matmul,
     reduce_as,
+    reduce_initial,
 )
 
 
@@ -93,7 +95,10 @@ def _reduction(op: str, summary: str):
         dtype_doc = ("\n    dtype : dtype-like, optional (keyword)\n        As NumPy's ``dtype=``: the "
                      "elements are cast to it and the result has it"
                      + (" (floating-point only)" if op in ("var", "std") else "") + ".")
-    # NumPy's positional order: (axis, dtype, out, [ddof,] keepdims) / (axis, out, keepdims)
+    initial_doc = ("\n    initial : scalar, optional\n        As NumPy's: combined with the "
+                   "result (the value of a zero-size reduction).")
+    # NumPy's positional order: (axis, dtype, out, [ddof,] keepdims[, initial]) /
+    # (axis, out, keepdims[, initial])
     if op in ("var", "std"):
         def method(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False, *,
                    where=None, mean=None):
@@ -105,11 +110,22 @@ def _reduction(op: str, summary: str):
                     "``N - ddof``.\n    mean : array-like or TiledArray, optional (keyword)\n"
                     "        As NumPy 2's: the spread about this mean (broadcasting as a "
                     "``keepdims``\n        mean), not the data's own.")
+    elif op in INITIAL and op in DTYPE_OPS:
+        def method(self, axis=None, dtype=None, out=None, keepdims=False, initial=None, *,
+                   where=None):
+            _unsupported(op, out=out, where=where)
+            return reduce_initial(op, self, axis, keepdims, dtype, initial)
+        ddof_doc = initial_doc
     elif op in DTYPE_OPS:
         def method(self, axis=None, dtype=None, out=None, keepdims=False, *, where=None):
             _unsupported(op, out=out, where=where)
             return reduce_as(op, self, axis, keepdims, 0, dtype)
         ddof_doc = ""
+    elif op in INITIAL:
+        def method(self, axis=None, out=None, keepdims=False, initial=None, *, where=None):
+            _unsupported(op, out=out, where=where)
+            return reduce_initial(op, self, axis, keepdims, None, initial)
+        ddof_doc = initial_doc
     elif op in ("argmin", "argmax", "count_nonzero"):
         def method(self, axis=None, out=None, *, keepdims=False):
             _unsupported(op, out=out)

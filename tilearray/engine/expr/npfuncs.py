@@ -19,11 +19,7 @@ from . import routines, statistics
 from .lazy import LazyArray
 from .nodes import Elemwise
 from .npbase import implements
-from .ops import HANDLED, VARIANCES, elemwise, matmul, nan_as, reduce_as
-
-_INITIAL = {"sum": "add", "prod": "multiply", "max": "maximum", "min": "minimum",
-            "nansum": "add", "nanmax": "fmax", "nanmin": "fmin"}
-"""``initial=``: the reduction's value combined with it elementwise."""
+from .ops import HANDLED, INITIAL, VARIANCES, elemwise, matmul, nan_as, reduce_as, reduce_initial
 
 
 def _reduction(np_func, op: str):
@@ -36,7 +32,7 @@ def _reduction(np_func, op: str):
         keepdims = bool(bound.pop("keepdims", False))
         dtype = bound.pop("dtype", None)
         ddof = bound.pop("ddof", bound.pop("correction", 0))
-        initial = bound.pop("initial", None) if op in _INITIAL else None
+        initial = bound.pop("initial", None) if op in INITIAL else None
         mean = bound.pop("mean", None) if op in VARIANCES else None
         for name, value in bound.items():
             if not (name == "out" and value is None) and not (name == "where" and value is True):
@@ -46,10 +42,9 @@ def _reduction(np_func, op: str):
             raise TypeError(f"np.{np_func.__name__}: expected a TiledArray, got {type(a).__name__}")
         if mean is not None:
             return statistics.var_about(op, a, mean, axis, keepdims, ddof, dtype)
-        res = reduce_as(op, a, axis, keepdims, ddof, dtype)
-        if initial is None:
-            return res
-        return elemwise(_INITIAL[op], res, np.asarray(initial).astype(res.dtype)[()])
+        if initial is not None:
+            return reduce_initial(op, a, axis, keepdims, dtype, initial)
+        return reduce_as(op, a, axis, keepdims, ddof, dtype)
 
     impl.__name__ = np_func.__name__
     return impl

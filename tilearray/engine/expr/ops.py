@@ -157,6 +157,28 @@ DTYPE_OPS = frozenset({"sum", "prod", "mean", "var", "std", "nansum", "nanmean",
 """Reductions that take NumPy's ``dtype=`` (the accumulator and result type)."""
 
 
+INITIAL = {"sum": "add", "prod": "multiply", "max": "maximum", "min": "minimum",
+           "nansum": "add", "nanmax": "fmax", "nanmin": "fmin"}
+"""Reductions taking NumPy's ``initial=``: the ufunc combining their value with it."""
+
+
+def reduce_initial(op, x, axis=None, keepdims=False, dtype=None, initial=None) -> ExprBase:
+    """``op`` over ``axis`` with NumPy's ``initial=`` (``op`` in :data:`INITIAL`):
+    the reduction combined with ``initial`` elementwise; a zero-size array's,
+    which reads nothing, is NumPy's own (``initial`` itself where max / min
+    have no identity)."""
+    if initial is None:
+        return reduce_as(op, x, axis, keepdims, 0, dtype)
+    n = as_node(x)
+    if 0 in n.shape:
+        kw = {} if dtype is None else {"dtype": dtype}
+        value = np.asarray(getattr(np, op)(np.empty(n.shape, n.dtype), axis=axis,
+                                           keepdims=keepdims, initial=initial, **kw))
+        return wrap_like(x, Constant(tuple(value.shape), value.dtype, value, tokenize(value)))
+    res = reduce_as(op, x, axis, keepdims, 0, dtype)
+    return elemwise(INITIAL[op], res, np.asarray(initial).astype(res.dtype)[()])
+
+
 def reduce_as(op, x, axis=None, keepdims=False, ddof=0, dtype=None) -> ExprBase:
     """``op`` over ``axis`` with NumPy's ``dtype=``: the elements are cast to
     ``dtype`` and the result is of ``dtype`` (``mean(dtype=int)`` truncates,
