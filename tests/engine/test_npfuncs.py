@@ -1549,3 +1549,33 @@ def test_lines_of_thin_chunks_are_read_in_few_strips(engine, tmp_path):
         assert strips <= 2, str(plan)
         assert np.array_equal(expr.compute(), want)
         assert expr.stats.bytes_read == plan.bytes_read
+
+
+def test_unique_of_an_image_plans_under_small_workers(tmp_path):
+    """np.unique of a 3000 x 2100 uint8 image in 1000 x 700 chunks at 200 MiB
+    a worker was refused: a block planned 83 bytes an element (NumPy's
+    unique takes 12 here) and the merges' value limit was sized without the
+    allocator's overhead, so any budget-bound limit planned over the budget
+    (helper-45). It runs; values, first indices, inverse and counts are
+    NumPy's, for floats with NaNs too (both equal_nan)."""
+    import zarr
+
+    rng = np.random.default_rng(5)
+    img = rng.integers(0, 256, (3000, 2100), dtype=np.uint8)
+    zarr.create_array(str(tmp_path / "img.zarr"), data=img, chunks=(1000, 700))
+    f = rng.integers(0, 40, (900, 700)).astype(np.float64)
+    f[rng.random(f.shape) < 0.01] = np.nan
+    zarr.create_array(str(tmp_path / "f.zarr"), data=f, chunks=(256, 300))
+    with ta.Engine(n_workers=1, threads_per_worker=1, memory_per_worker="200MiB",
+                   processes=False, quiet=True):
+        got = np.unique(ta.open(tmp_path / "img.zarr"), return_index=True, return_inverse=True,
+                        return_counts=True)
+        for g, w in zip(got, np.unique(img, return_index=True, return_inverse=True,
+                                       return_counts=True), strict=True):
+            np.testing.assert_array_equal(np.asarray(g), w)
+        for equal_nan in (True, False):
+            got = np.unique(ta.open(tmp_path / "f.zarr"), return_index=True, return_counts=True,
+                            equal_nan=equal_nan)
+            want = np.unique(f, return_index=True, return_counts=True, equal_nan=equal_nan)
+            for g, w in zip(got, want, strict=True):
+                np.testing.assert_array_equal(np.asarray(g), w)

@@ -190,6 +190,12 @@ class TooManyValues(ValueError):
     """More distinct values than a task may hold (:func:`unique_block`)."""
 
 
+def _too_many(where: str, limit: int) -> str:
+    return (f"np.unique: {where} holds more than {limit} distinct values, more than a task may "
+            "hold (the result would not fit); np.unique is meant for few distinct values "
+            "(labels, codes): for order statistics use np.quantile / np.histogram")
+
+
 def _distinct(values, counts, first, equal_nan: bool, limit: int, where: str):
     """Merge ``(values, counts, first flat index)`` whose values may repeat:
     sorted distinct values, their summed counts, their smallest first index."""
@@ -203,10 +209,7 @@ def _distinct(values, counts, first, equal_nan: bool, limit: int, where: str):
         new[1:] = ~same
     starts = np.flatnonzero(new)
     if len(starts) > limit:
-        raise TooManyValues(f"np.unique: {where} holds more than {limit} distinct values, more "
-                            "than a task may hold (the result would not fit); np.unique is meant "
-                            "for few distinct values (labels, codes): for order statistics use "
-                            "np.quantile / np.histogram")
+        raise TooManyValues(_too_many(where, limit))
     return (v[starts], np.add.reduceat(c, starts) if len(v) else c,
             np.minimum.reduceat(f, starts) if len(v) else f)
 
@@ -215,11 +218,17 @@ def unique_block(spec, rows, cols, deps, ncols: int, equal_nan: bool, limit: int
     """The distinct values of block ``rows x cols`` with their counts and the
     flat (C order) index of their first occurrence in the whole array."""
     x, stats = _block(spec, rows, cols, deps)
-    flat = ((np.arange(rows[0], rows[1], dtype=np.int64)[:, None] * ncols) +
-            np.arange(cols[0], cols[1], dtype=np.int64)[None, :]).ravel()
-    value = _distinct(np.ascontiguousarray(x).ravel(), np.ones(x.size, dtype=np.int64), flat,
-                      equal_nan, limit, f"block rows {rows} cols {cols}")
-    return _done(value, stats)
+    # NumPy's unique of the block (its first occurrences in the block's C
+    # order, then placed in the whole array's): a sort and a few arrays of the
+    # distinct values, where sorting (value, position) pairs built two more
+    # int64 arrays of the block (helper-45: 83 bytes an element planned)
+    v, first, c = np.unique(np.asarray(x).ravel(), return_index=True, return_counts=True,
+                            equal_nan=equal_nan)
+    if len(v) > limit:
+        raise TooManyValues(_too_many(f"block rows {rows} cols {cols}", limit))
+    width = cols[1] - cols[0]
+    first = (first // width + rows[0]) * ncols + first % width + cols[0]
+    return _done((v, c.astype(np.int64), first.astype(np.int64)), stats)
 
 
 def unique_merge(equal_nan: bool, limit: int, *parts):

@@ -235,8 +235,16 @@ def lower_unique(node, spec, deps: list, budget: Budget) -> Stage:
     fan = int(_config.get("reduction.split-every"))
     # a merge holds its children, their concatenation, its sorted copy, the order and flags
     merge_per_value = 3 * per_value + 16
-    limit = int(max(min(UNIQUE_LIMIT, budget.task_memory // ((fan + 1) * merge_per_value)), 1))
-    temps = (op_temporaries(spec) + 1) * max(item, 8) + 3 * (per_value + 8)
+    # as many as fit a task once the allocator's overhead is counted (as the
+    # peak below): without it, a budget-bound limit planned over the budget
+    # and refused every unique under ~220 MiB workers (helper-45)
+    overhead = float(_config.get("memory.allocator-overhead"))
+    limit = int(max(min(UNIQUE_LIMIT, budget.task_memory // ((fan + 1) * merge_per_value
+                                                             * overhead)), 1))
+    # NumPy's unique of a block, measured (tracemalloc, 700k elements all
+    # distinct): 57 bytes an element for float64, the sort's permutation and
+    # copies and the distinct values with their first indices and counts
+    temps = op_temporaries(spec) * max(item, 8) + 33 + 3 * item
     costs, peak = fit_blocks(spec, node.x.shape, None, temps, budget)
     check_fits("unique", peak, short(node), budget)
     m, n = node.x.shape
