@@ -255,6 +255,23 @@ def test_chunks_larger_than_the_array_are_planned_whole(tmp_path, rng, fmt):
         assert_close(V.sum().compute(), v.sum())
 
 
+def test_stage_refusal_names_chunks_larger_than_the_array(tmp_path):
+    """A stage over its budget by its own figures (a reduction's, a matmul's:
+    they price the decoded chunk they read) says so when an input is stored in
+    chunks larger than itself, as the padding's own refusal does; it gave
+    only the task's size and "smaller tiles/shards" (helper-45: 3000 x 700 in
+    5000 x 1000 chunks, at 200 MiB a worker)."""
+    zarr.create_array(str(tmp_path / "x.zarr"), shape=(3000, 700), chunks=(5000, 1000),
+                      dtype="f8")  # metadata only: refused before any read
+    x = ta.open(tmp_path / "x.zarr")
+    budget = ta.Budget.from_config("200MiB", 2, 1)
+    for expr in (x.sum(axis=0), x.sum(), x @ x.T):
+        with pytest.raises(ta.PlanningError, match=r"x\.zarr' is stored in chunks of \(5000, "
+                           r"1000\), larger than its \(3000, 700\) shape.*rechunk it.*: the "
+                           r"smallest (reduce|matmul) task needs"):
+            expr.plan(budget=budget)
+
+
 def test_operands_as_numpy_takes_them(engine, tmp_path):
     """A list operand is NumPy's ``np.asarray(list)`` (it was refused); an
     operand NumPy has no loop for is a TypeError, as NumPy's UFuncTypeError

@@ -262,12 +262,17 @@ class Planner:
         """``stage`` (it reads stored arrays) holding the largest padded chunk's
         padding too (:meth:`_note_padding`); refused when that is over the
         budget, naming the array (a larger budget, or the array rechunked)."""
-        padded, what = self._padded
-        peak = stage.peak_task_memory + as_rss(padded)
+        peak = stage.peak_task_memory + as_rss(self._padded[0])
         if peak > self.budget.task_memory:
-            raise DoesNotFit(stage.kind, peak, f"{what} (rechunk it, e.g. with zarr, to "
-                             "chunks no larger than the array)", self.budget)
+            raise DoesNotFit(stage.kind, peak, self.padding_advice(), self.budget)
         return dataclasses.replace(stage, peak_task_memory=peak)
+
+    def padding_advice(self) -> str:
+        """The largest padded chunk read (:meth:`_note_padding`) and what to
+        do about it, or ""."""
+        if not self._padded[0]:
+            return ""
+        return f"{self._padded[1]} (rechunk it, e.g. with zarr, to chunks no larger than the array)"
 
     def finish(self) -> None:
         """Tasks after the last stage are its own."""
@@ -943,6 +948,9 @@ def _lower(node, budget, out, out_grid, skip, inner_shards: bool = False,
         return _lower_walk(p, node, budget, out, out_grid, skip)
     except DoesNotFit as e:  # the temporaries made before the refusal: :func:`lower` retries
         e.temp_tile = max((max(r.grid.tile) for r, _ in p._temps.values()), default=0)
+        padded = p.padding_advice()
+        if padded and padded not in e.what:  # a stage's own check: say why its reads are large
+            e.what = f"{e.what} ({padded})"
         raise
 
 
