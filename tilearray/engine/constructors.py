@@ -260,7 +260,10 @@ def random(shape, path=None, *, name="", dims=None, tile=(1024, 1024), shard=Non
 random.__doc__ = f"""Write a reproducible random matrix (standard normal for floats).
 
     Units are written in parallel on the active engine (``with Engine()``),
-    or by local threads when none is active. Same seed and tiling, same values.
+    or by local threads when none is active. Same seed and tiling, same values,
+    whatever the engine or its memory; another ``tile=`` gives other values
+    (each tile draws from its own stream, seeded by the seed and the tile's
+    index, as ``dask.array.random`` depends on its chunks).
 
     Parameters
     ----------
