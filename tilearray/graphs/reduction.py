@@ -206,10 +206,16 @@ fresh block-sized arrays: ``(a - b)`` and var's squared deviations of a
 faults of the new arrays, against ~3 ms in strips."""
 
 
-def strip_rows(width):
-    """Rows of the strips a block ``width`` wide (an int or an array of
-    widths) is evaluated in: :data:`STRIP_BYTES` of float64, at least one."""
-    return np.maximum(1, STRIP_BYTES // np.maximum(8 * np.asarray(width), 1))
+def strip_rows(width: int) -> int:
+    """Rows of the strips a block ``width`` wide is evaluated in:
+    :data:`STRIP_BYTES` of float64, at least one."""
+    return max(1, STRIP_BYTES // max(8 * width, 1))
+
+
+def strip_bound(width):
+    """At most this many elements in a strip of a block ``width`` wide (an
+    int or an array of widths): :data:`STRIP_BYTES` of float64, or one row."""
+    return np.maximum(STRIP_BYTES // 8, width)
 
 
 def strip_mined(spec, op) -> bool:
@@ -274,7 +280,7 @@ def _block_partial(spec, op, axis, rows, cols, ncols, deps, stats, full, lent):
     each would be new pages, faulted in and zeroed."""
     h = rows[1] - rows[0]
     if strip_mined(spec, op) and not has_gather(spec):
-        h = int(strip_rows(cols[1] - cols[0]))
+        h = strip_rows(cols[1] - cols[0])
     if h >= rows[1] - rows[0]:  # a gather's reads and result shared through ``full``
         seen = full if has_gather(spec) else _views(spec, rows, cols, full)
         x = evaluate(spec, rows, cols, list(deps), stats, _seen=seen)

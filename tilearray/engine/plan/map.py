@@ -37,21 +37,15 @@ def fit_blocks(spec, shape, out_grid, temp_per_elem: int, budget: Budget, out_it
     (:func:`~.memory.block_peak` of its largest task). ``one_pass``: each
     block is evaluated in one pass, not read whole first (a reduction's).
     ``strip_temps``: bytes per element of temporaries made one strip of
-    the block at a time (:func:`~tilearray.graphs.reduction.strip_rows`)."""
+    the block at a time (:func:`~tilearray.graphs.reduction.strip_bound`)."""
     task = BlockTask(temp_per_elem, out_itemsize, read_flight(spec),
                      write_flight(out_grid, out_itemsize), strip_temps)
     per_elem = per_element(spec, np.dtype("u1")) + temp_per_elem + 2 * out_itemsize
 
     def peak_of(costs: layout.BlockCosts) -> int:
         read, size = block_reads(costs, one_pass)
-        strip = None
-        if strip_temps:  # a strip is rows of the block's width
-            widths = costs.sizes[1] if np.ndim(size) else costs.sizes[1].max(initial=0)
-            heights = costs.sizes[0] if np.ndim(size) else costs.sizes[0].max(initial=0)
-            rows = np.minimum.outer(heights, gred.strip_rows(widths)) if np.ndim(size) \
-                else min(heights, gred.strip_rows(widths))
-            strip = rows * widths
-        return block_peak(task, read, size, strip)
+        widths = costs.sizes[1] if np.ndim(size) else costs.sizes[1].max(initial=0)
+        return block_peak(task, read, size, gred.strip_bound(widths) if strip_temps else None)
 
     cap = min(budget.task_memory, _config.get_bytes("map.block-bytes"))
     hard = (None, None) if out_grid is None else (out_grid.unit_edges(0), out_grid.unit_edges(1))

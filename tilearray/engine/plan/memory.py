@@ -91,7 +91,7 @@ class BlockTask:
     """One output unit copied + encoded while the block is written (:func:`write_flight`)."""
     strip_temp_per_elem: int = 0
     """Bytes per element of the temporaries made strip by strip (a reduction's
-    expression over a block read whole: :func:`~tilearray.graphs.reduction.strip_rows`),
+    expression over a block read whole: :func:`~tilearray.graphs.reduction.strip_bound`),
     priced over one strip, not the block."""
 
 
