@@ -583,7 +583,12 @@ def test_kernels_allocate_what_their_docstrings_say():
     assert _new_bytes(la.qr_combine, rs) <= s * n * b + 2 * n * n * b + work
     r = np.triu(rng.standard_normal((300, 300)))  # the root's (memory.tsqr_root_peak)
     assert _new_bytes(la.svd_from_r, r, compute_uv=False) <= 3 * r.nbytes
-    assert _new_bytes(la.svd_from_r, r, compute_uv=True) <= 9 * r.nbytes
+    assert _new_bytes(la.svd_from_r, r, compute_uv=True) <= 7.2 * r.nbytes
+    wide = np.triu(rng.standard_normal((40, 3000)))  # 3 r w + 5 r^2 with vectors
+    assert _new_bytes(la.svd_from_r, wide, compute_uv=True) <= 3.1 * wide.nbytes + 5 * 40 * 40 * b
+    for y in (wide, r):  # least squares: R11's singular values, then its SVD with vectors
+        bound = 3.1 * y.nbytes + 5 * y.shape[0] ** 2 * b if y is wide else 8.2 * y.nbytes
+        assert _new_bytes(la.lstsq_from_r, y, y.shape[1] - 1, 10**6) <= bound
     spd = np.asfortranarray(_spd(t, np.float64, 16))
     assert _new_bytes(blas.potrf, spd) <= 1.1 * t * t * b
     c = np.asfortranarray(rng.standard_normal((t, t)))

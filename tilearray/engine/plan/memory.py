@@ -195,11 +195,16 @@ def tsqr_combine_peak(stacked: int, width: int, itemsize: int) -> int:
 
 
 def tsqr_root_peak(rows: int, width: int, itemsize: int, part: str) -> int:
-    """The TSQR root: R (``rows x width``) and what ``part`` computes from it:
-    R's sign-normalised copy, singular values (LAPACK gesdd without vectors: a copy and its
-    work), or an SVD with vectors or least squares (``~9 r n``)."""
-    extra = {"R": 1, "s": 3}.get(part, 9)  # R: its sign-normalised copy
-    return as_rss(((1 + extra) * rows * width + rows * rows) * itemsize)  # (+ Q's diag(d))
+    """The TSQR root: R (``rows x width``), its sign-normalised copy, ``diag(d)``
+    (Q's slice) and what ``part`` computes from it, as measured with
+    tracemalloc (``graphs.linalg``): singular values alone (gesdd without
+    vectors) a copy and its work, ``2 r w``; with vectors (Vt, U, least
+    squares) ``3 r w + 5 r^2`` -- 7-8 r^2 for a square R, 3 r w for a wide
+    one (until 2026-12-07 ``9 r w`` for both: a 40 x 30000 X's lstsq planned
+    110 MiB where it holds 28, helper-45)."""
+    area = rows * width
+    extra = {"R": 0, "s": 2 * area}.get(part, 3 * area + 5 * rows * rows)
+    return as_rss((2 * area + extra + rows * rows) * itemsize)
 
 
 def cholesky_peak(b: int, panel: int, strip_read: int, a_flight: int, itemsize: int,
