@@ -548,3 +548,16 @@ def test_initial_on_methods_and_zero_size_like_numpy(thread_engine):
         got = np.asarray(f(a).compute(engine=thread_engine))
         assert got.shape == np.shape(want) and got.dtype == np.asarray(want).dtype
         assert_close(got, want)
+
+
+def test_correction_is_numpys_ddof(thread_engine):
+    """NumPy 2's ``correction=`` of np.var / np.std (and nan forms) is the
+    ddof when given: it was ignored beside ``ddof=0`` (ddof 0 used) and
+    taken over a nonzero ddof, which NumPy refuses (helper-46)."""
+    x = np.random.default_rng(0).standard_normal((1000, 4))
+    a = ta.from_numpy(x, "memory://correction", tile=(250, 4), overwrite=True)
+    for f in (np.std, np.var, np.nanvar):
+        for kw in ({"ddof": 0, "correction": 1}, {"correction": 2}, {"ddof": 1}):
+            assert_close(f(a, axis=0, **kw).compute(engine=thread_engine), f(x, axis=0, **kw))
+        with pytest.raises(ValueError, match="ddof and correction can't be provided"):
+            f(a, axis=0, ddof=1, correction=0)

@@ -19,7 +19,17 @@ from . import routines, statistics
 from .lazy import LazyArray
 from .nodes import Elemwise
 from .npbase import implements
-from .ops import HANDLED, INITIAL, VARIANCES, elemwise, matmul, nan_as, reduce_as, reduce_initial
+from .ops import (
+    HANDLED,
+    INITIAL,
+    VARIANCES,
+    elemwise,
+    matmul,
+    nan_as,
+    reduce_as,
+    reduce_initial,
+    with_correction,
+)
 
 
 def _reduction(np_func, op: str):
@@ -31,7 +41,7 @@ def _reduction(np_func, op: str):
         axis = bound.pop("axis", None)
         keepdims = bool(bound.pop("keepdims", False))
         dtype = bound.pop("dtype", None)
-        ddof = bound.pop("ddof", bound.pop("correction", 0))
+        ddof = with_correction(bound.pop("ddof", 0), bound.pop("correction", None))
         initial = bound.pop("initial", None) if op in INITIAL else None
         mean = bound.pop("mean", None) if op in VARIANCES else None
         for name, value in bound.items():

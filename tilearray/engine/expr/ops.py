@@ -162,6 +162,16 @@ INITIAL = {"sum": "add", "prod": "multiply", "max": "maximum", "min": "minimum",
 """Reductions taking NumPy's ``initial=``: the ufunc combining their value with it."""
 
 
+def with_correction(ddof, correction):
+    """NumPy 2's ``correction=`` (the Array API's name of ``ddof``): it is the
+    ddof when given, and refused beside a nonzero ``ddof``, as NumPy does."""
+    if correction is None:
+        return ddof
+    if ddof != 0:
+        raise ValueError("ddof and correction can't be provided simultaneously.")
+    return correction
+
+
 def reduce_initial(op, x, axis=None, keepdims=False, dtype=None, initial=None) -> ExprBase:
     """``op`` over ``axis`` with NumPy's ``initial=`` (``op`` in :data:`INITIAL`):
     the reduction combined with ``initial`` elementwise; a zero-size array's,
