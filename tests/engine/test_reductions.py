@@ -1,3 +1,4 @@
+import re
 import warnings
 
 import dask
@@ -561,3 +562,30 @@ def test_correction_is_numpys_ddof(thread_engine):
             assert_close(f(a, axis=0, **kw).compute(engine=thread_engine), f(x, axis=0, **kw))
         with pytest.raises(ValueError, match="ddof and correction can't be provided"):
             f(a, axis=0, ddof=1, correction=0)
+
+
+def test_reduction_to_zarr_keeps_the_tile_and_refuses_bad_ones(thread_engine, tmp_path):
+    """``a.sum(0).to_zarr(p, tile=, shard=)`` stores the vector in those
+    chunks and shards; a bad tile is refused before anything is created, as
+    for a matrix or ``X @ w`` (helper-46: tile=100 was ignored, 0, -5, 2.5 and
+    (10, 10) accepted)."""
+    import zarr
+
+    x = np.random.default_rng(0).standard_normal((400, 300))
+    a = ta.from_numpy(x, tmp_path / "a.zarr", tile=(100, 100))
+    for kw, chunks, shards in [({"tile": 100}, (100,), None), ({"tile": (64,)}, (64,), None),
+                               ({"tile": 50, "shard": 150}, (50,), (150,))]:
+        a.sum(0).to_zarr(tmp_path / "s.zarr", overwrite=True, engine=thread_engine, **kw)
+        z = zarr.open_array(tmp_path / "s.zarr", mode="r")
+        assert z.chunks == chunks and z.shards == shards
+        assert_close(z[...], x.sum(0))
+    for tile in (0, -5, 2.5, (10, 10)):
+        with pytest.raises(ValueError, match=rf"tile of a 1-D result must be a positive integer "
+                           rf"or \(t,\), got {re.escape(repr(tile))}"):
+            a.sum(0).to_zarr(tmp_path / "bad.zarr", tile=tile, engine=thread_engine)
+        assert not (tmp_path / "bad.zarr").exists()
+    with pytest.raises(ValueError, match="shard 120 is not a positive multiple of the tile 50"):
+        a.sum(0).to_zarr(tmp_path / "bad.zarr", tile=50, shard=120, engine=thread_engine)
+    with pytest.raises(ValueError, match="given for a 0-d result"):
+        a.sum().to_zarr(tmp_path / "bad.zarr", tile=10, engine=thread_engine)
+    assert not (tmp_path / "bad.zarr").exists()

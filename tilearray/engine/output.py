@@ -16,7 +16,7 @@ import numpy as np
 from dask.base import tokenize
 
 from .. import _config
-from ..errors import IncompleteOutputError, StorageError
+from ..errors import IncompleteOutputError, PlanningArgumentError, StorageError
 from ..graphs.linalg import svd_from_r
 from ..storage import ArrayRef, Grid, create, done_units, grid_of, mark_complete, open_array
 from ..storage import array as sarray
@@ -44,6 +44,7 @@ from .expr.nodes import (
     structure,
 )
 from .plan.lower import fitted_output_grid, lower
+from .plan.sizing import output_grid
 from .plan.types import Plan
 
 log = logging.getLogger("tilearray")
@@ -412,10 +413,18 @@ class SmallJob:
     """A reduction's vector or scalar, written by one worker task into a
     plain Zarr array at ``ref``."""
 
-    def __init__(self, ref, node, dims, overwrite, resume):
+    def __init__(self, ref, node, dims, overwrite, resume, tile=None, shard=None):
         self.ref, self.node, self.dims = ref, node, dims
         self.overwrite, self.resume = overwrite, resume
         self.fp = self.arr = self.meta = None
+        self.chunks = self.shards = None  # Zarr's default unless given (checked here)
+        if tile is not None or shard is not None:
+            if len(node.shape) != 1:
+                raise PlanningArgumentError(f"tile= / shard= given for a {len(node.shape)}-d "
+                                            "result: it is stored as one value")
+            grid = output_grid(node, tile, shard)  # a vector's grid: the column (m, 1)
+            self.chunks = (grid.tile[0],)
+            self.shards = (grid.unit[0],) if grid.unit[0] != grid.tile[0] else None
 
     def inspect(self, states) -> _State:
         ref, node, dims = self.ref, self.node, self.dims
@@ -447,7 +456,8 @@ class SmallJob:
         dims = sarray.choose_dims(self.ref, node.shape, self.dims, derive_dims(node), labels)
         self.meta = {"format": sarray.FORMAT_VERSION, "fingerprint": self.fp,
                      "expression": str(node)}
-        self.arr = create_small(self.ref, node.shape, node.dtype, dims, self.meta)
+        self.arr = create_small(self.ref, node.shape, node.dtype, dims, self.meta, self.chunks,
+                                self.shards)
 
     def complete(self, state: _State) -> None:
         if (0, 0) not in done_units(self.ref):  # the worker's write never reached this store
@@ -470,7 +480,7 @@ def write(x, path, tile, shard, overwrite, resume, engine, name="", dims=None):
     check_target(ref, node)
     small = node.small or (node.ndim != 2 and not is_big_vector(node))
     # a matrix job's tasks write only while its lock carries this token (ArrayRef.run)
-    job = SmallJob(ref, node, dims, overwrite, resume) if small else \
+    job = SmallJob(ref, node, dims, overwrite, resume, tile, shard) if small else \
         MatrixJob(dataclasses.replace(ref, run=uuid.uuid4().hex), node, tile, shard, dims,
                   overwrite, resume)
     refusing(ref, job.inspect, input_states(node))  # refused before the engine starts

@@ -182,15 +182,18 @@ def existing_array(ref: ArrayRef):
         return None
 
 
-def create_small(ref: ArrayRef, shape: tuple, dtype, dims, meta: dict):
+def create_small(ref: ArrayRef, shape: tuple, dtype, dims, meta: dict, chunks=None,
+                 shards=None):
     """The empty, incomplete Zarr array a small (1-D / 0-d) result is written
     into by a worker task; creating it also takes a member it replaces out of
     its group's consolidated listing. ``meta`` (the fingerprint) is recorded
-    for ``resume=True``; the caller marks it complete."""
+    for ``resume=True``; the caller marks it complete. ``chunks`` /
+    ``shards``: the user's (``to_zarr(tile=, shard=)``), else Zarr's."""
     import zarr
 
     sarray.prepare_member(ref)  # out of its group's listing before it is (re)created
     arr = zarr.create_array(ref.store, name=ref.path or None, shape=tuple(shape),
+                            chunks=chunks or "auto", shards=shards,
                             dtype=np.dtype(dtype), overwrite=sarray.clear_for_overwrite(ref),
                             zarr_format=3, dimension_names=tuple(dims),
                             config={"write_empty_chunks": True},

@@ -171,9 +171,9 @@ def output_grid(node, tile, shard) -> Grid:
 def _vector_grid(node, tile, shard) -> Grid:
     m = node.shape[0]
 
-    def first(block, what):
-        if isinstance(block, int | np.integer) and not isinstance(block, bool):
-            block = (int(block),)
+    def first(given, what):
+        block = (int(given),) if isinstance(given, int | np.integer) \
+            and not isinstance(given, bool) else given
         try:
             items = tuple(block)
         except TypeError:
@@ -181,7 +181,7 @@ def _vector_grid(node, tile, shard) -> Grid:
         if len(items) not in (1, 2) or (len(items) == 2 and items[1] != 1) \
                 or not isinstance(items[0], int | np.integer) or items[0] <= 0:
             raise PlanningError(f"{what} of a 1-D result must be a positive integer or (t,), "
-                                f"got {block!r}")
+                                f"got {given!r}")
         return int(items[0])
 
     if tile is None:
