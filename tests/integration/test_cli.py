@@ -422,6 +422,7 @@ def test_reduce_prints_values(work, remote):
     ["matmul", "b.zarr", "a.zarr", "-o", "x.zarr"],                  # 150 != 300
     ["plan", "a.zarr @ a.zarr"],                                      # 200 != 300
     ["plan", "a.zarr + b.zarr"],                                      # shapes do not broadcast
+    ["plan", "a.zarr.sum(axis=2)"],                                   # no such axis (was 1)
     ["matmul", "a.zarr", "b.zarr", "-o", "x.zarr", "--mpi", "--workers", "2"],
     ["random", "r.zarr", "--shape", "10", "-1"],
     ["random", "r.zarr", "--shape", "10", "10", "--dtype", "nope"],

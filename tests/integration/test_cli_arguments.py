@@ -46,7 +46,7 @@ def work(tmp_path_factory):
     return d
 
 
-ORDS = ["-inf", "inf", "-1", "1", "fro"]
+ORDS = ["-inf", "inf", "-1", "1", "fro", "nuc", "2", "-2"]  # nuc was refused (helper-46)
 
 
 @pytest.mark.parametrize("ord_", ORDS)
@@ -56,7 +56,8 @@ def test_reduce_norm_takes_every_ord_the_help_shows(work, remote, ord_):
     p = cli("reduce", "a.zarr", "--op", "norm", "--ord", ord_, *remote, cwd=work)
     assert p.returncode == 0, p.stderr
     a = zarr.open_array(str(work / "a.zarr"))[...]
-    want = np.linalg.norm(a, ord=None if ord_ == "fro" else float(ord_))
+    want = np.linalg.norm(a, ord=None if ord_ == "fro" else ord_ if ord_ == "nuc" else
+                          float(ord_))
     assert_close(np.array(float(p.stdout)), np.array(want))
 
 

@@ -230,7 +230,8 @@ def add_parsers(sub, common, budget, cluster) -> None:
                    help="default none")
     p.add_argument("--ddof", type=nonneg_int, default=0, help="for var and std (default 0)")
     p.add_argument("--ord", type=ord_arg, default=None,
-                   help="for norm: fro (default), 1, -1, inf, -inf, or p along an axis")
+                   help="for norm: fro (default), nuc, 1, -1, 2, -2, inf, -inf, or p along an "
+                   "axis")
     p.add_argument("-o", "--output", metavar="OUT")
     output_opts(p)
     p.set_defaults(func=cmd_reduce, parser=p)

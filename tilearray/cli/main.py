@@ -40,7 +40,7 @@ import traceback
 from tilearray.cli import deploy, info, jobs
 from tilearray.cli.common import PROG, UsageError, parents
 from tilearray.cli.options import cli_words, join_option_values, value_options
-from tilearray.errors import ArgumentError
+from tilearray.errors import ArgumentError, PlanningAxisError
 
 # -- the parser -------------------------------------------------------------------------
 
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with _signals(), _logging(args.debug):
             return int(args.func(args) or 0)
-    except (UsageError, ArgumentError) as e:  # a flag's value (tile, shard, name...)
+    except (UsageError, ArgumentError, PlanningAxisError) as e:  # a flag's value, an axis
         if args.debug:
             traceback.print_exc()
         print(f"{PROG}: error: {cli_words(str(e))} (see '{PROG} {args.command} --help')",

@@ -61,8 +61,8 @@ def axis_arg(text: str):
 
 def ord_arg(text: str):
     t = text.strip().lower()
-    if t in ("fro", "none"):
-        return None if t == "none" else "fro"
+    if t in ("fro", "none", "nuc"):
+        return None if t == "none" else t
     if t in ("inf", "+inf", "-inf"):
         return float("-inf") if t.startswith("-") else float("inf")
     try:
