@@ -485,3 +485,17 @@ def test_dask_and_xarray_views_of_an_expression_name_themselves(tmp_path, rng):
             getattr(a[:10, :4], what)()
     np.testing.assert_array_equal(a.to_xarray().values, x)
     np.testing.assert_array_equal(np.asarray(a.to_dask()), x)
+
+
+def test_operators_with_xarray_on_either_side(thread_engine):
+    """``X + DataArray`` as ``DataArray + X``: xarray's operator keeps the
+    TiledArray lazy as its data (NumPy arrays defer to xarray the same way);
+    it was a TypeError on the left only (helper-46)."""
+    import xarray as xr
+    x = np.arange(12.0).reshape(3, 4)
+    X = ta.from_numpy(x, "memory://xarray-operands", tile=(2, 2), overwrite=True)
+    d = xr.DataArray(np.full((3, 4), 2.0), dims=("row", "col"))
+    for got, want in [(X + d, x + 2), (d + X, x + 2), (X - d, x - 2), (X / d, x / 2),
+                      (X * d, x * 2), (X > d, x > 2)]:
+        assert isinstance(got, xr.DataArray) and isinstance(got.data, ta.TiledArray)
+        np.testing.assert_array_equal(got.data.compute(engine=thread_engine), want)

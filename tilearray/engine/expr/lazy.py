@@ -29,8 +29,16 @@ from .ops import (
 )
 
 
+def _wraps_duck_arrays(other) -> bool:
+    """An xarray object: its own operator wraps a TiledArray as its data,
+    lazily (``DataArray + X``); NumPy arrays defer to it the same way."""
+    return type(other).__module__.split(".")[0] == "xarray"
+
+
 def _binary(name):
     def op(self, other):
+        if _wraps_duck_arrays(other):
+            return NotImplemented
         return elemwise(name, self, other)
 
     def rop(self, other):
