@@ -21,7 +21,6 @@ from .engine.plan.lower import result_stage
 from .engine.plan.types import Stage
 from .errors import PlanningArgumentError, PlanningArgumentTypeError, PlanningError
 from .graphs.blas import result_dtype
-from .graphs.linalg import svd_from_r
 
 log = logging.getLogger("tilearray")
 
@@ -967,8 +966,8 @@ def pinv(a: TiledArray, rcond=None, hermitian: bool = False, *, rtol=_NO_RTOL) -
     From the thin SVD of the tall side (TSQR): ``pinv(X) = V diag(1/s) U^T``
     with singular values at or below ``rcond * s.max()`` dropped (NumPy's
     default ``rcond`` 1e-15; ``rtol=None`` for ``max(m, n) * eps``). ``s``
-    and ``Vt`` come from one read of X, now (R of the TSQR in one run, then
-    the SVD of R here); the result is lazy, ``n x m`` for an ``m x n`` X:
+    and ``Vt`` come from one read of X, now (R of the TSQR in one run, kept
+    with its SVD); the result is lazy, ``n x m`` for an ``m x n`` X:
     ``(U @ (diag(1/s) Vt)).T``, whose storing or use reads X twice more (U
     applied down the TSQR tree)."""
     x = _tall(a, "pinv", empty=True)
@@ -981,7 +980,8 @@ def pinv(a: TiledArray, rcond=None, hermitian: bool = False, *, rtol=_NO_RTOL) -
         raise ValueError("pinv: `rtol` and `rcond` can't be both set.")
     wide = x.shape[0] < x.shape[1]
     tall = _tall(_tall_side(x), "svd", empty=True)
-    _, s, vt = svd_from_r(np.asarray(_part(tall, "R").compute()))  # one run, one read
+    s = np.asarray(_part(tall, "s").compute())  # one run, one read: it keeps R,
+    vt = np.asarray(_part(tall, "Vt").compute())  # whose SVD in the driver gives Vt
     u = _part(tall, "U", align=vt)  # U to match this Vt (its run's R is another R)
     large = s > rcond * (s.max() if s.size else 0)
     inv_s = np.zeros_like(s)

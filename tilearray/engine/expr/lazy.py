@@ -10,7 +10,6 @@ import operator
 
 import numpy as np
 
-from ... import _config
 from ...errors import PlanningError, PlanningIndexError
 from ...graphs.reduction import NO_IDENTITY
 from ...storage import Grid
@@ -410,11 +409,8 @@ class LazyArray(ExprBase):
         stored vector, a reduction's result), by NumPy's rules."""
         n = self._node
         key = key if isinstance(key, tuple) else (key,)
-        if not n.small:  # a blocked product (x @ w): computed first, as reshape does
-            if self.nbytes > _config.get_bytes("compute.max-result-size"):
-                raise PlanningError(f"indexing {n}: a 1-D product of {self.size} elements is "
-                                    "not held in memory; store it with .to_zarr(path) and "
-                                    "index ta.open(path)")
+        if not n.small:  # a blocked product (x @ w): computed first (compute() refuses
+            # one over its limit, naming to_zarr), as reshape does
             return selection.held(self, np.asarray(self.compute()))[key]
         # a lazy index or mask (small: means[means > 0]) is computed now; lists as NumPy's
         key = tuple(np.asarray(k.compute()) if isinstance(k, ExprBase) else

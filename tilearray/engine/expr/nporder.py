@@ -219,13 +219,11 @@ for _name in ("nonzero", "flatnonzero", "argwhere"):
 def _named(name: str, a, axis, run):
     """``run()``; a refusal under the budget of a quantile over all elements
     names the user's call, not its internal passes (the census's fused
-    reductions, a histogram)."""
-    try:
+    reductions, a histogram); an axis's refusal names the call already."""
+    if axis is not None:
         return run()
-    except PlanningError as e:
-        if type(e) is not PlanningError or axis is not None:  # an axis's names the call
-            raise
-        raise PlanningError(f"np.{name}(a) over all {a.size} elements (axis=None): {e}") from None
+    with selection.refusal_named(f"np.{name}(a) over all {a.size} elements (axis=None)"):
+        return run()
 
 
 def _quantile(name: str, op: str, scale: float):

@@ -162,6 +162,12 @@ INITIAL = {"sum": "add", "prod": "multiply", "max": "maximum", "min": "minimum",
 """Reductions taking NumPy's ``initial=``: the ufunc combining their value with it."""
 
 
+def held(a, value) -> ExprBase:
+    """``value`` (computed) as a small TiledArray like ``a``."""
+    value = np.asarray(value)
+    return wrap_like(a, Constant(tuple(value.shape), value.dtype, value, tokenize(value)))
+
+
 def with_correction(ddof, correction):
     """NumPy 2's ``correction=`` (the Array API's name of ``ddof``): it is the
     ddof when given, and refused beside a nonzero ``ddof``, as NumPy does."""
@@ -182,9 +188,8 @@ def reduce_initial(op, x, axis=None, keepdims=False, dtype=None, initial=None) -
     n = as_node(x)
     if 0 in n.shape:
         kw = {} if dtype is None else {"dtype": dtype}
-        value = np.asarray(getattr(np, op)(np.empty(n.shape, n.dtype), axis=axis,
-                                           keepdims=keepdims, initial=initial, **kw))
-        return wrap_like(x, Constant(tuple(value.shape), value.dtype, value, tokenize(value)))
+        return held(x, getattr(np, op)(np.empty(n.shape, n.dtype), axis=axis,
+                                       keepdims=keepdims, initial=initial, **kw))
     res = reduce_as(op, x, axis, keepdims, 0, dtype)
     return elemwise(INITIAL[op], res, np.asarray(initial).astype(res.dtype)[()])
 

@@ -17,15 +17,15 @@ are equal holds the answer).
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import numpy as np
-from dask.base import tokenize
 
 from ...errors import PlanningError
 from ...graphs.npfuncs import counts_dtype
-from .nodes import Constant, Full, Select, Values
-from .ops import ExprBase, as_node, wrap_like
+from .nodes import Full, Select, Values
+from .ops import ExprBase, as_node, held, wrap_like
 
 BINS = 4096
 """Bins of each histogram pass."""
@@ -174,12 +174,6 @@ def quantile(op: str, a, q: np.ndarray, method: str, dtype) -> ExprBase:
     return held(a, out if np.ndim(q) and not median else out[0])
 
 
-def held(a, value) -> ExprBase:
-    """``value`` (computed) as a small TiledArray like ``a``."""
-    value = np.asarray(value)
-    return wrap_like(a, Constant(tuple(value.shape), value.dtype, value, tokenize(value)))
-
-
 def _one(ranks, n: int, p: float, method: str, in_dtype, q_array: bool):
     """Quantile ``p`` of ``n`` sorted elements from their order statistics:
     NumPy's own ``np.quantile`` of the two around its virtual index (``q``
@@ -266,16 +260,25 @@ def flat(a, what: str = "a.ravel()", along_axis: bool = False) -> ExprBase:
     if 0 in n.shape:
         return held(a, np.empty(0, n.dtype))
     every = Full(tuple(n.shape), np.dtype(bool), True)  # every element: no count pass
-    try:
+    hint = "; pass axis=0 or axis=1 to work along its columns or rows instead" \
+        if along_axis else ""
+    with refusal_named(f"{what} gathers all {a.size} elements of the {n.shape[0]} x "
+                       f"{n.shape[1]} matrix into one task (NumPy's flattened array){hint}"):
         return held(a, _compute(wrap_like(a, Select((a.size,), n.dtype, n, every))))
+
+
+@contextlib.contextmanager
+def refusal_named(call: str):
+    """A refusal under the budget (a plain :class:`PlanningError`) of the work
+    inside, named by the user's ``call`` before its own message: the
+    internal passes it names (a selection of every element, a fused census)
+    are not what the user wrote."""
+    try:
+        yield
     except PlanningError as e:
         if type(e) is not PlanningError:  # not a refusal under the budget
             raise
-        hint = "; pass axis=0 or axis=1 to work along its columns or rows instead" \
-            if along_axis else ""
-        raise PlanningError(f"{what} gathers all {a.size} elements of the {n.shape[0]} x "
-                            f"{n.shape[1]} matrix into one task (NumPy's flattened array)"
-                            f"{hint}: {e}") from None
+        raise PlanningError(f"{call}: {e}") from None
 
 
 def flat_positions(a) -> np.ndarray:
