@@ -153,6 +153,20 @@ def test_numpy_surface_review(engine, tmp_path, rng):
         np.testing.assert_array_equal(f(m, dtype=np.int8).compute(), f(mx, dtype=np.int8))
     np.testing.assert_array_equal(np.full_like(a, 7.5).compute(), np.full_like(x, 7.5))
     assert np.zeros_like(a).plan().bytes_read == 0
+    # shape= as NumPy's (it was refused): a lazy constant of that shape, nothing read
+    for shape in [(50, 20), (300, 170), 7, (5,), (), (0, 3)]:
+        for f, args in ((np.zeros_like, ()), (np.ones_like, ()), (np.full_like, (2.5,))):
+            got = f(a, *args, shape=shape)
+            assert got.plan().bytes_read == 0
+            np.testing.assert_array_equal(got.compute(), f(x, *args, shape=shape))
+    big = np.full_like(a, 3, shape=(300, 170), dtype=np.int16)
+    assert big.to_zarr(tmp_path / "big.zarr").shape == (300, 170)
+    np.testing.assert_array_equal(ta.open(tmp_path / "big.zarr").compute(), np.full((300, 170), 3, np.int16))
+    assert int(big.sum().compute()) == 3 * 300 * 170
+    with pytest.raises(ValueError, match=r"negative dimensions are not allowed, shape=\(-1, 3\)"):
+        np.zeros_like(a, shape=(-1, 3))
+    with pytest.raises(ValueError, match=r"at most 2 dimensions, shape=\(2, 3, 4\)"):
+        np.ones_like(a, shape=(2, 3, 4))
     assert a.astype(np.float32, copy=False).dtype == np.float32 and a.itemsize == 8
     with pytest.raises(TypeError, match="according to the rule 'safe'"):
         a.astype(np.int32, casting="safe")

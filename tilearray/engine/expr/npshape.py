@@ -436,14 +436,19 @@ def atleast_1d(*arys):
 def _like(fill_of):
     def impl(a, *args, dtype=None, order="K", subok=True, shape=None, **kw):
         fill = fill_of(args, kw)
-        if shape is not None and tuple(np.atleast_1d(shape)) != tuple(a.shape):
-            raise TypeError(f"np.{impl.__name__}: shape= other than the array's is not "
-                            "supported on TiledArrays")
+        shape = tuple(a.shape) if shape is None else \
+            tuple(operator.index(d) for d in np.atleast_1d(shape).tolist())
+        if any(d < 0 for d in shape):
+            raise ValueError(f"np.{impl.__name__}: negative dimensions are not allowed, "
+                             f"shape={shape}")
+        if len(shape) > 2:
+            raise ValueError(f"np.{impl.__name__}: TiledArrays have at most 2 dimensions, "
+                             f"shape={shape}")
         dt = np.dtype(dtype) if dtype is not None else a.dtype
-        if a.ndim == 2 and not a._node.small:  # a lazy matrix of one value: nothing is read
-            return wrap_like(a, Full(tuple(a.shape), dt, dt.type(fill)))
-        return wrap_like(a, Elemwise(tuple(a.shape), dt, "full", (),
-                                     (("shape", tuple(a.shape)), ("fill_value", dt.type(fill)),
+        if len(shape) == 2 and not a._node.small:  # a lazy matrix of one value: nothing is read
+            return wrap_like(a, Full(shape, dt, dt.type(fill)))
+        return wrap_like(a, Elemwise(shape, dt, "full", (),
+                                     (("shape", shape), ("fill_value", dt.type(fill)),
                                       ("dtype", dt))))
 
     return impl
