@@ -198,6 +198,14 @@ def test_plan_prints_without_running(data):
 
     p = ok(cli("plan", "a.zarr.T @ a.zarr", "-o", "gram.zarr", cwd=data))
     assert "-> (200, 200) float64 into" in p.stdout
+    p = ok(cli("plan", "a.zarr.T @ a.zarr", "-o", "gram.zarr", "--tile", 64, 64, cwd=data))
+    assert "-> (200, 200) float64 into" in p.stdout
+    # the output's layout without an output: bad usage, not silently ignored
+    err = one_line_error(cli("plan", "a.zarr.T @ a.zarr", "--tile", 64, 64, cwd=data), code=2)
+    assert "--tile describes the output's layout: give the output with -o PATH" in err
+    # axis=none as reduce --axis none
+    assert ok(cli("plan", "a.zarr.sum(axis=none)", cwd=data)).stdout == \
+        ok(cli("plan", "a.zarr.sum(axis=None)", cwd=data)).stdout
     assert not (data / "gram.zarr").exists()  # planning writes nothing
 
     p = ok(cli("plan", "(a.zarr - 1) * 2 / a.zarr", cwd=data))

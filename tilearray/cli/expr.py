@@ -22,7 +22,7 @@ _NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?
 _OPS = ("+", "-", "*", "/")
 REDUCTIONS = ("sum", "mean", "var", "std", "min", "max", "prod")
 _METHOD = re.compile(r"^(.*)\.(" + "|".join(REDUCTIONS) + r")$")
-_AXIS = re.compile(r"^(?:axis=)?(-?[0-9]+|None)$")
+_AXIS = re.compile(r"^(?:axis=)?(-?[0-9]+|None)$", re.IGNORECASE)  # none, as reduce --axis
 _CALL = re.compile(r"^(.*)\.([A-Za-z_][A-Za-z_0-9]*)$")
 
 
@@ -169,7 +169,7 @@ class _Parser:
                     raise ExpressionError(
                         f".{name}() takes axis=0, axis=1 or axis=None, got {arg!r} at column "
                         f"{acol + 1}")
-                axis = None if m.group(1) == "None" else int(m.group(1))
+                axis = None if m.group(1).lower() == "none" else int(m.group(1))
             value = ("call", name, axis, value)
         return value
 
