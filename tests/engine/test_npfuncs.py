@@ -598,6 +598,11 @@ def test_cov_corrcoef_one_pass(thread_engine, tmp_path, dtype):
     check(np.cov(a.T, a.T * 2), np.cov(x.T, x.T * 2))
     check(np.corrcoef(a, rowvar=False), np.corrcoef(x, rowvar=False))
     check(np.corrcoef(a.T), np.corrcoef(x.T))
+    # the plan's header writes the Gram once, named, not eight times (5.6 kB)
+    header = str(np.corrcoef(a, rowvar=False).plan()).splitlines()[0]
+    assert ", where t1 = " in header and header.count(".T @ ") == 1, header
+    assert header.count("open(") <= 2 and len(header) < 900, header
+    assert "where" not in str((a.T @ a).plan()).splitlines()[0]
 
 
 def test_cov_corrcoef_float32_dtype_as_accurate_as_numpy(thread_engine, tmp_path):

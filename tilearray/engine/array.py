@@ -15,7 +15,7 @@ from ..errors import PlanningError
 from ..storage import ArrayRef
 from . import output, runtime
 from .expr.lazy import LazyArray
-from .expr.nodes import Node, Source, is_big_vector
+from .expr.nodes import Node, Source, describe, is_big_vector
 from .interop import Interop
 from .plan.lower import fitted_output_grid, lower
 from .plan.types import Output, Plan, Stage
@@ -30,7 +30,7 @@ def _remembered_plan(node: Node, budget) -> Plan:
     stage = Stage("small", f"{node}: computed by an earlier run of the same factorization "
                   "(its Q or U, or another part), on unchanged inputs: nothing to run", 0, 0, 0,
                   outputs={"result": Output("value", ())})
-    return Plan(str(node), tuple(node.shape), str(np.dtype(node.dtype)), budget, (stage,),
+    return Plan(describe(node), tuple(node.shape), str(np.dtype(node.dtype)), budget, (stage,),
                 outputs=stage.outputs)
 
 

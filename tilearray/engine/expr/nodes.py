@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +16,11 @@ from ...storage import ArrayRef, Grid
 class Node:
     shape: tuple
     dtype: np.dtype
+
+    def __format__(self, spec: str) -> str:
+        """As ``str``, or the name :func:`describe` gave this sub-expression."""
+        names = _NAMES.get()
+        return names[id(self)] if names and id(self) in names else str(self)
 
     @property
     def small(self) -> bool:
@@ -185,7 +192,7 @@ class TSQR(Node):
     def __str__(self) -> str:
         what = {"R": "qr(%s).R", "Q": "qr(%s).Q", "s": "svd(%s).s", "U": "svd(%s).U",
                 "Vt": "svd(%s).Vt", "lstsq": "lstsq(%s)"}[self.part]
-        arg = str(self.x) if self.y is None else f"{self.x}, {self.y}"
+        arg = f"{self.x}" if self.y is None else f"{self.x}, {self.y}"
         return what % arg
 
 
@@ -216,13 +223,13 @@ class Factor(Node):
         if self.part == "L":
             return f"cholesky({self.x})"
         if self.part == "trsolve":
-            t = f"{self.x}.T" if opts.get("trans") else str(self.x)
+            t = f"{self.x}.T" if opts.get("trans") else f"{self.x}"
             return f"solve_triangular({t}, {self.y}, lower={opts.get('lower') != opts.get('trans')})"
         if self.part == "logdiag":
             return f"slogdet({self.x} @ {self.x}.T)"
         if self.part == "symv":
             return f"symmetric({self.x}, lower=True) @ {self.y}"
-        arg = str(self.x) if self.y is None else f"{self.x}, {self.y}"
+        arg = f"{self.x}" if self.y is None else f"{self.x}, {self.y}"
         return f"{opts.get('op')}({arg})"
 
 
@@ -236,11 +243,55 @@ _SYMBOLS = {
 
 
 def _fmt(x: Any) -> str:
-    return str(x) if isinstance(x, Node) else repr(x)
+    return format(x) if isinstance(x, Node) else repr(x)
 
 
 def _paren(x: Node) -> str:
-    return str(x)
+    return format(x)
+
+
+_NAMES: ContextVar[dict | None] = ContextVar("tilearray_node_names", default=None)
+
+
+def describe(node: Node, limit: int = 300) -> str:
+    """``str(node)``, or, when longer than ``limit``, with each longer
+    sub-expression it uses more than once written once and named (``t1``,
+    ``t2``, ...): ``np.corrcoef(X)`` names its Gram instead of repeating it
+    eight times (5.6 kB for one stored X)."""
+    text = str(node)
+    if len(text) <= limit:
+        return text
+    uses: dict[int, int] = {}
+    order: list[Node] = []  # each node after the nodes it uses
+
+    def visit(n: Node) -> None:
+        uses[id(n)] = uses.get(id(n), 0) + 1
+        if uses[id(n)] == 1:
+            for c in _operands(n):
+                visit(c)
+            order.append(n)
+
+    visit(node)
+    shared = [n for n in order if n is not node and uses[id(n)] > 1 and len(str(n)) > 40]
+    if not shared:
+        return text
+    names = {id(n): f"t{i}" for i, n in enumerate(shared, 1)}
+    token = _NAMES.set(names)
+    try:
+        lets = [f"{names[id(n)]} = {n!s}" for n in shared]  # !s: not its own name
+        return f"{node!s}, where " + "; ".join(lets)
+    finally:
+        _NAMES.reset(token)
+
+
+def _operands(n: Node):
+    """The nodes ``n`` is built on (its Node fields, and those in tuples)."""
+    for f in dataclasses.fields(n):
+        v = getattr(n, f.name)
+        if isinstance(v, Node):
+            yield v
+        elif isinstance(v, tuple):
+            yield from (a for a in v if isinstance(a, Node))
 
 
 def derive_dims(x, leaf=lambda src: src.dims) -> tuple | None:

@@ -61,6 +61,7 @@ from ..expr.nodes import (
     SliceNode,
     Source,
     Transpose,
+    describe,
     sources,
     structure,
 )
@@ -974,6 +975,6 @@ def _lower_walk(p: Planner, node, budget, out, out_grid, skip) -> Plan:
             side = {"factors": p.stages[-2].outputs["factors"]}
         p.finish()
         stat_keys = p.stat_keys([])
-    return Plan(str(node), result_shape(node), str(node.dtype), budget, tuple(p.stages),
+    return Plan(describe(node), result_shape(node), str(node.dtype), budget, tuple(p.stages),
                 str(out) if out is not None else None, {"result": result, **side},
                 tuple(p.creates), tuple(stat_keys))
