@@ -35,6 +35,13 @@ def e2e(d):
         (a @ bb).to_zarr(os.path.join(d, "c.zarr"), overwrite=True)
         np.savez(os.path.join(d, "reductions.npz"), sum0=a.sum(axis=0).compute(),
                  std1=a.std(axis=1).compute())
+        # linear algebra from a batch job: TSQR's R and lstsq, a stored Cholesky factor
+        y = np.arange(a.shape[0], dtype=float)
+        x, res, rank, s = np.linalg.lstsq(a, y)
+        np.savez(os.path.join(d, "linalg.npz"), r=ta.linalg.qr(a, mode="r").compute(),
+                 x=x, res=res, rank=rank, s=s)
+        spd = a.T @ a + a.shape[0] * ta.eye(a.shape[1])
+        ta.linalg.cholesky(spd).to_zarr(os.path.join(d, "l.zarr"), overwrite=True)
 
 
 def fail(d):

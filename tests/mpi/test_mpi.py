@@ -89,6 +89,13 @@ def test_matmul_and_reductions_vs_numpy(small):
     r = np.load(d / "reductions.npz")
     assert_close(r["sum0"], a.sum(axis=0))
     assert_close(r["std1"], a.std(axis=1))
+    r = np.load(d / "linalg.npz")
+    assert_close(np.abs(r["r"]), np.abs(np.linalg.qr(a, mode="r")))
+    y = np.arange(a.shape[0], dtype=float)
+    for got, want in zip([r[k] for k in ("x", "res", "rank", "s")], np.linalg.lstsq(a, y),
+                         strict=True):
+        assert_close(got, want)
+    assert_close(_stored(d / "l.zarr"), np.linalg.cholesky(a.T @ a + a.shape[0] * np.eye(500)))
 
 
 @pytest.mark.mpi
