@@ -14,7 +14,9 @@ import zarr
 
 import tilearray as ta
 from tilearray import linalg as tla
+from tilearray.engine.plan.types import Budget
 from tilearray.errors import NotPositiveDefiniteError
+from tilearray.testing import assert_close
 
 
 @pytest.fixture(scope="module")
@@ -220,3 +222,36 @@ def test_beyond_float32_range_lists_and_nan(eng, tmp_path, rng, monkeypatch):
         nan[3] = np.nan
         assert np.isnan(ta.linalg.solve(a2, nan, assume_a="pos")).all()
         assert len(calls) <= 4, len(calls)  # factor, substitutions, then float64's one run
+
+
+@pytest.mark.timeout(300)
+def test_inverse_of_spd_many_right_hand_sides_stays_under_budget(tmp_path):
+    """``inv(A, assume_a="pos")`` of a 3000 x 3000 SPD A in 700 x 700 chunks
+    (as plain zarr writes it): 3000 right-hand sides of 3000 rows. The
+    substitutions had been planned at 134 MiB a task of 135 on 300 MiB
+    workers, while each row tile held a term per solved tile and the
+    workers holding them were all killed (helper-47). Now a row tile holds
+    one partial sum, the plan prices the held solution, partial sums and
+    in-memory right-hand side: refused at 300 MiB naming what fits, and at
+    that budget every worker's RSS stays under its limit and within its
+    baseline plus the planned task; the inverse is NumPy's."""
+    rng = np.random.default_rng(0)
+    n = 3000
+    g = rng.standard_normal((n, n))
+    a = g @ g.T / n + np.eye(n)
+    zarr.create_array(str(tmp_path / "a.zarr"), data=a, chunks=(700, 700))
+    x = ta.open(tmp_path / "a.zarr")
+    with pytest.raises(ta.PlanningError, match=r"triangular solve .* memory_per_worker >= "):
+        tla.solve_plan(x, np.eye(n), assume_a="pos").plan(
+            budget=Budget(300 * 2**20, n_workers=2))
+    with ta.Engine(n_workers=2, threads_per_worker=1, memory_per_worker="480MiB",
+                   quiet=True) as eng:
+        budget = eng.budget()
+        inverse = tla.solve_plan(x, np.eye(n), assume_a="pos")
+        plan = inverse.plan()
+        assert plan.peak_task_memory <= budget.task_memory, str(plan)
+        got = inverse.compute()
+        assert_close(got, np.linalg.inv(a))
+        assert 0 < inverse.stats.peak_worker_memory <= budget.memory_per_worker
+        assert inverse.stats.peak_worker_memory <= budget.baseline + plan.peak_task_memory, \
+            (inverse.stats, str(plan))

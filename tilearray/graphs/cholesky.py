@@ -172,32 +172,40 @@ def read_back(l_ref, rows: tuple, cols: tuple, after=None):
     return block, counted(stats.as_dict())
 
 
-def term(t_spec, t_deps, edges, i: int, k: int, trans: bool, dtype, solved):
-    """``T_ik X_k``: row tile ``i``'s term for the solved row tile ``k``
-    (``solved``: its task's result), one tile of T read."""
+def eliminate(t_spec, t_deps, b_spec, b_deps, edges, i: int, k: int, trans: bool, ncols: int,
+           dtype, acc, solved):
+    """Row tile ``i``'s right-hand side less the term of the solved row tile
+    ``k``: ``C - T_ik X_k``, with ``C`` the previous elimination's result
+    (``acc``) or, for the first, B's rows ``i`` read here. One elimination per
+    solved row tile, in the order they are solved: a row tile waiting for
+    its turn holds one partial sum, not a term per row tile solved."""
     stats = IOStats()
+    if acc is None:
+        c, merged = _c(b_spec, edges[i], (0, ncols), b_deps, stats, dtype), {}
+    else:
+        c, merged = acc
     rows, cols = (edges[k], edges[i]) if trans else (edges[i], edges[k])
     t_ik = np.asarray(evaluate(t_spec, rows, cols, list(t_deps), stats))
     t_ik = t_ik.astype(dtype, copy=False)  # any order: a product, not LAPACK
     with kern.one_blas_thread():
-        return (t_ik.T if trans else t_ik) @ solved[0], counted(stats.as_dict())
+        c = c - (t_ik.T if trans else t_ik) @ solved[0]  # new: acc stays as it was
+    return c, merge_stats(merged, counted(stats.as_dict()))
 
 
 def substitute(t_spec, t_deps, b_spec, b_deps, edges, i: int, ncols: int, options: tuple,
-               dtype, *terms):
-    """Row tile ``i`` of X in ``T X = B``: ``B_i - sum_k T_ik X_k`` (the
-    ``terms`` of the row tiles solved before it, computed by their own
-    tasks as soon as each was solved), then the diagonal tile's
-    triangular solve. ``options``: ``lower`` (of the stored S), ``trans``
-    (T = S^T), ``unit`` (unit diagonal). Merges its terms' figures."""
+               dtype, acc=None):
+    """Row tile ``i`` of X in ``T X = B``: ``B_i - sum_k T_ik X_k`` (``acc``,
+    the last :func:`eliminate` of the row tile, or B's rows ``i`` read here for
+    the first row tile solved), then the diagonal tile's triangular solve.
+    ``options``: ``lower`` (of the stored S), ``trans`` (T = S^T), ``unit``
+    (unit diagonal). Merges the eliminations' figures."""
     opts = dict(options)
     stats = IOStats()
     rows = edges[i]
-    c = _c(b_spec, rows, (0, ncols), b_deps, stats, dtype)
-    merged: dict = {}
-    for t, st in terms:
-        c -= t
-        merged = merge_stats(merged, st)
+    if acc is None:
+        c, merged = _c(b_spec, rows, (0, ncols), b_deps, stats, dtype), {}
+    else:  # a copy: the solve overwrites it, and acc may be read again by a retry
+        c, merged = np.array(acc[0], dtype=dtype, order="F"), acc[1]
     s_ii = _c(t_spec, rows, rows, t_deps, stats, dtype)
     if not opts.get("unit"):
         zero = np.flatnonzero(np.diagonal(s_ii) == 0)

@@ -28,7 +28,7 @@ from ...graphs import cholesky as gch
 from ...graphs.blas import result_dtype, tile_edges
 from ...graphs.blocks import group_edges, max_interval, tree
 from ...graphs.emit import Tasks
-from ...graphs.spec import Read, leaves, unit_edges
+from ...graphs.spec import Dep, Read, leaves, unit_edges
 from . import layout
 from .map import check_fits
 from .memory import (
@@ -351,13 +351,14 @@ def lower_cholesky(node, spec, deps: list, budget: Budget, b: int, out, l_grid,
         reads=tot.reads, store_gets=tot.gets, work=work.freeze(), outputs=outputs)
 
 
-def trsolve_tile(n: int, ncols: int, t_spec, itemsize: int, budget: Budget) -> int:
+def trsolve_tile(n: int, ncols: int, t_spec, itemsize: int, budget: Budget,
+                 whole_rhs: bool = False) -> int:
     """The row tile of a substitution: the stored T's tile when T is a
     planner-tiled factor (a multiple of it up to :data:`MIN_TILE` rows, as
     fits, where it is narrower: a task per pair of 64-row tiles would be
     thousands of tasks), else the largest that fits."""
     def peak_of(b: int) -> int:
-        return trsolve_peak(b, ncols, n, _a_read(t_spec, b, n), itemsize)
+        return trsolve_peak(b, ncols, n, _a_read(t_spec, b, n), itemsize, whole_rhs)
 
     if isinstance(t_spec, Read) and t_spec.grid.tile[0] == t_spec.grid.tile[1]:
         b = t_spec.grid.tile[0]
@@ -373,16 +374,19 @@ def lower_trsolve(node, t_spec, b_spec, deps: list, budget: Budget,
                   label: str | None = None) -> Stage:
     """Blocked substitution ``T X = B`` (``node.options``: ``lower`` of the stored
     S, ``trans``: T = S^T, ``unit``, ``vector``): one task per tile left of
-    (or right of, backwards) the diagonal, its term ``T_ik X_k`` computed as
-    soon as ``X_k`` is solved (the workers read the tiles side by side), one
-    task per row tile summing its terms and solving the diagonal tile, in
+    (or right of, backwards) the diagonal, subtracting its term ``T_ik X_k``
+    from the row tile's partial sum as soon as ``X_k`` is solved (the
+    workers read the tiles side by side; a chain per row tile, so a row
+    tile holds one partial sum, where a term per solved tile had piled up
+    until its solve), one task per row tile solving the diagonal tile, in
     order, then a gather task whose value is X. ``label`` names the system
     in the plan where ``node`` does not (a factor read from a temporary)."""
     n, ncols = node.x.shape[0], node.y.shape[1]
     dtype = np.dtype(node.dtype)
     opts = dict(node.options)
-    b = trsolve_tile(n, ncols, t_spec, dtype.itemsize, budget)
-    peak = trsolve_peak(b, ncols, n, _a_read(t_spec, b, n), dtype.itemsize)
+    whole = isinstance(b_spec, Dep)  # an in-memory B: each task holds all of it
+    b = trsolve_tile(n, ncols, t_spec, dtype.itemsize, budget, whole)
+    peak = trsolve_peak(b, ncols, n, _a_read(t_spec, b, n), dtype.itemsize, whole)
     check_fits("triangular solve", peak, short(node), budget)
     edges = tuple(tile_edges(n, b))
     cuts = [0, *(e[1] for e in edges)]
@@ -392,11 +396,13 @@ def lower_trsolve(node, t_spec, b_spec, deps: list, budget: Budget,
     order = range(len(edges)) if forward else range(len(edges) - 1, -1, -1)
     name = "trsolve-" + tokenize(t_spec, b_spec, deps, edges, node.options)
     work, done, tot = Tasks(), [], layout.ReadTotals()
-    for i in order:  # a term per tile left of the diagonal, as soon as its X_k is solved
-        terms = [work.add((name, "term", i, k), gch.term, t_spec, deps, edges, i, k,
-                          bool(opts["trans"]), dtype, (name, k)) for k in done]
+    for i in order:  # a task per tile left of the diagonal, as soon as its X_k is solved
+        acc = None
+        for k in done:
+            acc = work.add((name, "eliminate", i, k), gch.eliminate, t_spec, deps, b_spec, deps,
+                           edges, i, k, bool(opts["trans"]), ncols, dtype, acc, (name, k))
         work.add((name, i), gch.substitute, t_spec, deps, b_spec, deps, edges, i, ncols,
-                 node.options, dtype, *terms)
+                 node.options, dtype, acc)
         tiles = [((k, i) if opts["trans"] else (i, k)) for k in done] + [(i, i)]
         tot.add(b_costs.at(i, 0), *(t_costs.at(r, c) for r, c in tiles))
         done.append(i)

@@ -225,12 +225,21 @@ def cholesky_peak(b: int, panel: int, strip_read: int, a_flight: int, itemsize: 
     return as_rss(max(reading, updating, factoring))
 
 
-def trsolve_peak(b: int, rhs_cols: int, n: int, t_read: int, itemsize: int) -> int:
+def trsolve_peak(b: int, rhs_cols: int, n: int, t_read: int, itemsize: int,
+                 whole_rhs: bool = False) -> int:
     """A blocked triangular-substitution task: one ``b x b`` tile of T (read
-    held compressed and decoded, then in the computing dtype), its right-hand
-    side rows (``b x rhs_cols``) and every solved row tile before it (at most
-    ``n x rhs_cols``, the small result)."""
-    return as_rss(2 * t_read + b * b * itemsize + (2 * b + n) * rhs_cols * itemsize)
+    held compressed and decoded, then in the computing dtype); an
+    elimination's partial sum, the solved row tile it multiplies, their product and the
+    new sum (``4 b x rhs_cols``); held on its worker meanwhile, the solved
+    row tiles waiting for the gather (up to ``n x rhs_cols``; the gather
+    holds them and their stack, ``2 n``) and the other row tiles' partial
+    sums (up to ``n - b``) and, when the right-hand side is an in-memory
+    value (``whole_rhs``: a NumPy B, or the solution of the substitution
+    before it), all of it. Priced at ``2 b + n`` rows, the inverse of a
+    3000 x 3000 SPD matrix had been planned at 134 MiB of 135 and killed
+    every 300 MiB worker (each row tile then held a term per solved tile)."""
+    held = (3 * b + 2 * n + (n if whole_rhs else 0)) * rhs_cols
+    return as_rss(2 * t_read + b * b * itemsize + held * itemsize)
 
 
 def symv_peak(area: int, sides: int, k: int, n: int, read: int, itemsize: int,
