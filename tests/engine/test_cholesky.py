@@ -313,6 +313,25 @@ def test_tile_cap_holds_whatever_the_default_unit(tmp_path):
     assert tile(10000, 1024, "1GiB") == tile(10000, 1024, "4GiB") == "2048 x 2048"
 
 
+def test_default_output_units_fit_when_shards_do_not(tmp_path):
+    """``cholesky(A).to_zarr(path)`` with no tile given stores the factor in
+    units whose tile task fits: a 6000² A in 1000 x 750 chunks inside 2000 x
+    3000 shards (as plain zarr writes them) took the shards' 2000 -- 220 MiB
+    a task, refused at 300 MiB a worker -- where compute() and an explicit
+    tile planned under 135 (helper-47). Planned on metadata alone."""
+    n = 6000
+    zarr.create_array(tmp_path / "a.zarr", shape=(n, n), chunks=(1000, 750),
+                      shards=(2000, 3000), dtype="f8")
+    chol = ta.linalg.cholesky(ta.open(tmp_path / "a.zarr"))
+    budget = ta.Budget.from_config("300MiB", 2, 1)
+    plan = chol.plan(tmp_path / "l.zarr", budget=budget)
+    assert plan.peak_task_memory <= budget.task_memory, str(plan)
+    assert chol.plan(budget=budget).peak_task_memory <= budget.task_memory
+    # where the shards' units fit, they are kept (the larger unit reads less)
+    roomy = ta.Budget.from_config("2GiB", 2, 1)
+    assert "by 2000 x 2000 tiles" in chol.plan(tmp_path / "l.zarr", budget=roomy).stages[0].description
+
+
 def test_no_thin_tiles_where_a_little_more_memory_buys_wide_ones(tmp_path):
     """Reading a 2048² unit of A fixes most of a task's peak: 128-wide tiles
     needed 115.35 MiB and 1024-wide 124.8 MiB. At 277 MiB a worker the

@@ -66,6 +66,7 @@ from ..expr.nodes import (
     structure,
 )
 from .cholesky import (
+    chol_peak,
     cholesky_tile,
     incore_need,
     lower_cholesky,
@@ -881,9 +882,16 @@ def fitted_output_grid(node, tile, shard, budget, out=None):
     inherited = tile is None and shard is None and budget is not None and len(node.shape) == 2
     if inherited and isinstance(node, Factor) and node.part == "L":
         # square units: the planner's, as for a temporary factor (the larger of
-        # reading a sharded A by whole shards and by inner chunks)
-        unit = max(cholesky_tile(node, Planner(budget, inner).spec(node.x, []), budget)[1]
-                   for inner in {False, _sharded(node)})
+        # reading a sharded A by whole shards and by inner chunks, of those
+        # whose tile task fits: a 6000^2 A in 1000 x 750 chunks and 2000 x
+        # 3000 shards took the shards' 2000, which no 300 MiB worker holds)
+        item = np.dtype(node.dtype).itemsize
+        units = []
+        for inner in {False, _sharded(node)}:
+            spec = Planner(budget, inner).spec(node.x, [])
+            u = cholesky_tile(node, spec, budget)[1]
+            units.append((chol_peak(spec, u, u, node.shape[0], item) <= budget.task_memory, u))
+        unit = max(units)[1]
         return Grid.regular(tuple(node.shape), (unit, unit))
     grid = output_grid(node, tile, shard)
     if not inherited:
