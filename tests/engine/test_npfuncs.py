@@ -673,6 +673,17 @@ def test_cov_corrcoef_of_vectors_pairs_and_weights(thread_engine, tmp_path, dtyp
         np.cov(a, ddof=1.5)
     with pytest.raises(ZeroDivisionError, match="Weights sum to zero"):
         np.cov(a, rowvar=False, fweights=np.zeros(61, int))
+    # no observations: NumPy's NaNs, after its warning (it was a ValueError; helper-47)
+    for f, kw in [(np.cov, dict(rowvar=False)), (np.corrcoef, dict(rowvar=False)),
+                  (np.cov, dict(rowvar=False, bias=True)), (np.cov, {})]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            want = f(x[:0], **kw)
+        with pytest.warns(RuntimeWarning, match="Degrees of freedom <= 0") if kw else \
+                warnings.catch_warnings():
+            got = f(a[:0], **kw).compute()
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
 
 
 # -- isclose / allclose / average / outer ------------------------------------------------------

@@ -74,13 +74,13 @@ def _cov(m, y, rowvar, bias, ddof, fweights, aweights, dtype) -> ExprBase:
     x = pieces[0] if len(pieces) == 1 else routines.concatenate(pieces, axis=1)
     n = as_node(x)
     obs, nvar = n.shape
-    if obs == 0:
-        raise ValueError("cov: no observations (an empty array); NumPy gives NaNs")
     if ddof is None:
         ddof = 0 if bias else 1
     ddof = operator.index(int(ddof))
     w, fact = _weights(fweights, aweights, obs, ddof)
     dt = np.result_type(n.dtype if dtype is None else dtype, np.float64)
+    if obs == 0:  # NumPy's NaNs (after its warning on the degrees of freedom)
+        return np.full_like(x, np.nan, dtype=dt, shape=(nvar, nvar) if nvar > 1 else ())
     xf = x.astype(dt)
     ones = wrap_like(x, Full((obs, 1), dt, 1))
     y_aug = routines.concatenate([xf - xf[0], ones], axis=1)
