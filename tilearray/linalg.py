@@ -352,12 +352,15 @@ def cholesky(a: TiledArray, upper: bool = False) -> TiledArray:
     a : TiledArray
         ``n x n``, symmetric positive definite (float32, float64; integers in float64).
     upper : bool
-        Return ``L.T`` (as NumPy's ``upper=True``).
+        Return the upper factor ``U`` (``U.T @ U == a``) from ``a``'s upper
+        triangle, as NumPy's ``upper=True``: the lower factor of ``a.T``,
+        transposed (the lower one's transpose differs where a stored ``a``
+        is not exactly symmetric).
 
     Returns
     -------
     TiledArray
-        L, lower triangular (``L @ L.T == a``).
+        L, lower triangular (``L @ L.T == a``); ``U`` with ``upper``.
 
     Raises
     ------
@@ -368,7 +371,8 @@ def cholesky(a: TiledArray, upper: bool = False) -> TiledArray:
     a = _square(a, "cholesky", empty=True)
     if a.size == 0:
         return held(a, _numpy_of_empty(np.linalg.cholesky, a))
-    low = TiledArray(Factor(tuple(a.shape), result_dtype(a.dtype), a._node, "L"))
+    source = a.T if upper else a  # NumPy's upper=True reads the upper triangle
+    low = TiledArray(Factor(tuple(a.shape), result_dtype(a.dtype), source._node, "L"))
     return low.T if upper else low
 
 
@@ -599,6 +603,11 @@ def solve(a: TiledArray, b, assume_a: str = "gen"):
     return _solve_plan(a, b, assume_a).compute()
 
 
+LAPACK_EPS = np.finfo(np.float64).eps / 2
+"""LAPACK's ``dlamch('Epsilon')``, the unit roundoff ``2**-53`` that
+``dsposv``'s test uses (NumPy's ``eps`` is the spacing at 1, twice it: with
+it a 4200² system of condition 100 stopped at 1.39x dsposv's bound, a
+forward error 350x NumPy's; helper-47)."""
 REFINE_MAX_ITER = 10
 """Refinement steps at most (LAPACK ``dsposv`` allows 30 in core; here each
 step is a pass over ``a`` and two over the factor, and at 32768² ten of them
@@ -670,7 +679,7 @@ def _solve_spd_mixed(a: TiledArray, b):
         if not np.all(np.isfinite(x)):  # a beyond float32's range, or NaN / inf in b
             return None
         prev = np.abs(x).max(axis=0)
-        tol = np.sqrt(n) * np.finfo(np.float64).eps
+        tol = np.sqrt(n) * LAPACK_EPS
         anorm = None  # ||a||_inf, from the first residual's pass
         for step in range(1, REFINE_MAX_ITER + 1):
             ax, first = _symmetric_product(a, x, norm=anorm is None)

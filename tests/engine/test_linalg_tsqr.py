@@ -352,6 +352,17 @@ def test_r_tree_fan_in_lowered_to_fit_the_budget(tmp_path, rng):
     assert_close(np.abs(got), np.abs(np.linalg.qr(x, mode="r")))
 
 
+def test_combine_refusal_names_memory_not_tiles(tmp_path):
+    """A combine holds whole R factors whatever the tiling: its refusal names
+    the memory that fits and not "smaller tiles/shards" (helper-47).
+    Planned on metadata alone."""
+    zarr.create_array(tmp_path / "w.zarr", shape=(50, 100_000), chunks=(50, 9999), dtype="f8")
+    s = ta.linalg.svd(ta.open(tmp_path / "w.zarr"), compute_uv=False)
+    with pytest.raises(ta.PlanningError, match=r"fewer columns lower it\).* it would fit with "
+                                               r"memory_per_worker >= \d+MiB$"):
+        s.plan(budget=ta.Budget.from_config("300MiB", 2, 1))
+
+
 def test_q_pieces_held_between_the_passes_are_planned(tmp_path):
     """Writing Q or U, the tree's Q pieces stay in worker memory from the up
     tree to the down tree: shown in the plan, and refused (before reading

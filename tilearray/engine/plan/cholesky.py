@@ -519,7 +519,7 @@ def lower_incore(node, x_spec, y_spec, deps: list, budget: Budget) -> Stage:
     peak, tot = incore_need(node, x_spec, y_spec)
     check_fits(op, peak, f"{short(node)} ({op} reads the whole {n} x {n} matrix into one "
                "task: it is computed only for a matrix one task can hold, a covariance or a "
-               "Gram)", budget)
+               "Gram)", budget, tiles_help=False)
     key = "incore-" + tokenize(op, x_spec, y_spec, deps, node.options)
     work = Tasks()
     work.add(key, gch.incore, op, node.options, x_spec, deps, n, y_spec, deps, ycols,

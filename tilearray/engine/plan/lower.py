@@ -583,7 +583,7 @@ class Planner:
             return last
         work, peak = Tasks(), as_rss(2 * n * ncols * np.dtype(node.dtype).itemsize)
         check_fits("join", peak, f"{short(node)}: the solutions of {len(solved)} groups of "
-                   f"{g} right-hand sides joined in one task", self.budget)
+                   f"{g} right-hand sides joined in one task", self.budget, tiles_help=False)
         key = work.add("lu-join-" + tokenize(solved), glu.join_columns, *solved)
         return self.add(Stage("small", f"the {len(solved)} groups of {g} right-hand sides' "
                               "solutions side by side", 1, peak, 0, work=work.freeze(),

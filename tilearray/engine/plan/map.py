@@ -53,10 +53,12 @@ def fit_blocks(spec, shape, out_grid, temp_per_elem: int, budget: Budget, out_it
                          budget.task_memory)
 
 
-def check_fits(kind: str, peak: int, what: str, budget: Budget) -> None:
-    """Refuse a stage whose largest task is over the budget."""
+def check_fits(kind: str, peak: int, what: str, budget: Budget,
+               tiles_help: bool = True) -> None:
+    """Refuse a stage whose largest task is over the budget (``tiles_help``:
+    whether smaller tiles could lower it, as the refusal then says)."""
     if peak > budget.task_memory:
-        raise DoesNotFit(kind, peak, what, budget)
+        raise DoesNotFit(kind, peak, what, budget, tiles_help)
 
 
 def lower_map(node, spec, deps: list, budget: Budget, out=None, out_grid=None,

@@ -34,18 +34,24 @@ class DoesNotFit(PlanningError):
     temp_tile: int = 0
     """The longest tile side of the temporaries planned before the refusal."""
 
-    def __init__(self, kind: str, peak: int, what: str, budget: Budget):
+    def __init__(self, kind: str, peak: int, what: str, budget: Budget,
+                 tiles_help: bool = True):
         super().__init__(f"{what}: the smallest {kind} task needs {format_bytes(peak)}")
         self.kind, self.peak, self.what, self.budget = kind, peak, what, budget
         self.need = budget.worker_memory_for(peak)
+        self.tiles_help = tiles_help
+        """False where no tiling lowers the task (it holds a whole matrix or factor)."""
 
     def explain(self, original: Budget, need: int | None) -> PlanningError:
         """The refusal users see: against the budget they gave, with the
         smallest ``memory_per_worker`` under which *every* stage fits."""
         b = original
         where = f", the smallest worker {b.worker}" if b.worker else ""
-        fix = (f"memory_per_worker >= {_round_up_mib(need)}, or with smaller tiles/shards"
-               if need else "smaller tiles/shards")
+        tiles = "smaller tiles/shards" if self.tiles_help else ""
+        fix = f"memory_per_worker >= {_round_up_mib(need)}" if need else \
+            (tiles or "a larger memory_per_worker")
+        if need and tiles:
+            fix += f", or with {tiles}"
         return PlanningError(
             f"{self.what}: the smallest {self.kind} task needs {format_bytes(self.peak)} but the "
             f"budget allows {format_bytes(b.task_memory)} per task ({format_bytes(b.memory_per_worker)}"

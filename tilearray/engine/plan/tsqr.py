@@ -127,7 +127,8 @@ def lower_tsqr(node, specs, widths, deps: list, budget: Budget, out=None, out_gr
     # a combine (or the root) holds R factors of ``stacked x w`` whatever the
     # row blocks: named with the memory it needs, as every refusal
     check_fits("TSQR combine", combine, f"{short(node)} (R factors of {stacked} x {w} "
-               f"stacked in one task, at fan-in {fan_in}; fewer columns lower it)", budget)
+               f"stacked in one task, at fan-in {fan_in}; fewer columns lower it)", budget,
+               tiles_help=False)
     check_fits("tsqr", max(peak, combine), short(node), budget)
     name = "tsqr-" + tokenize(node.part, specs, widths, row_edges, deps, node.options,
                               str(out))
