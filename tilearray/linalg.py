@@ -989,6 +989,9 @@ def pinv(a: TiledArray, rcond=None, hermitian: bool = False, *, rtol=_NO_RTOL) -
         raise ValueError("pinv: `rtol` and `rcond` can't be both set.")
     wide = x.shape[0] < x.shape[1]
     tall = _tall(_tall_side(x), "svd", empty=True)
+    # U's pass down needs the most: refused now, before the s run, naming the
+    # budget the whole pinv fits (s's refusal had named one that U then refused)
+    _part(tall, "U").plan()
     s = np.asarray(_part(tall, "s").compute())  # one run, one read: it keeps R,
     vt = np.asarray(_part(tall, "Vt").compute())  # whose SVD in the driver gives Vt
     u = _part(tall, "U", align=vt)  # U to match this Vt (its run's R is another R)

@@ -607,6 +607,22 @@ def test_randomized_svd_subspace_is_at_least_20_columns(thread_engine, tmp_path,
     assert_close(np.asarray(u).T @ x @ vt.T, np.diag(want), scale=want[0])  # U^T X V = S
 
 
+def test_pinv_refusal_names_the_budget_of_all_its_runs(tmp_path):
+    """pinv runs s and Vt, then U's pass down, which needs the most: refused
+    before any run, naming U's budget (s's refusal had named 219 MiB, where
+    U then asked for 312; helper-47). Nothing is read."""
+    zarr.create_array(tmp_path / "x.zarr", shape=(2000, 1200), chunks=(500, 500), dtype="f8")
+    x = ta.open(tmp_path / "x.zarr")
+    with ta.Engine(n_workers=2, threads_per_worker=1, memory_per_worker="240MiB", quiet=True,
+                   processes=False) as eng:
+        from tilearray.linalg import _part
+        _part(x, "s").plan()  # s alone fits this budget
+        with pytest.raises(ta.PlanningError, match=r"memory_per_worker >= (\d+)MiB") as err:
+            ta.linalg.pinv(x)
+        assert int(re.search(r">= (\d+)MiB", str(err.value)).group(1)) > 240
+        assert eng.last_run is None
+
+
 @pytest.mark.parametrize("dtype, shape, tile", [("float64", (M, N), (130, 16)),
                                                 ("float32", (40, 300), (16, 64))])
 def test_pinv_matches_numpy(thread_engine, tmp_path, rng, monkeypatch, dtype, shape, tile):
