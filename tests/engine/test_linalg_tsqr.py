@@ -361,6 +361,13 @@ def test_combine_refusal_names_memory_not_tiles(tmp_path):
     with pytest.raises(ta.PlanningError, match=r"fewer columns lower it\).* it would fit with "
                                                r"memory_per_worker >= \d+MiB$"):
         s.plan(budget=ta.Budget.from_config("300MiB", 2, 1))
+    # a refusal whose budget a later stage sets says so: the Q of a square X at 420 MiB
+    # named only a combine 10 MiB over, while Q's pass down needs 412 MiB
+    zarr.create_array(tmp_path / "g.zarr", shape=(3000, 3000), chunks=(1024, 1024), dtype="f8")
+    q = ta.linalg.qr(ta.open(tmp_path / "g.zarr"))[0]
+    with pytest.raises(ta.PlanningError, match=r"combine task needs .*; a later TSQR down stage "
+                                               r"needs .* it would fit with memory_per_worker"):
+        q.plan(budget=ta.Budget.from_config("420MiB", 2, 1))
 
 
 def test_q_pieces_held_between_the_passes_are_planned(tmp_path):

@@ -817,7 +817,7 @@ def lower(node, budget, out=None, out_grid=None, skip=()) -> Plan:
                 err = again
         if need is not None:
             need = _least_fitting(node, budget, out, out_grid, skip, need)
-        raise first.explain(budget, need) from None
+        raise first.explain(budget, need, err) from None
 
 
 def _lower_retried(node, budget, out, out_grid, skip: frozenset) -> Plan:

@@ -42,12 +42,18 @@ class DoesNotFit(PlanningError):
         self.tiles_help = tiles_help
         """False where no tiling lowers the task (it holds a whole matrix or factor)."""
 
-    def explain(self, original: Budget, need: int | None) -> PlanningError:
+    def explain(self, original: Budget, need: int | None,
+                later: DoesNotFit | None = None) -> PlanningError:
         """The refusal users see: against the budget they gave, with the
-        smallest ``memory_per_worker`` under which *every* stage fits."""
+        smallest ``memory_per_worker`` under which *every* stage fits
+        (``later``: the stage refused under a larger budget, which sets it)."""
         b = original
         where = f", the smallest worker {b.worker}" if b.worker else ""
-        tiles = "smaller tiles/shards" if self.tiles_help else ""
+        if later is not None and later is not self:
+            where += (f"; a later {later.kind} stage needs {format_bytes(later.peak)} a task"
+                      f"{'' if later.tiles_help else ' whatever the tiles'}")
+        tiles = "smaller tiles/shards" if self.tiles_help and (later is None or later.tiles_help) \
+            else ""
         fix = f"memory_per_worker >= {_round_up_mib(need)}" if need else \
             (tiles or "a larger memory_per_worker")
         if need and tiles:
