@@ -550,7 +550,7 @@ def solve(a: TiledArray, b, assume_a: str = "gen"):
     ``assume_a="pos"`` (symmetric positive definite, any size): the tiled
     Cholesky of :func:`cholesky` into a temporary, then forward and backward
     blocked substitution (each reads L's lower triangle once). A float64
-    system of ``n >= 4096`` with at most ``n / 64`` right-hand sides is
+    system of ``n >= 10240`` with at most ``n / 64`` right-hand sides is
     solved in mixed precision, as LAPACK's ``dsposv``: the factor is
     computed and stored in float32 (half the bytes, twice the flop rate),
     then iterative refinement -- float64 residual ``b - a x`` (one pass over
@@ -633,7 +633,15 @@ def _mixed_precision(a: TiledArray, n: int, k: int, dtype) -> bool:
     # auto: a factor that takes longer than the refinement's passes, and the
     # n x k arrays the driver holds (x, a x, r, d) small beside a result
     small = 4 * n * k * 8 <= _config.get_bytes("compute.max-result-size")
-    return mode == "mixed" or (n >= 4096 and k <= n // 64 and small)
+    return mode == "mixed" or (n >= MIXED_MIN_N and k <= n // 64 and small)
+
+
+MIXED_MIN_N = 10240
+"""``auto``'s smallest order solved in mixed precision: measured
+(``benchmarks/linalg.py --ops solve_spd``, 2 x 1 GiB, 2026-12-07) at 8192
+9.2 / 9.2 s mixed against 8.6 / 9.3 s in float64, at 12288 21.2 against
+27.1 s, and at 4200 4.8 against 2.5 s; below it the factor costs less than
+the refinement's extra runs and passes over ``a`` (it was 4096)."""
 
 
 def _solve_spd_mixed(a: TiledArray, b):

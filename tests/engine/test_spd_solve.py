@@ -183,7 +183,7 @@ def test_when_it_applies_and_what_it_leaves(eng, tmp_path, rng, monkeypatch):
     b = rng.standard_normal((n, 2))
     with dask.config.set({"tilearray.temporary-directory": str(tmp_path / "tmp")}):
         os.makedirs(tmp_path / "tmp")
-        # auto: n < 4096 is factored in float64 (one run: factor and substitutions)
+        # auto: n < 10240 is factored in float64 (one run: factor and substitutions)
         calls = runs(monkeypatch)
         got = ta.linalg.solve(a, b, assume_a="pos")
         assert rel_err(got, np.linalg.solve(x, b)) < 1e-12 and len(calls) == 1
@@ -197,8 +197,9 @@ def test_when_it_applies_and_what_it_leaves(eng, tmp_path, rng, monkeypatch):
     with dask.config.set({"tilearray.linalg.spd-solve": "fast"}), \
             pytest.raises(ValueError, match="spd-solve"):
         ta.linalg.solve(a, b, assume_a="pos")
-    assert tla._mixed_precision(a, 8192, 128, np.float64)
-    assert not tla._mixed_precision(a, 8192, 129, np.float64)
+    assert tla._mixed_precision(a, 16384, 256, np.float64)
+    assert not tla._mixed_precision(a, 16384, 257, np.float64)
+    assert not tla._mixed_precision(a, 8192, 1, np.float64)  # the float64 factor is as fast
 
 
 def test_beyond_float32_range_lists_and_nan(eng, tmp_path, rng, monkeypatch):
