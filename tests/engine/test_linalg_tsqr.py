@@ -3,6 +3,7 @@
 conditioned and rank-deficient X, plan figures equal to the run's, bad input."""
 
 import re
+import warnings
 
 import dask
 import numpy as np
@@ -368,6 +369,38 @@ def test_combine_refusal_names_memory_not_tiles(tmp_path):
     with pytest.raises(ta.PlanningError, match=r"combine task needs .*; a later TSQR down stage "
                                                r"needs .* it would fit with memory_per_worker"):
         q.plan(budget=ta.Budget.from_config("420MiB", 2, 1))
+
+
+def test_wide_leaves_read_a_strip_of_units_at_a_time(tmp_path):
+    """A leaf reads its block a column strip of I/O units at a time into
+    LAPACK's array, so a wide one holds one strip's read beside it, not the
+    whole block's twice: R of a 50 x 100000 X (38 MiB) plans at 320 MiB a
+    worker (it needed 357; helper-47), its FLOPs those of a wide QR (2 n m^2,
+    not 2 m n^2: 1000 GFLOP were reported). Planned on metadata alone."""
+    zarr.create_array(tmp_path / "w.zarr", shape=(50, 100_000), chunks=(50, 9999), dtype="f8")
+    x = ta.open(tmp_path / "w.zarr")
+    budget = ta.Budget.from_config("320MiB", 2, 1)
+    plan = ta.linalg.qr(x, mode="r").plan(budget=budget)
+    assert plan.peak_task_memory <= budget.task_memory, str(plan)
+    assert plan.flops == 2 * 100_000 * 50 * 50
+
+
+def test_lstsq_of_float32_x_and_float64_y_in_strips(thread_engine, tmp_path, rng):
+    """``[X | y]`` of a float32 X read in several strips of units and a
+    float64 y: the block takes both parts' dtype before any strip is copied
+    (NumPy's float64 answer; no cast of an unwritten block)."""
+    x = rng.standard_normal((3000, 40)).astype(np.float32)
+    y = rng.standard_normal(3000)
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(700, 16))
+    want = np.linalg.lstsq(x, y)[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        got = ta.linalg.lstsq(a, y)[0]
+        stored = ta.linalg.lstsq(a, ta.from_numpy(y[:, None], tmp_path / "y.zarr",
+                                                  tile=(500, 1)))[0]
+    assert got.dtype == want.dtype == np.float64
+    assert_close(got, want)
+    assert_close(stored[:, 0], want)
 
 
 def test_q_pieces_held_between_the_passes_are_planned(tmp_path):

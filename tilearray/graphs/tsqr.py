@@ -31,20 +31,49 @@ import numpy as np
 from ..storage import IOStats, buffers, write_block
 from . import blas
 from . import linalg as kern
+from .blocks import intervals
 from .matmul import counted, merge_stats
 from .progress import report
-from .spec import evaluate, prefetch_next
+from .spec import evaluate, prefetch_next, unit_edges
 
 
 def _block(specs, rows, widths, deps, stats, order="F") -> np.ndarray:
     """Row block ``rows`` of ``[X | Y]`` in the computing dtype, F-ordered
     (LAPACK's layout), or with ``order="C"`` as read when it can be (a
-    single stored part already in that dtype: no copy)."""
-    parts = [np.asarray(evaluate(s, rows, (0, w), list(deps), stats))
-             for s, w in zip(specs, widths, strict=True)]
-    dtype = np.result_type(*(blas.result_dtype(p.dtype) for p in parts))
-    if order == "C" and len(parts) == 1 and parts[0].dtype == dtype:
-        return parts[0]
+    single stored part already in that dtype: no copy). F-ordered, each part
+    is read a column strip of I/O units at a time (:func:`strips`), copied
+    in as it comes: a wide block holds one strip's read beside it, not all."""
+    if order == "C":
+        parts = [np.asarray(evaluate(s, rows, (0, w), list(deps), stats))
+                 for s, w in zip(specs, widths, strict=True)]
+        dtype = np.result_type(*(blas.result_dtype(p.dtype) for p in parts))
+        if len(parts) == 1 and parts[0].dtype == dtype:
+            return parts[0]
+        return _joined(parts, widths, dtype, rows, order)
+    cuts = [strips(s, w) for s, w in zip(specs, widths, strict=True)]
+    # each part's first strip read first: the block's dtype is all parts' ([X32 | y64])
+    first = [np.asarray(evaluate(s, rows, c[0], list(deps), stats))
+             for s, c in zip(specs, cuts, strict=True)]
+    dtype = np.result_type(*(blas.result_dtype(p.dtype) for p in first))
+    out = np.empty((rows[1] - rows[0], sum(widths)), dtype, order=order)
+    lo = 0
+    for i, (s, w, c) in enumerate(zip(specs, widths, cuts, strict=True)):
+        blas.copy_rows(out[:, lo + c[0][0] : lo + c[0][1]], first[i])
+        first[i] = None  # copied: released before the next strip is read
+        for c0, c1 in c[1:]:
+            blas.copy_rows(out[:, lo + c0 : lo + c1],
+                           np.asarray(evaluate(s, rows, (c0, c1), list(deps), stats)))
+        lo += w
+    return out
+
+
+def strips(spec, width: int) -> list[tuple[int, int]]:
+    """The column strips ``_block`` reads a part in: its I/O unit columns
+    (each unit read once, by one strip)."""
+    return list(intervals(unit_edges(spec, 1, width)))
+
+
+def _joined(parts, widths, dtype, rows, order) -> np.ndarray:
     out = np.empty((rows[1] - rows[0], sum(widths)), dtype, order=order)
     lo = 0
     for p, w in zip(parts, widths, strict=True):

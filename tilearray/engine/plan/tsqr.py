@@ -16,6 +16,7 @@ from ...errors import PlanningError
 from ...graphs import tsqr as gts
 from ...graphs.blocks import group_edges, intervals, max_interval
 from ...graphs.emit import Tasks
+from ...graphs.spec import unit_edges
 from . import layout
 from .map import check_fits
 from .memory import (
@@ -34,9 +35,18 @@ def _costs(specs, widths, row_edges):
     return [layout.BlockCosts(s, row_edges, (0, w)) for s, w in zip(specs, widths, strict=True)]
 
 
-def _leaf_peak(specs, widths, row_edges, itemsize, out_cols, out_grid) -> int:
-    costs = _costs(specs, widths, row_edges)
-    read = sum(c.max_read_bytes() for c in costs)
+def _leaf_peak(specs, widths, row_edges, itemsize, out_cols, out_grid,
+               whole: bool | None = None) -> int:
+    """A leaf's peak. Its block is read a column strip of I/O units at a
+    time (:func:`~tilearray.graphs.tsqr.strips`), but in a Q or U job
+    (``whole``, default: ``out_cols`` given) a float64 block may be read whole
+    and used as read (the Gram and ``R_i^-1`` paths)."""
+    whole = out_cols > 0 if whole is None else whole
+    if whole:
+        read = sum(c.max_read_bytes() for c in _costs(specs, widths, row_edges))
+    else:
+        read = max(layout.BlockCosts(s, row_edges, unit_edges(s, 1, w)).max_read_bytes()
+                   for s, w in zip(specs, widths, strict=True))
     flight = max(read_flight(s) for s in specs)
     return tsqr_leaf_peak(read, max_interval(row_edges), sum(widths), itemsize, out_cols,
                           write_flight(out_grid, itemsize), flight)
@@ -153,10 +163,11 @@ def lower_tsqr(node, specs, widths, deps: list, budget: Budget, out=None, out_gr
     # s or Vt: the root also gives R, from which the driver takes the other
     factors = big or part in ("s", "Vt")
     value = up.add(name + "-" + part, gts.factor, part, root) if factors and not big else root
-    flops = 2 * m * w * w
+    flops = 2 * m * w * min(m, w)  # a wide X (m < w) costs 2 w m^2, not 2 m w^2
     # the up leaves read and factor (R only); with Q or U, ``peak`` is the
     # down leaves' (they also hold and write their rows of the result)
-    up_peak = _leaf_peak(specs, widths, row_edges, itemsize, 0, None) if big else peak
+    up_peak = _leaf_peak(specs, widths, row_edges, itemsize, 0, None, whole=True) if big \
+        else peak
     first = Stage(
         "tsqr", f"{short(node)}: QR of {len(leaves)} row blocks of up to "
         f"{max_interval(row_edges)} x {w}, R factors combined with fan-in {fan_in}"
@@ -301,7 +312,7 @@ def _down_stage(node, name, specs, widths, deps, row_edges, levels, root, costs,
         + ("times R_i^-1 where R_i is well conditioned (float64), else factored again, "
            if keep_r else "factored again (R_i not kept: too many), ") + "and written "
         f"({max_interval(row_edges)} x {ncols})", len(work), peak, tot.nbytes, written,
-        flops=4 * m * w * w + 2 * m * w * ncols, reads=tot.reads, store_gets=tot.gets, work=work,
+        flops=4 * m * w * min(m, w) + 2 * m * w * ncols, reads=tot.reads, store_gets=tot.gets, work=work,
         outputs={"result": Output("store", tuple(leaves_done)) if out is not None else
                  Output("blocks", tuple(leaves_done), tuple(blocks)),
                  "slices": Output("stats", tuple(t.key for t in down.freeze()))})
