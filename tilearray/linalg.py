@@ -758,7 +758,18 @@ def inv(a: TiledArray, assume_a: str = "gen") -> np.ndarray:
         raise PlanningError(f"inv: the {n} x {n} inverse would be {nbytes} bytes, over "
                             "tilearray.compute.max-result-size; solve for the right-hand "
                             "sides you need with ta.linalg.solve instead")
-    return solve(a, np.eye(n, dtype=result_dtype(a.dtype)), assume_a)
+    eye = np.eye(n, dtype=result_dtype(a.dtype))
+    if assume_a == "pos":  # n right-hand sides held whole: the LU's column groups may fit
+        try:
+            _solve_plan(a, eye, "pos").plan()
+        except PlanningError:
+            try:
+                general = _solve_plan(a, eye, "gen")
+                general.plan()
+            except PlanningError:
+                raise  # the LU's, the smaller need: from it on, the call runs
+            return general.compute()
+    return solve(a, eye, assume_a)
 
 
 def matrix_power(a: TiledArray, n: int):

@@ -235,7 +235,8 @@ def test_inverse_of_spd_many_right_hand_sides_stays_under_budget(tmp_path):
     one partial sum, the plan prices the held solution, partial sums and
     in-memory right-hand side: refused at 300 MiB naming what fits, and at
     that budget every worker's RSS stays under its limit and within its
-    baseline plus the planned task; the inverse is NumPy's."""
+    baseline plus the planned task; the inverse is NumPy's. Where only the
+    LU's column groups fit (340 MiB), inv takes them."""
     rng = np.random.default_rng(0)
     n = 3000
     g = rng.standard_normal((n, n))
@@ -256,3 +257,10 @@ def test_inverse_of_spd_many_right_hand_sides_stays_under_budget(tmp_path):
         assert 0 < inverse.stats.peak_worker_memory <= budget.memory_per_worker
         assert inverse.stats.peak_worker_memory <= budget.baseline + plan.peak_task_memory, \
             (inverse.stats, str(plan))
+    # where the SPD substitutions do not fit and the LU's column groups do, inv takes the LU
+    with ta.Engine(n_workers=2, threads_per_worker=1, memory_per_worker="340MiB",
+                   quiet=True) as eng:
+        with pytest.raises(ta.PlanningError):
+            tla.solve_plan(x, np.eye(n), assume_a="pos").plan()
+        assert_close(tla.inv(x, assume_a="pos"), np.linalg.inv(a))
+        assert eng.last_run.peak_worker_memory <= eng.budget().memory_per_worker
