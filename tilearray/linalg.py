@@ -763,11 +763,8 @@ def inv(a: TiledArray, assume_a: str = "gen") -> np.ndarray:
         try:
             _solve_plan(a, eye, "pos").plan()
         except PlanningError:
-            try:
-                general = _solve_plan(a, eye, "gen")
-                general.plan()
-            except PlanningError:
-                raise  # the LU's, the smaller need: from it on, the call runs
+            general = _solve_plan(a, eye, "gen")
+            general.plan()  # or its refusal: the smaller need, from which the call runs
             return general.compute()
     return solve(a, eye, assume_a)
 

@@ -102,10 +102,6 @@ def cmd_matmul(args) -> int:
     if args.transpose_b:
         b = b.T
     expr = ta.matmul(a, b)
-    if (args.tile or args.shard) and not args.output:
-        raise UsageError(f"--{'tile' if args.tile else 'shard'} describes the output's "
-                         "layout: give the output with -o PATH (without it the plan is "
-                         "of a result computed in memory)")
     kw = dict(tile=tuple(args.tile) if args.tile else None,
               shard=tuple(args.shard) if args.shard else None)
     out = abs_path(args.output)
