@@ -46,10 +46,12 @@ class DoesNotFit(PlanningError):
                 later: DoesNotFit | None = None) -> PlanningError:
         """The refusal users see: against the budget they gave, with the
         smallest ``memory_per_worker`` under which *every* stage fits
-        (``later``: the stage refused under a larger budget, which sets it)."""
+        (``later``: the stage refused under a larger budget, which sets it,
+        named when of another kind: under a larger budget a stage of the same
+        kind may be this one with larger blocks)."""
         b = original
         where = f", the smallest worker {b.worker}" if b.worker else ""
-        if later is not None and later is not self:
+        if later is not None and later.kind != self.kind:
             where += (f"; a later {later.kind} stage needs {format_bytes(later.peak)} a task"
                       f"{'' if later.tiles_help else ' whatever the tiles'}")
         tiles = "smaller tiles/shards" if self.tiles_help and (later is None or later.tiles_help) \
