@@ -994,7 +994,10 @@ def pinv(a: TiledArray, rcond=None, hermitian: bool = False, *, rtol=_NO_RTOL) -
     and ``Vt`` come from one read of X, now (R of the TSQR in one run, kept
     with its SVD); the result is lazy, ``n x m`` for an ``m x n`` X:
     ``(U @ (diag(1/s) Vt)).T``, whose storing or use reads X twice more (U
-    applied down the TSQR tree)."""
+    applied down the TSQR tree). ``hermitian`` (a square symmetric X one
+    task holds, its lower triangle used): from :func:`eigh`, as NumPy, in
+    one run and in memory, ``U diag(1/w) U^T`` over the eigenvalues ``w``
+    whose ``|w|`` passes the cut-off; else as above."""
     x = _tall(a, "pinv", empty=True)
     if x.size == 0:  # NumPy's empty n x m (of x's own dtype, as NumPy)
         return held(x, np.linalg.pinv(np.empty(x.shape, x.dtype)))
@@ -1003,6 +1006,10 @@ def pinv(a: TiledArray, rcond=None, hermitian: bool = False, *, rtol=_NO_RTOL) -
             max(x.shape) * np.finfo(result_dtype(x.dtype)).eps if rtol is None else rtol)
     elif rtol is not _NO_RTOL:
         raise ValueError("pinv: `rtol` and `rcond` can't be both set.")
+    if hermitian and x.shape[0] == x.shape[1]:
+        by_eigh = _pinv_hermitian(x, rcond)
+        if by_eigh is not None:
+            return by_eigh
     wide = x.shape[0] < x.shape[1]
     tall = _tall(_tall_side(x), "svd", empty=True)
     # U's pass down needs the most: refused now, before the s run, naming the
@@ -1016,6 +1023,21 @@ def pinv(a: TiledArray, rcond=None, hermitian: bool = False, *, rtol=_NO_RTOL) -
     inv_s[large] = 1.0 / s[large]
     p = u @ np.ascontiguousarray(inv_s[:, None] * vt)  # pinv(tall).T, m x n
     return p if wide else p.T
+
+
+def _pinv_hermitian(x: TiledArray, rcond) -> TiledArray | None:
+    """NumPy's ``pinv(x, hermitian=True)`` from ``eigh`` (held in memory),
+    or None when ``eigh``'s one task does not fit the budget."""
+    decomposition = _incore(x, "eigh", (), UPLO="L")
+    try:
+        decomposition.plan()
+    except PlanningError:
+        return None
+    w, u = decomposition.compute()
+    large = np.abs(w) > rcond * (np.abs(w).max() if w.size else 0)
+    inv_w = np.zeros_like(w)
+    inv_w[large] = 1.0 / w[large]
+    return held(x, ((u * inv_w) @ u.T).astype(result_dtype(x.dtype), copy=False))
 
 
 def cond(x: TiledArray, p=None):

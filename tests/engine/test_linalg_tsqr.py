@@ -647,6 +647,32 @@ def test_randomized_svd_subspace_is_at_least_20_columns(thread_engine, tmp_path,
     assert_close(np.asarray(u).T @ x @ vt.T, np.diag(want), scale=want[0])  # U^T X V = S
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_pinv_hermitian_from_eigh_as_numpy(thread_engine, tmp_path, rng, monkeypatch, dtype):
+    """``pinv(A, hermitian=True)`` of a symmetric indefinite singular A: NumPy's,
+    from eigh (one run, A read once), where it had gone through TSQR's U
+    (three reads, and 1208 MiB workers for a 3000² A that eigh does on 800;
+    helper-47)."""
+    g = rng.standard_normal((300, 300))
+    x = (g + g.T).astype(dtype)
+    x[:, 5] = x[5, :] = 0
+    a = ta.from_numpy(x, tmp_path / "a.zarr", tile=(128, 128))
+    runs = []
+    run = ta.Engine.run
+
+    def counted(self, *args, **kwargs):
+        values, stats = run(self, *args, **kwargs)
+        runs.append(stats.bytes_read)
+        return values, stats
+
+    with monkeypatch.context() as m:
+        m.setattr(ta.Engine, "run", counted)
+        got = np.asarray(np.linalg.pinv(a, hermitian=True).compute())
+    want = np.linalg.pinv(x, hermitian=True)
+    assert [r for r in runs if r] == [x.nbytes] and got.dtype == want.dtype  # A read once
+    assert_close(got, want)
+
+
 def test_pinv_refusal_names_the_budget_of_all_its_runs(tmp_path):
     """pinv runs s and Vt, then U's pass down, which needs the most: refused
     before any run, naming U's budget (s's refusal had named 219 MiB, where
