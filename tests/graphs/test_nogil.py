@@ -126,7 +126,7 @@ def test_unsupported_dtypes_have_no_routine():
 
 def _main_thread_turns(call) -> int:
     """How many times this thread ran (1 ms sleeps) while ``call`` ran in
-    another thread: at most one or two if ``call`` held the GIL throughout."""
+    another thread: a few if ``call`` held the GIL throughout."""
     done = threading.Event()
     worker = threading.Thread(target=lambda: (call(), done.set()))
     turns = 0
@@ -156,8 +156,12 @@ def test_kernels_release_the_gil():
                 lambda: nogil.trsm(np.tril(a) + n * np.eye(n), c, left=True, lower=True,
                                    trans=False, unit=False)),
         }
-    assert held <= 2, held
-    assert all(turns >= 10 for turns in released.values()), released
+    # The control is counted on a shared machine: the thread's start and the
+    # interpreter's switch interval (5 ms) around the call give the main
+    # thread a few turns even when the call holds the GIL (3 were seen in CI).
+    # A call that releases it gives one turn a millisecond: ~100-1000.
+    assert held <= 6, held
+    assert all(turns >= 5 * max(held, 4) for turns in released.values()), (held, released)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
