@@ -43,18 +43,14 @@ def _block(specs, rows, widths, deps, stats, order="F") -> np.ndarray:
     single stored part already in that dtype: no copy). F-ordered, each part
     is read a column strip of I/O units at a time (:func:`strips`), copied
     in as it comes: a wide block holds one strip's read beside it, not all."""
-    if order == "C":
-        parts = [np.asarray(evaluate(s, rows, (0, w), list(deps), stats))
-                 for s, w in zip(specs, widths, strict=True)]
-        dtype = np.result_type(*(blas.result_dtype(p.dtype) for p in parts))
-        if len(parts) == 1 and parts[0].dtype == dtype:
-            return parts[0]
-        return _joined(parts, widths, dtype, rows, order)
-    cuts = [strips(s, w) for s, w in zip(specs, widths, strict=True)]
+    cuts = [strips(s, w) if order == "F" else [(0, w)]
+            for s, w in zip(specs, widths, strict=True)]
     # each part's first strip read first: the block's dtype is all parts' ([X32 | y64])
     first = [np.asarray(evaluate(s, rows, c[0], list(deps), stats))
              for s, c in zip(specs, cuts, strict=True)]
     dtype = np.result_type(*(blas.result_dtype(p.dtype) for p in first))
+    if order == "C" and len(first) == 1 and first[0].dtype == dtype:
+        return first[0]
     out = np.empty((rows[1] - rows[0], sum(widths)), dtype, order=order)
     lo = 0
     for i, (s, w, c) in enumerate(zip(specs, widths, cuts, strict=True)):
@@ -71,15 +67,6 @@ def strips(spec, width: int) -> list[tuple[int, int]]:
     """The column strips ``_block`` reads a part in: its I/O unit columns
     (each unit read once, by one strip)."""
     return list(intervals(unit_edges(spec, 1, width)))
-
-
-def _joined(parts, widths, dtype, rows, order) -> np.ndarray:
-    out = np.empty((rows[1] - rows[0], sum(widths)), dtype, order=order)
-    lo = 0
-    for p, w in zip(parts, widths, strict=True):
-        blas.copy_rows(out[:, lo : lo + w], p)
-        lo += w
-    return out
 
 
 def _hint(specs, widths, ahead) -> None:

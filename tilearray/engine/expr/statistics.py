@@ -56,8 +56,12 @@ def cov(m, y=None, rowvar=True, bias=False, ddof=None, fweights=None, aweights=N
     than float64 is the result's: the sums are taken in float64 (their
     cancellation cost float32 ~2x NumPy's error, corrcoef ~7x).
     """
-    c = _cov(m, y, rowvar, bias, ddof, fweights, aweights, dtype)
-    return c if dtype is None or c.dtype == dtype else c.astype(dtype)
+    return _cast(_cov(m, y, rowvar, bias, ddof, fweights, aweights, dtype), dtype)
+
+
+def _cast(x: ExprBase, dtype) -> ExprBase:
+    """``x`` as ``dtype`` (the caller's ``dtype=``, None: as it is)."""
+    return x if dtype is None or x.dtype == dtype else x.astype(dtype)
 
 
 def _cov(m, y, rowvar, bias, ddof, fweights, aweights, dtype) -> ExprBase:
@@ -178,7 +182,7 @@ def corrcoef(x, y=None, rowvar=True, *, dtype=None) -> ExprBase:
     else:
         d = np.sqrt(routines.diagonal(c))
         r = (c / outer(d, d)).clip(-1, 1)
-    return r if dtype is None or r.dtype == dtype else r.astype(dtype)
+    return _cast(r, dtype)
 
 
 def outer(a, b) -> ExprBase:
