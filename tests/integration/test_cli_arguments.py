@@ -104,6 +104,7 @@ def test_negative_looking_values_are_joined_only_after_options_that_take_one():
     takes = value_options(build_parser())
     assert {"--memory-per-worker", "--workers", "--ord", "--seed"} <= takes
     assert "--quiet" not in takes and "--overwrite" not in takes
+    assert "--shape" not in takes and "--tile" not in takes  # two values: argparse's own
     assert join_option_values(["--memory-per-worker", "-1GiB", "--quiet"], takes) == \
         ["--memory-per-worker=-1GiB", "--quiet"]
     assert join_option_values(["--ord", "-inf"], takes) == ["--ord=-inf"]
@@ -111,6 +112,23 @@ def test_negative_looking_values_are_joined_only_after_options_that_take_one():
     assert join_option_values(["--quiet", "-1"], takes) == ["--quiet", "-1"]
     assert join_option_values(["--name", "--quiet"], takes) == ["--name", "--quiet"]
     assert join_option_values(["--name", "--", "-1"], takes) == ["--name", "--", "-1"]
+
+
+@pytest.mark.parametrize("args, flag, said", [
+    (["--shape", -5, 3], "--shape", "must be a non-negative integer (0 or more), got '-5'"),
+    (["--shape", 5, 3, "--tile", -1, 2], "--tile", "must be a positive integer (1 or more), "
+     "got '-1'"),
+    (["--shape", 5, 3, "--tile", 1, 1, "--shard", 2, -2], "--shard",
+     "must be a positive integer (1 or more), got '-2'"),
+])
+def test_negative_first_of_two_values_is_named(work, capsys, monkeypatch, args, flag, said):
+    """helper-48: `--shape -5 3` said "expected 2 arguments" (the -5 was
+    joined to the option as for one-value options), where `--shape 5 -3`
+    named the value."""
+    p = here("random", "r.zarr", *args, cwd=work, capsys=capsys, monkeypatch=monkeypatch)
+    assert p.returncode == 2
+    assert error_line(p) == f"tilearray random: error: argument {flag}: {said}", error_line(p)
+    assert not (work / "r.zarr").exists()
 
 
 def test_random_negative_seed_is_usage_and_writes_nothing(work, capsys, monkeypatch):

@@ -101,7 +101,9 @@ _NEGATIVE = re.compile(r"^-(\d|\.\d|inf\b|nan\b)", re.IGNORECASE)
 
 
 def value_options(parser: argparse.ArgumentParser) -> frozenset[str]:
-    """The option strings, in ``parser`` and all its subcommands, that take a value."""
+    """The option strings, in ``parser`` and all its subcommands, that take
+    one value (argparse itself takes a plain negative number among several:
+    ``--shape -5 3``; joined, ``--shape=-5`` would be one of two)."""
     out: set[str] = set()
     stack = [parser]
     while stack:
@@ -109,7 +111,7 @@ def value_options(parser: argparse.ArgumentParser) -> frozenset[str]:
         for action in p._actions:
             if isinstance(action, argparse._SubParsersAction):
                 stack.extend(action.choices.values())
-            elif action.option_strings and action.nargs != 0:
+            elif action.option_strings and action.nargs in (None, "?", 1):
                 out.update(action.option_strings)
     return frozenset(out)
 
