@@ -85,6 +85,11 @@ def test_concatenate_matches_numpy(thread_engine, mats, tmp_path, dtype):
         check(np.concatenate([c, a[3:9], a[:0]], axis=0), np.concatenate([z, x[3:9], x[:0]]),
               exact=True)
         check(np.hstack([a, b]).T * 2, np.hstack([x, y]).T * 2, tmp_path)
+        # axis=None: each flattened, NumPy parts and dtype= too (helper-48: refused)
+        check(np.concatenate([a, c[:2], y[:1]], axis=None),
+              np.concatenate([x, z[:2], y[:1]], axis=None), exact=True)
+        check(np.concatenate([y[0], a[:, 1]], axis=None, dtype=np.float32),
+              np.concatenate([y[0], x[:, 1]], axis=None, dtype=np.float32), exact=True)
 
 
 def test_concatenate_sum_reads_each_piece_once(thread_engine, mats):

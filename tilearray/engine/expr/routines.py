@@ -48,19 +48,22 @@ def join_small(how: str, arrays, dtype=None, **kw) -> ExprBase | None:
 
 
 def concatenate(arrays, axis=0, dtype=None) -> ExprBase:
-    """``np.concatenate`` of 2-D TiledArrays along axis 0 or 1: lazy, each
+    """``np.concatenate`` of 2-D TiledArrays along axis 0 or 1 (``None``:
+    each flattened, as NumPy, then joined as a vector): lazy, each
     piece read in place when a block of the result needs it (a task reads
     only the pieces its block meets); nothing is copied until stored."""
     arrays = list(arrays)
     if not arrays:
         raise ValueError("need at least one array to concatenate")
-    nodes = [as_node(a) if isinstance(a, np.ndarray) and a.ndim == 2 else
+    nodes = [as_node(a) if isinstance(a, np.ndarray) and a.ndim in (1, 2) else
              _operand(a, "concatenate") for a in arrays]
     if axis is not None and all(n.small for n in nodes) and \
             any(isinstance(a, ExprBase) for a in arrays):
-        return join_small("concatenate", arrays, dtype, axis=axis)
-    if axis is None:
-        raise TypeError("concatenate: axis=None (flatten first) is not supported; " + NOT_3D)
+        return join_small("concatenate", [n if isinstance(a, np.ndarray) else a
+                                          for a, n in zip(arrays, nodes, strict=True)],
+                          dtype, axis=axis)
+    if axis is None:  # NumPy's: each flattened (row-major), then joined
+        return concatenate([np.ravel(a) for a in arrays], axis=0, dtype=dtype)
     axis = axis_index(axis, "concatenate")
     other = 1 - axis
     # a small part is a column (m, 1) in an hstack or a row (1, n) in a vstack, or
