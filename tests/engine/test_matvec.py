@@ -135,6 +135,17 @@ def test_an_operand_too_large_for_a_task_is_refused(tmp_path):
                                                r"with ta\.from_numpy.*memory_per_worker >="):
         (X @ big).plan(budget=ta.Budget("256MiB"))
     assert (X @ big[:, :10]).plan(budget=ta.Budget("256MiB")).tasks > 0
+    # a wide operand whose product blocks outweigh it, but itself over the
+    # per-task budget (helper-48: only "memory_per_worker >= 692MiB, or with
+    # smaller tiles/shards", which could not help)
+    Z = ta.from_numpy(np.zeros((2000, 500)), tmp_path / "z.zarr", tile=(100, 100))
+    wide = np.ones((500, 20_000))  # 76 MiB; the 2000 x 20000 product 305 MiB
+    budget = ta.Budget("200MiB", 2, 1)
+    assert budget.task_memory < wide.nbytes
+    with pytest.raises(ta.PlanningError, match=r"in-memory operand, 76\.29 MiB.*store it with "
+                                               r"ta\.from_numpy") as e:
+        (Z @ wide).plan(budget=budget)
+    assert "smaller tiles" not in str(e.value), str(e.value)
 
 
 def test_operand_shapes_are_checked_as_numpy(tmp_path):

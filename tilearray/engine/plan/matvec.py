@@ -82,11 +82,12 @@ def _refusal(node: MatVec, peak: int, w_bytes: int, budget: Budget) -> None:
     if peak <= budget.task_memory:
         return
     what = short(node)
-    if 4 * as_rss(w_bytes) >= peak:
+    alone = as_rss(w_bytes) >= budget.task_memory  # no tiling of A helps then
+    if alone or 4 * as_rss(w_bytes) >= peak:
         what += (f" (its in-memory operand, {format_bytes(w_bytes)}, is held whole by every "
                  "task: store it with ta.from_numpy(w, path), as a 2-D array, and multiply "
                  "the stored arrays)")
-    raise DoesNotFit("product", peak, what, budget)
+    raise DoesNotFit("product", peak, what, budget, tiles_help=not alone)
 
 
 def lower_matvec(node: MatVec, a_spec, w_index: int, deps: list, budget: Budget, out=None,
