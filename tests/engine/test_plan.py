@@ -120,7 +120,12 @@ def test_io_aggregation_counts_match_plan(thread_engine, tmp_path, rng):
     y = rng.standard_normal((190, 150))
     a = _counted(tmp_path, "a.zarr", x, (32, 32), (64, 64))
     b = _counted(tmp_path, "b.zarr", y, (50, 30))
-    for expr, want in [(a @ b, x @ y), ((a - 1.5).sum(axis=0), (x - 1.5).sum(0))]:
+    # a join with a reversed view (a gather: one request per unit span) and
+    # an integer-list gather (helper-48: planned 40 requests, the run made 120)
+    rev = np.hstack([x, x[:, ::-1]]).sum(0)
+    for expr, want in [(a @ b, x @ y), ((a - 1.5).sum(axis=0), (x - 1.5).sum(0)),
+                       (np.hstack([a, a[:, ::-1]]).sum(0), rev),
+                       (a[[5, 3, 200, 40, 41]].T @ b[:5], x[[5, 3, 200, 40, 41]].T @ y[:5])]:
         plan = expr.plan(engine=thread_engine)
         reset_counts(name)
         got = expr.compute(engine=thread_engine)
