@@ -6,6 +6,7 @@ within what a float64 solve itself achieves there (``cond * eps``)."""
 from __future__ import annotations
 
 import os
+import re
 
 import dask
 import numpy as np
@@ -227,26 +228,28 @@ def test_beyond_float32_range_lists_and_nan(eng, tmp_path, rng, monkeypatch):
 
 @pytest.mark.timeout(300)
 def test_inverse_of_spd_many_right_hand_sides_stays_under_budget(tmp_path):
-    """``inv(A, assume_a="pos")`` of a 3000 x 3000 SPD A in 700 x 700 chunks
-    (as plain zarr writes it): 3000 right-hand sides of 3000 rows. The
-    substitutions had been planned at 134 MiB a task of 135 on 300 MiB
-    workers, while each row tile held a term per solved tile and the
-    workers holding them were all killed (helper-47). Now a row tile holds
-    one partial sum, the plan prices the held solution, partial sums and
-    in-memory right-hand side: refused at 300 MiB naming what fits, and at
-    that budget every worker's RSS stays under its limit and within its
+    """``inv(A, assume_a="pos")`` of a 2200 x 2200 SPD A in 500 x 500 chunks
+    (as plain zarr writes it): 2200 right-hand sides of 2200 rows. The
+    substitutions of a 3000 x 3000 A had been planned at 134 MiB a task of
+    135 on 300 MiB workers, while each row tile held a term per solved tile
+    and the workers holding them were all killed (helper-47). Now a row tile
+    holds one partial sum, the plan prices the held solution, partial sums
+    and in-memory right-hand side: refused at 300 MiB naming what fits, and
+    at that budget every worker's RSS stays under its limit and within its
     baseline plus the planned task; the inverse is NumPy's. Where only the
-    LU's column groups fit (340 MiB), inv takes them."""
+    LU's column groups fit (300 MiB), inv takes them."""
     rng = np.random.default_rng(0)
-    n = 3000
+    n = 2200
     g = rng.standard_normal((n, n))
     a = g @ g.T / n + np.eye(n)
-    zarr.create_array(str(tmp_path / "a.zarr"), data=a, chunks=(700, 700))
+    zarr.create_array(str(tmp_path / "a.zarr"), data=a, chunks=(500, 500))
     x = ta.open(tmp_path / "a.zarr")
-    with pytest.raises(ta.PlanningError, match=r"triangular solve .* memory_per_worker >= "):
+    with pytest.raises(ta.PlanningError, match=r"triangular solve .* memory_per_worker >= "
+                                               r"(\d+)MiB") as refused:
         tla.solve_plan(x, np.eye(n), assume_a="pos").plan(
             budget=Budget(300 * 2**20, n_workers=2))
-    with ta.Engine(n_workers=2, threads_per_worker=1, memory_per_worker="480MiB",
+    need = re.search(r"memory_per_worker >= (\d+)MiB", str(refused.value)).group(1)
+    with ta.Engine(n_workers=2, threads_per_worker=1, memory_per_worker=f"{need}MiB",
                    quiet=True) as eng:
         budget = eng.budget()
         inverse = tla.solve_plan(x, np.eye(n), assume_a="pos")
@@ -258,7 +261,7 @@ def test_inverse_of_spd_many_right_hand_sides_stays_under_budget(tmp_path):
         assert inverse.stats.peak_worker_memory <= budget.baseline + plan.peak_task_memory, \
             (inverse.stats, str(plan))
     # where the SPD substitutions do not fit and the LU's column groups do, inv takes the LU
-    with ta.Engine(n_workers=2, threads_per_worker=1, memory_per_worker="340MiB",
+    with ta.Engine(n_workers=2, threads_per_worker=1, memory_per_worker="300MiB",
                    quiet=True) as eng:
         with pytest.raises(ta.PlanningError):
             tla.solve_plan(x, np.eye(n), assume_a="pos").plan()
