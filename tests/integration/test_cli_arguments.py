@@ -131,6 +131,22 @@ def test_negative_first_of_two_values_is_named(work, capsys, monkeypatch, args, 
     assert not (work / "r.zarr").exists()
 
 
+def test_plan_of_an_expression_starting_with_minus(work, capsys, monkeypatch):
+    """`tilearray plan "- a.zarr"` had said "the following arguments are
+    required: EXPR" (argparse took the expression for an option)."""
+    for expr, args in [("- a.zarr", ()), ("-1 * a.zarr", ("-q",)),
+                       ("- a.zarr", ("--memory-per-worker", "1GiB"))]:
+        p = here("plan", expr, *args, cwd=work, capsys=capsys, monkeypatch=monkeypatch)
+        assert p.returncode == 0, p.stderr
+        assert "negative(open(" in p.stdout or "* open(" in p.stdout, p.stdout
+    p = here("plan", "-a.zarr", cwd=work, capsys=capsys, monkeypatch=monkeypatch)
+    assert p.returncode == 1 and "put spaces around the operators" in error_line(p)
+    # options keep their meaning, a negative value after one is its value
+    p = here("plan", "- a.zarr", "--memory-per-worker", "-1GiB", cwd=work, capsys=capsys,
+             monkeypatch=monkeypatch)
+    assert p.returncode == 2 and "--memory-per-worker: must be positive" in error_line(p)
+
+
 def test_random_negative_seed_is_usage_and_writes_nothing(work, capsys, monkeypatch):
     p = here("random", "r.zarr", "--shape", 4, 4, "--seed", -1, cwd=work, capsys=capsys,
              monkeypatch=monkeypatch)

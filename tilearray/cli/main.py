@@ -39,7 +39,13 @@ import traceback
 
 from tilearray.cli import deploy, info, jobs
 from tilearray.cli.common import PROG, UsageError, parents
-from tilearray.cli.options import cli_words, join_option_values, value_options
+from tilearray.cli.options import (
+    cli_words,
+    expression_not_option,
+    join_option_values,
+    option_strings,
+    value_options,
+)
 from tilearray.errors import ArgumentError, PlanningAxisError
 
 # -- the parser -------------------------------------------------------------------------
@@ -192,7 +198,9 @@ def main(argv: list[str] | None = None) -> int:
         return mpirun_main(argv[1:], prog=f"{PROG} mpirun")
     parser = build_parser()
     try:
-        args, extra = parser.parse_known_args(join_option_values(argv, value_options(parser)))
+        takes = value_options(parser)
+        argv = expression_not_option(argv, option_strings(parser), takes)
+        args, extra = parser.parse_known_args(join_option_values(argv, takes))
         if extra:  # refused by the subcommand, with its usage (not the top level's)
             _subparser(parser, args.command).error(
                 f"unrecognized arguments: {' '.join(extra)}")

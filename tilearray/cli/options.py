@@ -132,3 +132,36 @@ def join_option_values(argv: list[str], takes_value=frozenset({"--ord"})) -> lis
         else:
             out.append(tok)
     return out
+
+
+def option_strings(parser: argparse.ArgumentParser) -> frozenset[str]:
+    """Every option string of ``parser`` and its subcommands (``-o``, ``--quiet``)."""
+    out: set[str] = set()
+    stack = [parser]
+    while stack:
+        p = stack.pop()
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                stack.extend(action.choices.values())
+            out.update(action.option_strings)
+    return frozenset(out)
+
+
+def expression_not_option(argv: list[str], options: frozenset[str],
+                          takes_value: frozenset[str]) -> list[str]:
+    """``tilearray plan "-a.zarr"``: an expression that starts with ``-`` is
+    taken by argparse for an unknown option, and the user read "the
+    following arguments are required: EXPR". A token after ``plan`` that
+    starts with one ``-`` and is no option (nor ``-o<value>``), nor the
+    value of an option of ``takes_value`` before it, is the expression:
+    given with a leading space, which argparse takes as a positional and
+    the expression parser ignores."""
+    if argv[:1] != ["plan"]:
+        return argv
+    out = list(argv)
+    for i in range(1, len(out)):
+        tok = out[i]
+        if tok.startswith("-") and not tok.startswith("--") and len(tok) > 1 \
+                and tok[:2] not in options and out[i - 1] not in takes_value:
+            out[i] = " " + tok
+    return out
