@@ -188,7 +188,10 @@ def test_info_on_a_group_names_its_arrays(tmp_path):
 # -- plan ----------------------------------------------------------------------------
 
 
-def test_plan_prints_without_running(data):
+def test_plan_prints_without_running(data, capsys, monkeypatch):
+    def here(*args):  # planning starts no cluster: in this process past the first
+        return cli_here(*args, cwd=data, capsys=capsys, monkeypatch=monkeypatch)
+
     p = ok(cli("plan", "a.zarr @ b.zarr", "--memory-per-worker", "1GiB", "--workers", 2,
                cwd=data))
     assert p.stdout.startswith("tilearray plan: (open(")
@@ -196,25 +199,25 @@ def test_plan_prints_without_running(data):
     assert "2 worker(s) x 1 thread(s), 1.00 GiB per worker" in p.stdout
     assert "matmul" in p.stdout and "total:" in p.stdout and "I/O lower bound" in p.stdout
 
-    p = ok(cli("plan", "a.zarr.T @ a.zarr", "-o", "gram.zarr", cwd=data))
+    p = ok(here("plan", "a.zarr.T @ a.zarr", "-o", "gram.zarr"))
     assert "-> (200, 200) float64 into" in p.stdout
-    p = ok(cli("plan", "a.zarr.T @ a.zarr", "-o", "gram.zarr", "--tile", 64, 64, cwd=data))
+    p = ok(here("plan", "a.zarr.T @ a.zarr", "-o", "gram.zarr", "--tile", 64, 64))
     assert "-> (200, 200) float64 into" in p.stdout
     # the output's layout without an output: bad usage, not silently ignored
-    err = one_line_error(cli("plan", "a.zarr.T @ a.zarr", "--tile", 64, 64, cwd=data), code=2)
+    err = one_line_error(here("plan", "a.zarr.T @ a.zarr", "--tile", 64, 64), code=2)
     assert "--tile describes the output's layout: give the output with -o PATH" in err
     # axis=none as reduce --axis none
-    assert ok(cli("plan", "a.zarr.sum(axis=none)", cwd=data)).stdout == \
-        ok(cli("plan", "a.zarr.sum(axis=None)", cwd=data)).stdout
+    assert ok(here("plan", "a.zarr.sum(axis=none)")).stdout == \
+        ok(here("plan", "a.zarr.sum(axis=None)")).stdout
     assert not (data / "gram.zarr").exists()  # planning writes nothing
 
-    p = ok(cli("plan", "(a.zarr - 1) * 2 / a.zarr", cwd=data))
+    p = ok(here("plan", "(a.zarr - 1) * 2 / a.zarr"))
     assert "-> (300, 200) float64" in p.stdout and "map" in p.stdout
-    p = ok(cli("plan", "- 'a.zarr'.T @ (a.zarr / 2)", cwd=data))
+    p = ok(here("plan", "- 'a.zarr'.T @ (a.zarr / 2)"))
     assert "-> (200, 200)" in p.stdout
 
 
-def test_plan_accepts_reductions_as_the_python_api(data):
+def test_plan_accepts_reductions_as_the_python_api(data, capsys, monkeypatch):
     """The plan text of a reduction is the one the Python API gives."""
     import tilearray as ta
 
@@ -228,7 +231,8 @@ def test_plan_accepts_reductions_as_the_python_api(data):
         ("(b.zarr.T @ b.zarr).max(axis = 1)", (b.T @ b).max(axis=1)),
         ("a.zarr.sum(1) / 2", a.sum(axis=1) / 2),
     ]:
-        p = ok(cli("plan", text, "--memory-per-worker", "1GiB", "--workers", 2, cwd=data))
+        p = ok(cli_here("plan", text, "--memory-per-worker", "1GiB", "--workers", 2, cwd=data,
+                        capsys=capsys, monkeypatch=monkeypatch))
         want = str(expr.plan(budget=budget)).replace(str(data) + "/", "")
         assert p.stdout.replace(str(data) + "/", "").strip() == want.strip(), text
 
@@ -273,12 +277,15 @@ def test_plan_expression_is_not_evaluated_as_python(data):
     assert "bad expression" in err
 
 
-def test_plan_errors_from_tilearray_exit_1(data):
-    err = one_line_error(cli("plan", "a.zarr @ a.zarr", cwd=data), code=2)  # bad usage
+def test_plan_errors_from_tilearray_exit_1(data, capsys, monkeypatch):
+    def here(*args):
+        return cli_here(*args, cwd=data, capsys=capsys, monkeypatch=monkeypatch)
+
+    err = one_line_error(here("plan", "a.zarr @ a.zarr"), code=2)  # bad usage
     assert "not aligned" in err and "(300, 200)" in err and "tilearray plan --help" in err
-    err = one_line_error(cli("plan", "nope.zarr @ b.zarr", cwd=data))
+    err = one_line_error(here("plan", "nope.zarr @ b.zarr"))
     assert "nope.zarr" in err
-    err = one_line_error(cli("plan", "a.zarr*2", cwd=data))
+    err = one_line_error(here("plan", "a.zarr*2"))
     assert "spaces around the operators" in err
 
 
@@ -448,13 +455,16 @@ def test_bad_usage_exits_2(work, args, capsys, monkeypatch):
     assert read(work / "a.zarr").shape == (300, 200)  # the input survived
 
 
-def test_help_and_version(tmp_path):
-    p = ok(cli("--help", cwd=tmp_path))
+def test_help_and_version(tmp_path, capsys, monkeypatch):
+    def here(*args):  # the console script itself: test_console_script
+        return cli_here(*args, cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+
+    p = ok(here("--help"))
     for cmd in ("info", "random", "plan", "matmul", "reduce"):
         assert cmd in p.stdout
-    p = ok(cli("matmul", "--help", cwd=tmp_path))
+    p = ok(here("matmul", "--help"))
     assert "--memory-per-worker" in p.stdout and "--scheduler-address" in p.stdout
-    assert "tilearray" in ok(cli("--version", cwd=tmp_path)).stdout
+    assert "tilearray" in ok(here("--version")).stdout
 
 
 def test_console_script(tmp_path):
