@@ -100,20 +100,29 @@ _NEGATIVE = re.compile(r"^-(\d|\.\d|inf\b|nan\b)", re.IGNORECASE)
 ``-inf``), never one of our options (they are words)."""
 
 
-def value_options(parser: argparse.ArgumentParser) -> frozenset[str]:
-    """The option strings, in ``parser`` and all its subcommands, that take
-    one value (argparse itself takes a plain negative number among several:
-    ``--shape -5 3``; joined, ``--shape=-5`` would be one of two)."""
-    out: set[str] = set()
+def _actions(parser: argparse.ArgumentParser):
+    """Every action of ``parser`` and of its subcommands."""
     stack = [parser]
     while stack:
         p = stack.pop()
         for action in p._actions:
             if isinstance(action, argparse._SubParsersAction):
                 stack.extend(action.choices.values())
-            elif action.option_strings and action.nargs in (None, "?", 1):
-                out.update(action.option_strings)
-    return frozenset(out)
+            else:
+                yield action
+
+
+def value_options(parser: argparse.ArgumentParser) -> frozenset[str]:
+    """The option strings, in ``parser`` and all its subcommands, that take
+    one value (argparse itself takes a plain negative number among several:
+    ``--shape -5 3``; joined, ``--shape=-5`` would be one of two)."""
+    return frozenset(o for action in _actions(parser) if action.nargs in (None, "?", 1)
+                     for o in action.option_strings)
+
+
+def option_strings(parser: argparse.ArgumentParser) -> frozenset[str]:
+    """Every option string of ``parser`` and its subcommands (``-o``, ``--quiet``)."""
+    return frozenset(o for action in _actions(parser) for o in action.option_strings)
 
 
 def join_option_values(argv: list[str], takes_value=frozenset({"--ord"})) -> list[str]:
@@ -133,18 +142,6 @@ def join_option_values(argv: list[str], takes_value=frozenset({"--ord"})) -> lis
             out.append(tok)
     return out
 
-
-def option_strings(parser: argparse.ArgumentParser) -> frozenset[str]:
-    """Every option string of ``parser`` and its subcommands (``-o``, ``--quiet``)."""
-    out: set[str] = set()
-    stack = [parser]
-    while stack:
-        p = stack.pop()
-        for action in p._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                stack.extend(action.choices.values())
-            out.update(action.option_strings)
-    return frozenset(out)
 
 
 def expression_not_option(argv: list[str], options: frozenset[str],
