@@ -432,7 +432,8 @@ def main(argv=None, prog: str = "python -m tilearray.engine.mpi") -> int:
                     "before `--`, go to mpiexec (e.g. --oversubscribe, --hostfile FILE).")
     p.add_argument("-n", "--np", dest="n", type=int, required=True, help="number of ranks")
     p.add_argument("--mpiexec", help="MPI launcher (default: next to Python, else on PATH)")
-    p.add_argument("--timeout", type=float, help="end the job after this many seconds")
+    p.add_argument("--timeout", type=float,
+                   help="end the job after this many seconds (as SIGTERM does; exit status 124)")
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--" in argv:
         cut = argv.index("--")
