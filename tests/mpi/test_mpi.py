@@ -226,6 +226,21 @@ def test_engine_mpi_in_a_reimporting_child_is_refused(monkeypatch):
         ta.Engine.mpi()
 
 
+@pytest.mark.timeout(60)
+def test_launcher_timeout_ends_the_job_with_124(tmp_path):
+    """``--timeout``: the job ended as SIGTERM ends it, exit status 124 (as
+    coreutils' timeout; helper-49 found it documented nowhere). An mpiexec
+    stand-in that never returns, so no rank starts."""
+    fake = tmp_path / "mpiexec"
+    fake.write_text('#!/bin/sh\n[ "$1" = --version ] && exit 0\nexec sleep 300\n')
+    fake.chmod(0o755)
+    cmd = [sys.executable, "-m", "tilearray.engine.mpi", "-n", "4", "--mpiexec", str(fake),
+           "--timeout", "2", JOBS, "e2e", str(tmp_path)]
+    rc, _, err, _ = _run(cmd, tmp_path, 50)  # raises if the launcher itself outlives 50 s
+    assert rc == 124, err
+    assert "still running after 2.0 s; ending it" in err
+
+
 @pytest.mark.mpi
 @needs_mpiexec
 @pytest.mark.timeout(150)
