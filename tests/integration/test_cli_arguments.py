@@ -59,6 +59,7 @@ def test_reduce_norm_takes_every_ord_the_help_shows(work, remote, ord_):
     want = np.linalg.norm(a, ord=None if ord_ == "fro" else ord_ if ord_ == "nuc" else
                           float(ord_))
     assert_close(np.array(float(p.stdout)), np.array(want))
+    assert f"norm(axis=none, ord={ord_}) of a.zarr" in p.stderr, p.stderr  # which norm (helper-49)
 
 
 def test_reduce_help_shows_every_ord(work):

@@ -150,7 +150,9 @@ def cmd_reduce(args) -> int:
     x = open_input(args.a)
     expr = _reduction(x, args)
     axis = "none" if args.axis is None else args.axis
-    what = f"{args.op}(axis={axis}) of {args.a}"
+    extra = (f", ord={args.ord}" if args.ord is not None else "") + \
+        (f", ddof={args.ddof}" if args.ddof else "")  # the summary says which norm / var
+    what = f"{args.op}(axis={axis}{extra}) of {args.a}"
     out = abs_path(args.output) if args.output else None
     with engine_from_args(args) as engine:
         if engine is None:
