@@ -167,10 +167,9 @@ def _group_message(ref: ArrayRef) -> str:
         # the members as stored, not a consolidated listing that may be stale
         group = zarr.open_group(ref.store, path=ref.path or None, mode="r",
                                 use_consolidated=False)
-        names = sorted(group.array_keys())
-        if not names:  # arrays in subgroups ("sub/X"): their paths
-            names = sorted(p for p, a in group.members(max_depth=None)
-                           if isinstance(a, zarr.Array))
+        # every array, those of subgroups by their paths ("sub/X")
+        names = sorted(p for p, a in group.members(max_depth=None)
+                       if isinstance(a, zarr.Array))
         listed = (" (its arrays: " + ", ".join(names[:10])
                   + (f", ... ({len(names)} in all)" if len(names) > 10 else "") + ")"
                   if names else " (it holds no arrays)")
