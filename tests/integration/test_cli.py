@@ -200,7 +200,10 @@ def test_plan_prints_without_running(data, capsys, monkeypatch):
     assert "matmul" in p.stdout and "total:" in p.stdout and "I/O lower bound" in p.stdout
 
     p = ok(here("plan", "a.zarr.T @ a.zarr", "-o", "gram.zarr"))
-    assert "-> (200, 200) float64 into" in p.stdout
+    assert "-> (200, 200) float64 into" in p.stdout and "note" not in p.stderr
+    # an existing output: planned, with a note that a job would refuse it (helper-49)
+    p = ok(here("plan", "a.zarr.T @ a.zarr", "-o", "b.zarr"))
+    assert "'b.zarr' already exists: a job writing it needs --overwrite" in p.stderr
     p = ok(here("plan", "a.zarr.T @ a.zarr", "-o", "gram.zarr", "--tile", 64, 64))
     assert "-> (200, 200) float64 into" in p.stdout
     # the output's layout without an output: bad usage, not silently ignored

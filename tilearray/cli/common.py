@@ -117,6 +117,11 @@ def _exists(target: str) -> bool:
     return has_data(ArrayRef.from_location(target))
 
 
+def output_exists(output: str, args) -> bool:
+    """Whether the output (member ``--name`` inside it) holds anything already."""
+    return _exists(member_arg(output, args))
+
+
 def check_output(args, output: str, inputs) -> None:
     """Refuse, before any work, outputs that exist (unless asked) or are inputs."""
     target = member_arg(output, args)

@@ -16,6 +16,7 @@ from tilearray.cli.common import (
     log_to_stderr,
     member_arg,
     open_input,
+    output_exists,
     output_opts,
 )
 from tilearray.cli.expr import ExpressionError, parse_expression
@@ -87,6 +88,10 @@ def cmd_plan(args) -> int:
     else:
         plan = expr.plan(out, budget=local_budget(args), **kw)
     print(plan)
+    if args.output and output_exists(args.output, args):  # a job would refuse it as it is
+        print(f"{PROG} plan: note: {member_arg(args.output, args)!r} already exists: a job "
+              "writing it needs --overwrite (or --resume to finish an interrupted run)",
+              file=sys.stderr)
     return 0
 
 
