@@ -148,6 +148,21 @@ def test_plan_of_an_expression_starting_with_minus(work, capsys, monkeypatch):
     assert p.returncode == 2 and "--memory-per-worker: must be positive" in error_line(p)
 
 
+def test_a_misspelt_option_is_named_before_a_missing_required_one(work, capsys, monkeypatch):
+    """helper-49: `--outptu q.zarr` read "the following arguments are
+    required: -o/--output", never naming the typo. Abbreviations argparse
+    accepts stay accepted."""
+    p = here("matmul", "a.zarr", "a.zarr", "--outptu", "q.zarr", cwd=work, capsys=capsys,
+             monkeypatch=monkeypatch)
+    assert p.returncode == 2
+    assert error_line(p) == "tilearray matmul: error: unrecognized arguments: --outptu"
+    p = here("plan", "a.zarr", "--mem=1GiB", cwd=work, capsys=capsys, monkeypatch=monkeypatch)
+    assert p.returncode == 0 and "1.00 GiB per worker" in p.stdout, p.stderr
+    p = here("bogus", "--x", cwd=work, capsys=capsys, monkeypatch=monkeypatch)
+    assert p.returncode == 2 and "invalid choice: 'bogus'" in error_line(p)
+    assert not (work / "q.zarr").exists()
+
+
 def test_random_negative_seed_is_usage_and_writes_nothing(work, capsys, monkeypatch):
     p = here("random", "r.zarr", "--shape", 4, 4, "--seed", -1, cwd=work, capsys=capsys,
              monkeypatch=monkeypatch)

@@ -44,6 +44,7 @@ from tilearray.cli.options import (
     expression_not_option,
     join_option_values,
     option_strings,
+    unknown_long_options,
     value_options,
 )
 from tilearray.errors import ArgumentError, PlanningAxisError
@@ -198,8 +199,12 @@ def main(argv: list[str] | None = None) -> int:
         return mpirun_main(argv[1:], prog=f"{PROG} mpirun")
     parser = build_parser()
     try:
-        takes = value_options(parser)
-        argv = expression_not_option(argv, option_strings(parser), takes)
+        takes, options = value_options(parser), option_strings(parser)
+        unknown = unknown_long_options(argv, options)
+        sub = _subparser(parser, argv[0]) if argv else parser
+        if unknown and sub is not parser:  # named before a missing required option
+            sub.error(f"unrecognized arguments: {' '.join(unknown)}")
+        argv = expression_not_option(argv, options, takes)
         args, extra = parser.parse_known_args(join_option_values(argv, takes))
         if extra:  # refused by the subcommand, with its usage (not the top level's)
             _subparser(parser, args.command).error(

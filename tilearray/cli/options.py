@@ -162,3 +162,14 @@ def expression_not_option(argv: list[str], options: frozenset[str],
                 and tok[:2] not in options and out[i - 1] not in takes_value:
             out[i] = " " + tok
     return out
+
+
+def unknown_long_options(argv: list[str], options: frozenset[str]) -> list[str]:
+    """The ``--words`` before ``--`` that no option is (nor abbreviates, as
+    argparse allows): argparse names them only after its check of required
+    arguments, so a typo in one (``--outptu``) read "the following
+    arguments are required: -o/--output"."""
+    words = argv[:argv.index("--")] if "--" in argv else argv
+    return [t for t in words if t.startswith("--") and len(t) > 2
+            and not any(o.startswith(t.partition("=")[0]) for o in options)]
+
