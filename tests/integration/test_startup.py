@@ -81,7 +81,8 @@ def test_unguarded_script_runs_on_threads_with_a_warning(tmp_path):
     p = _run(["job.py"], tmp_path)
     assert p.returncode == 0, p.stderr
     assert "WORKERS threads" in p.stdout
-    assert "Nanny failed" not in p.stderr and "Traceback" not in p.stderr
+    # the heartbeat-vs-close record at exit, as for processes (a loaded CI run saw it here)
+    assert "Nanny failed" not in _errors(p.stderr) and "Traceback" not in _errors(p.stderr)
     assert "RuntimeWarning" in p.stderr
     assert 'if __name__ == "__main__":' in p.stderr
     assert "job.py starts the engine from line 5" in p.stderr  # names where
