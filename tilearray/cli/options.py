@@ -143,7 +143,6 @@ def join_option_values(argv: list[str], takes_value=frozenset({"--ord"})) -> lis
     return out
 
 
-
 def expression_not_option(argv: list[str], options: frozenset[str],
                           takes_value: frozenset[str]) -> list[str]:
     """``tilearray plan "-a.zarr"``: an expression that starts with ``-`` is
@@ -172,4 +171,3 @@ def unknown_long_options(argv: list[str], options: frozenset[str]) -> list[str]:
     words = argv[:argv.index("--")] if "--" in argv else argv
     return [t for t in words if t.startswith("--") and len(t) > 2
             and not any(o.startswith(t.partition("=")[0]) for o in options)]
-
