@@ -162,6 +162,15 @@ def gather_spans(index: Index, edges, lo: int, hi: int) -> list:
     return [(int(part.min()), int(part.max()) + 1) for part in np.split(ss, cut)]
 
 
+def map_interval(st, lo, hi):
+    """One affine (``"a"``) or window (``"w"``) step of :func:`map_spans` on
+    ``[lo, hi)``: ints, or arrays of intervals (the planner's costs); the
+    result is empty (``hi <= lo``) where the window misses it."""
+    if st[0] == "a":
+        return st[1] + lo * st[2], st[1] + (hi - 1) * st[2] + 1
+    return np.maximum(lo - st[1], 0), np.minimum(hi - st[1], st[2])
+
+
 def map_spans(steps, spans) -> list:
     """Map index spans of a result axis through a chain of axis maps to a
     leaf's axis: ``("a", start, step)`` affine (a slice), ``("w", offset, n)``
@@ -171,14 +180,12 @@ def map_spans(steps, spans) -> list:
         for lo, hi in spans:
             if hi <= lo:
                 continue
-            if st[0] == "a":
-                out.append((st[1] + lo * st[2], st[1] + (hi - 1) * st[2] + 1))
-            elif st[0] == "w":
-                a, b = max(lo - st[1], 0), min(hi - st[1], st[2])
-                if b > a:
-                    out.append((a, b))
-            else:
+            if st[0] == "g":
                 out += gather_spans(st[1], st[2], lo, hi)
+                continue
+            a, b = map_interval(st, lo, hi)
+            if st[0] == "a" or b > a:  # a window may miss the span
+                out.append((int(a), int(b)))
         spans = out
     return spans
 

@@ -55,15 +55,14 @@ def concatenate(arrays, axis=0, dtype=None) -> ExprBase:
     arrays = list(arrays)
     if not arrays:
         raise ValueError("need at least one array to concatenate")
+    if axis is None:  # NumPy's: each flattened (row-major), then joined
+        return concatenate([np.ravel(a) for a in arrays], axis=0, dtype=dtype)
     nodes = [as_node(a) if isinstance(a, np.ndarray) and a.ndim in (1, 2) else
              _operand(a, "concatenate") for a in arrays]
-    if axis is not None and all(n.small for n in nodes) and \
-            any(isinstance(a, ExprBase) for a in arrays):
+    if all(n.small for n in nodes) and any(isinstance(a, ExprBase) for a in arrays):
         return join_small("concatenate", [n if isinstance(a, np.ndarray) else a
                                           for a, n in zip(arrays, nodes, strict=True)],
                           dtype, axis=axis)
-    if axis is None:  # NumPy's: each flattened (row-major), then joined
-        return concatenate([np.ravel(a) for a in arrays], axis=0, dtype=dtype)
     axis = axis_index(axis, "concatenate")
     other = 1 - axis
     # a small part is a column (m, 1) in an hstack or a row (1, n) in a vstack, or

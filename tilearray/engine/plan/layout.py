@@ -34,6 +34,7 @@ from ...graphs.spec import (
     Slice,
     Trans,
     held_bytes,
+    map_interval,
     map_spans,
     reads_along,
     unit_edges,
@@ -159,10 +160,7 @@ def _mapped_axis(edges: np.ndarray, steps, n: int, unit: int, tile: int) -> _Axi
         lo, hi = edges[:-1], edges[1:]
         empty = hi <= lo
         for st in steps:  # map_spans's affine and window steps, on every interval
-            if st[0] == "a":
-                lo, hi = st[1] + lo * st[2], st[1] + (hi - 1) * st[2] + 1
-            else:
-                lo, hi = np.maximum(lo - st[1], 0), np.minimum(hi - st[1], st[2])
+            lo, hi = map_interval(st, lo, hi)
             empty = empty | (hi <= lo)
         return _leaf_axis(lo, hi, empty, n, unit, tile)
     cols = [[], [], [], [], [], []]
