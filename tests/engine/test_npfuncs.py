@@ -1618,3 +1618,95 @@ def test_unique_of_an_image_plans_under_small_workers(tmp_path):
             want = np.unique(f, return_index=True, return_counts=True, equal_nan=equal_nan)
             for g, w in zip(got, want, strict=True):
                 np.testing.assert_array_equal(np.asarray(g), w)
+
+
+# -- np.gradient, np.block, ufuncs of two outputs, NumPy's own functions on small results --
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "int32"])
+def test_gradient_matches_numpy(thread_engine, mats, dtype):
+    """Every axis, both edge orders, a scalar spacing or coordinates per
+    axis; the result in f's float dtype (int: float64), as NumPy's."""
+    x, a = mats[dtype]
+    x = np.nan_to_num(x)
+    a = np.nan_to_num(a)
+    rng = np.random.default_rng(3)
+    rows, cols = np.cumsum(rng.random(x.shape[0]) + 0.1), np.cumsum(rng.random(x.shape[1]))
+    with dask.config.set(SMALL_BLOCKS):
+        for args, kw in [((), {}), ((), dict(axis=0)), ((0.5,), dict(axis=-1, edge_order=2)),
+                         ((2.0,), dict(edge_order=2)), ((rows, cols), {}),
+                         ((rows, cols), dict(edge_order=2)), ((cols,), dict(axis=1))]:
+            got, want = np.gradient(a, *args, **kw), np.gradient(x, *args, **kw)
+            got, want = (got, want) if isinstance(want, tuple) else ((got,), (want,))
+            assert len(got) == len(want)
+            for g, w in zip(got, want, strict=True):
+                check(g, w)
+        check(np.gradient(a[:, 2]), np.gradient(x[:, 2]))  # a 1-D result
+        check(np.gradient(a[:2], axis=0), np.gradient(x[:2], axis=0))  # two lines: no inside
+    with pytest.raises(ValueError, match="too small"):
+        np.gradient(a[:2], axis=0, edge_order=2)
+    with pytest.raises(ValueError, match="length 45"):
+        np.gradient(a, rows[:-1], axis=0)
+    with pytest.raises(TypeError, match="invalid number of arguments"):
+        np.gradient(a, 1.0, 2.0, 3.0)
+
+
+def test_block_matches_numpy(thread_engine, mats):
+    x, a = mats["float64"]
+    y, b = mats["y"]
+    ones = np.ones((3, 31 + 13))
+    with dask.config.set(SMALL_BLOCKS):
+        check(np.block([[a, b], [ones[:, :31], np.zeros((3, 13))]]),
+              np.block([[x, y], [ones[:, :31], np.zeros((3, 13))]]), exact=True)
+        check(np.block([[a], [a[:4]]]), np.block([[x], [x[:4]]]), exact=True)
+        check(np.block([a, b]), np.block([x, y]), exact=True)
+        check(np.block([a[0], a[:, 1], 7.0]), np.block([x[0], x[:, 1], 7.0]), exact=True)
+        check(np.block([[a[0]], [a[1]]]), np.block([[x[0]], [x[1]]]), exact=True)
+    with pytest.raises(ValueError, match="depths are mismatched"):
+        np.block([[a], a])
+    with pytest.raises(TypeError, match="tuple"):
+        np.block([(a, a)])
+    with pytest.raises(ValueError, match="3-D"):
+        np.block([[[a]]])
+    with pytest.raises(ValueError, match="must match"):
+        np.block([[a, b[:5]]])
+
+
+@pytest.mark.parametrize("dtype", ["float64", "int32"])
+def test_ufuncs_of_two_outputs_and_round(thread_engine, mats, dtype):
+    """divmod(a, 3), np.modf, np.frexp: one lazy array per output (refused
+    before); round() of a size-1 result is the NumPy scalar's."""
+    x, a = mats[dtype]
+    x = np.nan_to_num(x)
+    a = np.nan_to_num(a)
+    with np.errstate(all="ignore"):
+        for got, want in [(divmod(a, 3), divmod(x, 3)), (divmod(7, a + 100), divmod(7, x + 100)),
+                          (np.divmod(a, a[0] + 1000), np.divmod(x, x[0] + 1000)),
+                          (np.modf(a / 7), np.modf(x / 7)), (np.frexp(a), np.frexp(x))]:
+            assert isinstance(got, tuple) and len(got) == 2
+            for g, w in zip(got, want, strict=True):
+                check(g, w, exact=True)
+    assert str(divmod(a, 3)[1]).startswith("<TiledArray lazy divmod(")
+    m, want = a.mean() / 7, x.mean() / 7
+    assert round(m, 4) == round(want, 4) and round(m) == round(want)
+    assert isinstance(round(m), int)
+    check(round(a / 7, 2), np.round(x / 7, 2), exact=True)  # a matrix: np.round, lazy
+
+
+def test_numpy_functions_of_small_results_run_numpys_own(thread_engine, mats):
+    """A NumPy function tilearray lacks, given small results (vectors, a
+    reduction's values), computes them and returns NumPy's own result, as
+    dask does; given a stored matrix it is refused, naming its shape."""
+    x, a = mats["float64"]
+    x = np.nan_to_num(x)
+    a = np.nan_to_num(a)
+    np.testing.assert_array_equal(np.ediff1d(a[:, 0], to_end=[9.0]),
+                                  np.ediff1d(x[:, 0], to_end=[9.0]))
+    np.testing.assert_array_equal(np.convolve(a[0], [1.0, -1.0]), np.convolve(x[0], [1.0, -1.0]))
+    np.testing.assert_array_equal(np.lexsort((a[:, 0], a[:, 1] > 0)),
+                                  np.lexsort((x[:, 0], x[:, 1] > 0)))
+    xp = np.sort(x[:, 2])
+    np.testing.assert_array_equal(np.interp(a.mean(0), np.sort(a[:, 2]), a[:, 3]),
+                                  np.interp(x.mean(0), xp, x[:, 3]))
+    with pytest.raises(TypeError, match=r"numpy\.kron of a 45 x 31 TiledArray is not supported"):
+        np.kron(a, np.eye(2))

@@ -128,7 +128,7 @@ def test_numpy_surface_review(engine, tmp_path, rng):
     assert_close(a.max(0, None, True).compute(), x.max(0, None, True))
     assert_close(a.var(0, None, None, 1).compute(), x.var(0, None, None, 1))
     for bad in (lambda: np.add(a, 1, where=a > 0), lambda: np.sqrt(a, out=np.empty(x.shape)),
-                lambda: np.modf(a), lambda: a.sum(out=np.empty(1)), lambda: a.std(where=x > 0)):
+                lambda: np.modf(a, out=(x, x)), lambda: a.sum(out=np.empty(1)), lambda: a.std(where=x > 0)):
         with pytest.raises(TypeError):
             bad()
     assert_close(np.quantile(a, a.mean(0)[:2] * 0 + 0.5, axis=0).compute(),

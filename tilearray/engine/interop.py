@@ -38,6 +38,14 @@ class Interop:
             raise TypeError(f"only integer arrays can be used as an index, not {self.dtype}")
         return self._scalar(int)
 
+    def __round__(self, ndigits=None):
+        """``round(a.mean(), 3)``: a size-1 result computed and rounded as
+        NumPy's scalar (an int without ``ndigits``); a larger array's round
+        is ``np.round(a, ndigits)``, lazy, as dask's."""
+        if self.size != 1:
+            return np.round(self, 0 if ndigits is None else ndigits)
+        return self._scalar(lambda v: round(v[()], ndigits))
+
     def __format__(self, spec: str) -> str:
         """``f"{a.mean():.3f}"``: a size-1 result computed and formatted as NumPy's scalar."""
         if not spec:

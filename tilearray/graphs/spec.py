@@ -283,6 +283,8 @@ _FUNCS = {
     ],
     # np.concatenate / stack / hstack / vstack of small in-memory results
     "join": lambda *xs, how, **kw: getattr(np, how)(xs, **kw),
+    # output ``index`` of a ufunc of several (np.divmod, np.modf, np.frexp)
+    "output": lambda *xs, ufunc, index, **kw: getattr(np, ufunc)(*xs, **kw)[index],
     # a NumPy function of small in-memory results, passed by keyword (np.cov of vectors)
     "call": lambda *xs, names, numpy, **kw: getattr(np, numpy)(**dict(zip(names, xs, strict=True)),
                                                                     **kw),

@@ -229,6 +229,13 @@ class LazyArray(ExprBase):
         return elemwise("power", self, other)
 
     __mod__, __rmod__ = _binary("mod")
+
+    def __divmod__(self, other):
+        return np.divmod(self, other)
+
+    def __rdivmod__(self, other):
+        return np.divmod(other, self)
+
     __lt__, _ = _binary("less")
     __le__, _ = _binary("less_equal")
     __gt__, _ = _binary("greater")
@@ -265,9 +272,9 @@ class LazyArray(ExprBase):
                             f"the result lazily, e.g. np.where(mask, np.{name}(a, ...), a)")
         kwargs.pop("out", None)
         kwargs.pop("where", None)
-        if ufunc.nout != 1:
-            raise TypeError(f"np.{name} returns {ufunc.nout} arrays, which TiledArrays do not "
-                            "support; compute each (np.floor_divide and np.mod for np.divmod)")
+        if ufunc.nout != 1:  # np.divmod, np.modf, np.frexp: one lazy array per output
+            return tuple(elemwise("output", *inputs, ufunc=name, index=k, **kwargs)
+                         for k in range(ufunc.nout))
         if ufunc is np.matmul:
             return matmul(*inputs)
         return elemwise(ufunc.__name__, *inputs, **kwargs)
@@ -545,14 +552,44 @@ class LazyArray(ExprBase):
         if not all(issubclass(t, LazyArray | np.ndarray) for t in types):
             return NotImplemented
         impl = HANDLED.get(func)
-        if impl is None:
-            name = getattr(func, "__module__", "numpy") + "." + getattr(func, "__name__", "?")
-            raise TypeError(
-                f"{name} is not supported on TiledArrays (the supported NumPy functions are "
-                f"listed in the README, 'NumPy functions'); for a small array compute it "
-                "first, e.g. np.asarray(a)"
-            )
-        return impl(*args, **kwargs)
+        if impl is not None:
+            return impl(*args, **kwargs)
+        operands = _lazy_operands((args, kwargs))
+        if all(a._node.small or a.ndim == 1 for a in operands):
+            # small results (vectors, a reduction's values): computed now and handed to
+            # NumPy itself, as dask does for the functions it lacks (np.ediff1d(v))
+            return func(*_computed(args), **_computed(kwargs))
+        name = getattr(func, "__module__", "numpy") + "." + getattr(func, "__name__", "?")
+        big = next(a for a in operands if not (a._node.small or a.ndim == 1))
+        raise TypeError(
+            f"{name} of a {' x '.join(map(str, big.shape))} TiledArray is not supported (the "
+            "supported NumPy functions are listed in the README, 'NumPy functions'; others take "
+            "small results, vectors, which are computed first); for a matrix that fits in "
+            "memory compute it first, e.g. np.asarray(a)"
+        )
+
+
+def _lazy_operands(x) -> list:
+    """The LazyArrays in ``x`` (nested lists, tuples and dicts, as NumPy's
+    functions take them)."""
+    if isinstance(x, LazyArray):
+        return [x]
+    if isinstance(x, list | tuple):
+        return [a for v in x for a in _lazy_operands(v)]
+    if isinstance(x, dict):
+        return _lazy_operands(list(x.values()))
+    return []
+
+
+def _computed(x):
+    """``x`` with each LazyArray in it computed (see :func:`_lazy_operands`)."""
+    if isinstance(x, LazyArray):
+        return np.asarray(x.compute())
+    if isinstance(x, list | tuple):
+        return type(x)(_computed(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _computed(v) for k, v in x.items()}
+    return x
 
 
 def _reshaped(old: tuple, new: tuple) -> tuple:

@@ -112,6 +112,11 @@ class Elemwise(Node):
             return f"{'triu' if kw['upper'] else 'tril'}({_fmt(self.args[0])}, k={kw['k']})"
         if self.name == "eye":
             return f"eye({self.shape[0]}, {self.shape[1]}, k={dict(self.kwargs)['k']})"
+        if self.name == "output":  # np.divmod(a, 3)[0]
+            kw = dict(self.kwargs)
+            name, index = kw.pop("ufunc"), kw.pop("index")
+            inner = ", ".join([_fmt(a) for a in self.args] + [f"{k}={v!r}" for k, v in kw.items()])
+            return f"{name}({inner})[{index}]"
         sym = _SYMBOLS.get(self.name)
         if sym and len(self.args) == 2:
             return f"({_fmt(self.args[0])} {sym} {_fmt(self.args[1])})"

@@ -2,7 +2,8 @@
 ``np.concatenate`` / ``stack`` / ``hstack``, ``np.flip``, ``np.reshape`` /
 ``ravel``, ``np.pad`` / ``roll`` / ``tile`` / ``repeat``, ``np.take``,
 ``np.diagonal`` / ``trace`` / ``triu``, ``np.cumsum`` and the other scans,
-``np.rot90``, ``np.delete`` / ``np.append``, ``np.atleast_2d``: lazy, each
+``np.rot90``, ``np.delete`` / ``np.append``, ``np.block``, ``np.gradient``,
+``np.atleast_2d``: lazy, each
 read only where a block meets it (see the README's table)."""
 
 from __future__ import annotations
@@ -418,6 +419,114 @@ def append(arr, values, axis=None):
     if axis is None:
         return np.concatenate([np.ravel(arr), np.ravel(values)], axis=0)
     return np.concatenate([arr, values], axis=axis)
+
+
+@implements(np.block)
+def block(arrays):
+    """NumPy's ``np.block``: the innermost lists joined along the last axis,
+    the lists holding them along the one before (``[[A, B], [C, D]]``);
+    1-D parts and scalars become rows. Built from ``np.concatenate``: lazy."""
+    def depth(x, where):
+        if isinstance(x, tuple):
+            raise TypeError(f"np.block: {where} is a tuple; only lists arrange blocks")
+        if not isinstance(x, list):
+            return 0, [x]
+        if not x:
+            raise ValueError(f"np.block: {where} is an empty list")
+        found = [depth(v, f"{where}[{i}]") for i, v in enumerate(x)]
+        if len({d for d, _ in found}) > 1:
+            raise ValueError(f"np.block: list depths are mismatched under {where}")
+        return found[0][0] + 1, [leaf for _, leaves in found for leaf in leaves]
+
+    nest, leaves = depth(arrays, "arrays")
+    nd = max([nest] + [np.ndim(a) for a in leaves])
+    if nd > 2:
+        raise ValueError(f"np.block would give a {nd}-D array; tilearray arrays are 1-D or 2-D")
+
+    def join(x, level):
+        if level == nest:  # a part, as a row (1, n) / (1, 1) when the result is a matrix
+            return x if np.ndim(x) == nd else \
+                np.reshape(x, (1,) * (nd - np.ndim(x)) + np.shape(x))
+        return np.concatenate([join(v, level + 1) for v in x], axis=level - nest)
+
+    return join(arrays, 0)
+
+
+@implements(np.gradient)
+def gradient(f, *varargs, axis=None, edge_order=1):
+    """NumPy's ``np.gradient``: central differences inside, one-sided ones
+    (of ``edge_order`` 1 or 2) at the ends, along ``axis`` (None: each axis,
+    a tuple of results); spacings a scalar or the coordinates (a 1-D NumPy
+    array) per axis, as NumPy. Lazy: slices of ``f`` joined."""
+    nd = np.ndim(f)
+    axes = list(range(nd)) if axis is None else \
+        [routines.axis_index(a, "np.gradient", nd) for a in np.atleast_1d(axis).tolist()]
+    if len(varargs) == 0:
+        spacing = [1.0] * len(axes)
+    elif len(varargs) == 1 and np.ndim(varargs[0]) == 0:
+        spacing = list(varargs) * len(axes)
+    elif len(varargs) == len(axes):
+        spacing = list(varargs)
+    else:
+        raise TypeError("np.gradient: invalid number of arguments (one spacing, or one per axis)")
+    if edge_order not in (1, 2):
+        raise ValueError("'edge_order' greater than 2 not supported")
+    if np.dtype(f.dtype).kind in "biu":
+        f = f.astype(np.float64)
+    res = tuple(_gradient(f, ax, h, edge_order) for ax, h in zip(axes, spacing, strict=True))
+    return res[0] if len(res) == 1 else res
+
+
+def _gradient(f, axis: int, h, edge_order: int):
+    n = f.shape[axis]
+    if n < edge_order + 1:
+        raise ValueError("Shape of array too small to calculate a numerical gradient, at least "
+                         "(edge_order + 1) elements are required.")
+
+    def at(start, stop=0):  # f's lines start:stop along the axis (line start alone)
+        key = [slice(None)] * np.ndim(f)
+        key[axis] = slice(start, start + 1 or None if stop == 0 else stop)
+        return f[tuple(key)]
+
+    def along(v):  # a vector of coefficients, one per line along the axis
+        return np.reshape(v, (-1,) + (1,) * (np.ndim(f) - 1 - axis))
+
+    if np.ndim(h) == 0:  # uniform spacing
+        dx = np.full(n - 1, h, dtype=np.float64)
+    else:
+        x = np.asarray(h)
+        if x.shape != (n,):
+            raise ValueError(f"np.gradient: the coordinates along axis {axis} must be a 1-D "
+                             f"array of length {n}, got shape {x.shape}")
+        dx = np.diff(x).astype(np.result_type(x.dtype, np.float64))
+    uniform = np.ndim(h) == 0
+    parts = []
+    if edge_order == 1:
+        parts.append((at(1) - at(0)) / (h if uniform else dx[0]))
+    else:
+        d1, d2 = dx[0], dx[1]
+        a, b, c = (-1.5, 2.0, -0.5) if uniform else \
+            (-(2 * d1 + d2) / (d1 * (d1 + d2)), (d1 + d2) / (d1 * d2), -d1 / (d2 * (d1 + d2)))
+        edge = a * at(0) + b * at(1) + c * at(2)
+        parts.append(edge / h if uniform else edge)
+    if n > 2:
+        if uniform:
+            parts.append((at(2, None) - at(0, -2)) / (2.0 * h))
+        else:
+            d1, d2 = dx[:-1], dx[1:]
+            parts.append(along(-d2 / (d1 * (d1 + d2))) * at(0, -2) +
+                         along((d2 - d1) / (d1 * d2)) * at(1, -1) +
+                         along(d1 / (d2 * (d1 + d2))) * at(2, None))
+    if edge_order == 1:
+        parts.append((at(-1) - at(-2)) / (h if uniform else dx[-1]))
+    else:
+        d1, d2 = dx[-2], dx[-1]
+        a, b, c = (0.5, -2.0, 1.5) if uniform else \
+            (d2 / (d1 * (d1 + d2)), -(d2 + d1) / (d1 * d2), (2 * d2 + d1) / (d2 * (d1 + d2)))
+        edge = a * at(-3) + b * at(-2) + c * at(-1)
+        parts.append(edge / h if uniform else edge)
+    # NumPy's out= is f's dtype: float64 coefficients give float32 f a float32 result
+    return np.concatenate(parts, axis=axis, dtype=f.dtype)
 
 
 @implements(np.atleast_2d)
