@@ -16,8 +16,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from scipy import linalg as sla
-from scipy.linalg import lapack
 
 from . import nogil
 from .blas import (
@@ -49,6 +47,15 @@ QR_BLOCK = 32
 
 
 @single_threaded
+
+def _scipy():
+    """``scipy.linalg``, imported when a kernel first needs it: the import
+    costs about 0.3 s of CPU in every process (CLI, MPI ranks, workers),
+    most of which never factor anything."""
+    from scipy import linalg
+
+    return linalg
+
 def qr_leaf(block, *, overwrite_block: bool = False, mode: str = "reduced"):
     """Economic Householder QR of one row block (LAPACK ``geqrf``/``orgqr``).
 
@@ -81,13 +88,13 @@ def qr_leaf(block, *, overwrite_block: bool = False, mode: str = "reduced"):
         a = a.copy(order="F")
     if mode == "r":
         return _geqrf_r(a)
-    q, r = sla.qr(a, mode="economic", overwrite_a=True, check_finite=False)
+    q, r = _scipy().qr(a, mode="economic", overwrite_a=True, check_finite=False)
     return q, r
 
 
 def _geqrf_r(a: np.ndarray) -> np.ndarray:
     """R of ``a`` (F-ordered, overwritten) by ``geqrf`` alone."""
-    geqrf = lapack.get_lapack_funcs("geqrf", (a,))
+    geqrf = _scipy().get_lapack_funcs("geqrf", (a,))
     lwork = int(geqrf(a, lwork=-1, overwrite_a=1)[2][0])  # a query: a is not touched
     qr, _, _, info = geqrf(a, lwork=max(lwork, 1), overwrite_a=1)
     if info < 0:  # pragma: no cover - a bug in the arguments
@@ -104,7 +111,7 @@ def _geqrt(block, overwrite_block: bool):
         return None
     if not overwrite_block and np.shares_memory(a, block):
         a = a.copy(order="F")
-    geqrt = lapack.get_lapack_funcs("geqrt", (a,))
+    geqrt = _scipy().get_lapack_funcs("geqrt", (a,))
     v, t, info = geqrt(min(QR_BLOCK, m, n), a, overwrite_a=1)
     if info < 0:  # pragma: no cover - a bug in the arguments
         raise ValueError(f"geqrt: illegal argument {-info}")
@@ -148,7 +155,7 @@ def qr_leaf_apply(block, parent_slice, *, overwrite_block: bool = False) -> np.n
         return c
     c[:r] = s
     v, t = f
-    gemqrt = lapack.get_lapack_funcs("gemqrt", (v,))
+    gemqrt = _scipy().get_lapack_funcs("gemqrt", (v,))
     # gemqrt reads the first min(m, n) reflectors of V (its k = T's columns)
     out, info = gemqrt(v[:, :r], t[:, :r], c, overwrite_c=1)
     if info < 0:  # pragma: no cover - a bug in the arguments
@@ -202,7 +209,7 @@ def gram_leaf_r(block) -> np.ndarray | None:
 def _rcond_2(r: np.ndarray) -> float:
     """``1 / kappa_2(r)`` of a finite square ``r``, from its singular values
     (LAPACK's 1-norm estimate can be ``n`` times off the 2-norm's)."""
-    sv = sla.svdvals(r, check_finite=False)
+    sv = _scipy().svdvals(r, check_finite=False)
     return float(sv[-1] / sv[0]) if sv[0] > 0 else 0.0
 
 
@@ -223,7 +230,7 @@ def leaf_solve_weights(r, parent_slice, rows: int, trusted: bool = False) -> np.
         if dtype != np.float64 or not np.isfinite(r).all() or \
                 not _rcond_2(r) > np.finfo(dtype).eps / SOLVE_MAX_LOSS:
             return None
-    return sla.solve_triangular(r, np.asarray(parent_slice, dtype), check_finite=False)
+    return _scipy().solve_triangular(r, np.asarray(parent_slice, dtype), check_finite=False)
 
 
 @single_threaded
@@ -379,7 +386,7 @@ def svd_from_r(r: np.ndarray, compute_uv: bool = True):
         return s if not compute_uv else (np.zeros((r.shape[0], k), r.dtype), s,
                                           np.zeros((k, r.shape[1]), r.dtype))
     try:
-        return sla.svd(r, full_matrices=False, compute_uv=compute_uv,
+        return _scipy().svd(r, full_matrices=False, compute_uv=compute_uv,
                        check_finite=False, lapack_driver="gesdd")
     except ValueError:  # scipy's word for NaN / inf (in R: an inf in X is NaN there)
         raise np.linalg.LinAlgError("SVD did not converge: the matrix holds NaN or inf") \
@@ -444,7 +451,7 @@ def lstsq_from_r(r_aug: np.ndarray, n: int, m: int, rcond: float | None = None,
     s = svd_from_r(r11, compute_uv=False)
     rank = int(np.count_nonzero(s > rcond * s[0])) if s.size else 0
     if rank == n:
-        x = sla.solve_triangular(r11, r12, lower=False, check_finite=False)
+        x = _scipy().solve_triangular(r11, r12, lower=False, check_finite=False)
     else:
         x = _min_norm(r11, r12, rank)
     res = np.zeros(0, r_aug.dtype)

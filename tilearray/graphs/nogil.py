@@ -24,7 +24,6 @@ import ctypes
 import functools
 
 import numpy as np
-from scipy.linalg import cython_blas, cython_lapack
 
 _P = ctypes.c_void_p
 _SIGNATURES = {  # argument count of each routine; all are pointers
@@ -54,6 +53,9 @@ def routine(name: str, dtype):
 
 @functools.cache
 def _routine(name: str):
+    # imported here: scipy.linalg costs ~0.3 s of start-up where no kernel runs
+    from scipy.linalg import cython_blas, cython_lapack
+
     module = cython_lapack if name[1:] in ("potrf", "getrf") else cython_blas
     address = _capsule_pointer(module.__pyx_capi__[name])
     return ctypes.CFUNCTYPE(None, *[_P] * _SIGNATURES[name[1:]])(address)
