@@ -171,6 +171,33 @@ def test_down_tasks_fit_the_budget(tmp_path):
     assert 3 * 3001**2 * 8 < plan.peak_task_memory <= plan.budget.task_memory
 
 
+def test_float32_qr_and_svd_computed_in_float64_as_numpy(thread_engine, tmp_path):
+    """NumPy computes float32 QR and SVD in float64 and returns float32; so
+    does TSQR: an ill-conditioned float32 X (cond ~1e6, a column nearly
+    another's) had its last Q column 3x its size off and pinv 60 % off
+    with float32 reflectors (helper-50); now as NumPy's, to float32 rounding."""
+    rng = np.random.default_rng(42)
+    x = (rng.standard_normal((6000, 24)) * np.linspace(1, 10, 24)).astype(np.float32)
+    x[:, -1] = x[:, 0] + np.float32(1e-5) * rng.standard_normal(6000).astype(np.float32)
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(700, 24))
+    q, r = ta.linalg.qr(a)
+    q, r = q.compute(), r.compute()
+    wq, wr = np.linalg.qr(x)  # float64 inside
+    d = np.sign(np.diag(wr))
+    wq, wr = wq * d, wr * d[:, None]
+    assert q.dtype == r.dtype == np.float32
+    assert_close(q, wq, scale=np.abs(wq).max(), precision=np.float32)  # each column, the last too
+    assert_close(r, wr, scale=np.abs(wr).max(), precision=np.float32)
+    assert abs(r[-1, -1] / wr[-1, -1] - 1) < 1e-5  # R's smallest pivot (1e-7 of the largest)
+    s, ws = ta.linalg.svd(a, compute_uv=False).compute(), np.linalg.svd(x, compute_uv=False)
+    assert s.dtype == np.float32
+    assert_close(s, ws, scale=ws.max(), precision=np.float32)
+    assert abs(s[-1] / ws[-1] - 1) < 1e-5
+    p, wp = np.linalg.pinv(a).compute(), np.linalg.pinv(x)
+    assert p.dtype == np.float32
+    assert np.abs(p - wp).max() < 1e-4 * np.abs(wp).max()  # was 0.6
+
+
 def test_float32_lstsq_computes_and_cuts_rank_as_numpy(thread_engine, tmp_path):
     """NumPy's lstsq computes float32 in float64, its rank cutoff ``eps *
     max(m, n)`` with float64's eps: with float32's, columns scaled 1 to 1000

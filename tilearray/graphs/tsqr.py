@@ -45,10 +45,12 @@ def _block(specs, rows, widths, deps, stats, order="F") -> np.ndarray:
     in as it comes: a wide block holds one strip's read beside it, not all."""
     cuts = [strips(s, w) if order == "F" else [(0, w)]
             for s, w in zip(specs, widths, strict=True)]
-    # each part's first strip read first: the block's dtype is all parts' ([X32 | y64])
+    # each part's first strip read first (to check their dtypes); computed in float64
+    # whatever they are, as NumPy's linalg does (a float32 X's small singular directions:
+    # float32 reflectors had lost 4 digits more than NumPy at cond 1.6e6, helper-50)
     first = [np.asarray(evaluate(s, rows, c[0], list(deps), stats))
              for s, c in zip(specs, cuts, strict=True)]
-    dtype = np.result_type(*(blas.result_dtype(p.dtype) for p in first))
+    dtype = np.result_type(np.float64, *(blas.result_dtype(p.dtype) for p in first))
     if order == "C" and len(first) == 1 and first[0].dtype == dtype:
         return first[0]
     out = np.empty((rows[1] - rows[0], sum(widths)), dtype, order=order)
@@ -140,6 +142,7 @@ def root(part: str, n: int, m: int, options: tuple, top):
             x, res, rank, s = out
             t = np.dtype(opts["result"])
             out = (x.astype(t), res.astype(t), rank, s.astype(t))
+        return out, counted(st)
     else:  # "down": the top node's slice, and R (and s, Vt) on the way
         out = {"slice": np.diag(d), "R": r}
         if opts.get("right") == "U":
@@ -147,6 +150,10 @@ def root(part: str, n: int, m: int, options: tuple, top):
             if opts.get("align") is not None:  # the Vt an earlier run gave: U to match it
                 u_r, out["Vt"] = kern.align_svd(u_r, out["Vt"], np.asarray(opts["align"]))
             out["slice"] = out["slice"] @ u_r
+    if opts.get("result"):  # computed in float64, returned in X's dtype (the slice stays)
+        t = np.dtype(opts["result"])
+        out = out.astype(t) if part == "R" else \
+            {k: v if k == "slice" else v.astype(t) for k, v in out.items()}
     return out, counted(st)
 
 
@@ -173,10 +180,10 @@ def _pick(slice_, index):
 
 
 def leaf_store(specs, rows, widths, deps, out_ref, ncols: int, slice_, index: int = 0,
-               ahead=None, leaf=None):
-    """Rows ``rows`` of Q (or U): ``Q_i`` times its slice, written whole
-    into ``out_ref`` (columns ``0:ncols``), or returned when ``out_ref`` is
-    None (rows ``ahead`` hinted, as :func:`leaf_r`). ``Q_i @ slice`` is
+               ahead=None, leaf=None, dtype=None):
+    """Rows ``rows`` of Q (or U) in ``dtype`` (computed in float64): ``Q_i``
+    times its slice, written whole into ``out_ref`` (columns ``0:ncols``),
+    or returned when ``out_ref`` is None (rows ``ahead`` hinted, as :func:`leaf_r`). ``Q_i @ slice`` is
     ``X_i @ (R_i^-1 slice)`` when ``leaf`` (the up leaf's ``(R_i, stats)``)
     has an R that is well conditioned (:func:`~.linalg.leaf_solve_weights`), else
     the block's QR again with its reflectors applied to the slice."""
@@ -197,7 +204,7 @@ def leaf_store(specs, rows, widths, deps, out_ref, ncols: int, slice_, index: in
     else:
         q = kern.qr_leaf_apply(block, s, overwrite_block=True)
     del block
-    block = np.ascontiguousarray(q[:, :ncols])
+    block = np.ascontiguousarray(q[:, :ncols], dtype=dtype)
     del q
     report(2, 3)
     if out_ref is None:

@@ -126,7 +126,7 @@ def lower_tsqr(node, specs, widths, deps: list, budget: Budget, out=None, out_gr
     writing row blocks into ``out``."""
     m, n = node.x.shape
     w = sum(widths)
-    itemsize = np.dtype(node.dtype).itemsize
+    itemsize = 8  # the kernels compute in float64 whatever X's dtype (graphs.tsqr._block)
     big = node.part in ("Q", "U")
     out_cols = node.shape[1] if big else 0
     row_edges, peak = row_blocks(specs, widths, m, itemsize, budget, out_cols if big else 0,
@@ -157,6 +157,8 @@ def lower_tsqr(node, specs, widths, deps: list, budget: Budget, out=None, out_gr
     held, down_peak = _check_pieces_fit(node, spans, fan_in, w, itemsize, budget) if big \
         else (0, 0)
     part, options = node.part, node.options
+    if np.dtype(node.dtype) != np.float64:  # float32 X: its R, s, Vt returned in float32
+        options = tuple(sorted({**dict(options), "result": np.dtype(node.dtype).str}.items()))
     if big:  # the root hands down D (Q) or D @ U_R (U)
         part, options = "down", tuple(sorted({**dict(options), "right": node.part}.items()))
     root = up.add(name + "-root", gts.root, part, n, m, options, top)
@@ -299,7 +301,7 @@ def _down_stage(node, name, specs, widths, deps, row_edges, levels, root, costs,
         leaves_done.append(stores.add((name + "-q", i), gts.leaf_store, tuple(specs), rows,
                                       tuple(widths), deps, out, ncols, src, index,
                                       ahead(spans, i, budget),
-                                      leaf if keep_r else None))
+                                      leaf if keep_r else None, np.dtype(node.dtype).str))
         blocks.append((rows, (0, ncols)))
         tot.add(*(c.at(i, 0) for c in costs))
         if out is not None:
