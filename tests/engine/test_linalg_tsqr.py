@@ -11,6 +11,7 @@ import pytest
 import zarr
 
 import tilearray as ta
+from tilearray.engine.plan.types import Budget
 from tilearray.testing import assert_close
 
 M, N = 1003, 37
@@ -470,6 +471,25 @@ def test_wide_matrices_with_few_rows(thread_engine, tmp_path, rng, dtype, shape,
     w_sol, w_res, w_rank, _ = np.linalg.lstsq(x, y, rcond=None)
     assert rank == w_rank == m and np.asarray(res).shape == w_res.shape == (0,)
     assert_close(np.asarray(sol), w_sol, scale=np.abs(w_sol).max(), precision=dtype)
+
+
+def test_wide_u_and_q_are_priced_by_their_rows(thread_engine, tmp_path, rng):
+    """U of a 64 x 5000 X (2.4 MiB) had planned a 692 MiB down task, as if
+    its R factors were 5000 x 5000, and was refused at 200 MiB a worker
+    (helper-50): no R has more than min(m, n) rows."""
+    x = rng.standard_normal((64, 5000))
+    zarr.create_array(str(tmp_path / "w.zarr"), data=x, chunks=(37, 1999))
+    a = ta.open(tmp_path / "w.zarr")
+    u, s, vt = np.linalg.svd(a, full_matrices=False)
+    q, r = np.linalg.qr(a)
+    for part in (u, q):
+        plan = part.plan(budget=Budget(200 * 2**20, n_workers=2))
+        assert plan.peak_task_memory < 20 * 2**20, str(plan)
+    ua, sa, va = u.compute(), s.compute(), vt.compute()
+    assert_close((ua * sa) @ va, x, scale=np.abs(x).max() * 8)
+    assert_close(ua.T @ ua, np.eye(64), scale=4.0)
+    assert_close(sa, np.linalg.svd(x, compute_uv=False))
+    assert_close(q.compute() @ r.compute(), x, scale=np.abs(x).max() * 8)
 
 
 def test_svd_factors_come_with_u_and_q_computes(thread_engine, tmp_path, rng):

@@ -148,7 +148,7 @@ def lower_tsqr(node, specs, widths, deps: list, budget: Budget, out=None, out_gr
     # the down leaves may use their up leaf's R (X_i R_i^-1): those stay in
     # worker memory until then, so only while they are a small share of it;
     # then the up leaves may take R from the Gram matrix (graphs.tsqr.leaf_r)
-    keep_r = big and len(spans) * w * w * max(itemsize, 8) <= budget.task_memory // 4
+    keep_r = big and len(spans) * min(m, w) * w * max(itemsize, 8) <= budget.task_memory // 4
     for i, rows in enumerate(spans):
         leaves.append(up.add((name + "-leaf", i), gts.leaf_r, tuple(specs), rows,
                              tuple(widths), deps, ahead(spans, i, budget), keep_r))
@@ -242,12 +242,16 @@ def _pieces(spans, fan_in: int, w: int, itemsize: int) -> tuple[int, int, int]:
     task holds its node's value (Q pieces, stacked x w, and its R, w x w),
     its parent's (the root's: the slice handed down and R, w x w each) and
     its children's slices (stacked x k, k <= w): a 3001² Q had planned 247
-    MiB tasks and its down task killed 433 MiB workers (444 MiB, helper-37)."""
+    MiB tasks and its down task killed 433 MiB workers (444 MiB, helper-37).
+    No R in the tree has more than ``k = min(m, w)`` rows, so a piece is at
+    most ``stacked x k`` and a slice ``k x k``: a wide X (64 x 5000) had been
+    priced as if its R's were ``w x w`` (692 MiB for a 2.4 MiB X, helper-50)."""
     levels = _stacked(spans, fan_in, w)
     item = max(itemsize, 8)
-    held = sum(sum(stacked) for stacked in levels) * w * item
+    k = min(spans[-1][1] - spans[0][0], w) if spans else 0
+    held = sum(sum(stacked) for stacked in levels) * k * item
     tallest = max((max(stacked) for stacked in levels), default=0)
-    down = as_rss((2 * tallest + 3 * w) * w * item) if levels else 0  # one leaf: no down task
+    down = as_rss((2 * tallest + 3 * w) * k * item) if levels else 0  # one leaf: no down task
     return held, down, tallest
 
 
