@@ -763,8 +763,14 @@ def inv(a: TiledArray, assume_a: str = "gen") -> np.ndarray:
         try:
             _solve_plan(a, eye, "pos").plan()
         except PlanningError:
-            general = _solve_plan(a, eye, "gen")
+            # the LU of the symmetric matrix of A's lower triangle, as the Cholesky
+            # reads it; A checked positive definite first (by the Cholesky's pivots,
+            # as slogdet): whatever the budget, a non-SPD A raises and A's upper
+            # triangle is never read (helper-50: both had depended on the budget)
+            sym = np.tril(a) + np.tril(a, -1).T
+            general = _solve_plan(sym, eye, "gen")
             general.plan()  # or its refusal: the smaller need, from which the call runs
+            slogdet(a, assume_a="pos")
             return general.compute()
     return solve(a, eye, assume_a)
 

@@ -1649,6 +1649,8 @@ def test_gradient_matches_numpy(thread_engine, mats, dtype):
         np.gradient(a, rows[:-1], axis=0)
     with pytest.raises(TypeError, match="invalid number of arguments"):
         np.gradient(a, 1.0, 2.0, 3.0)
+    with pytest.raises(TypeError, match="boolean subtract"):
+        np.gradient(mats["bool"][1])
 
 
 def test_block_matches_numpy(thread_engine, mats):
@@ -1708,5 +1710,7 @@ def test_numpy_functions_of_small_results_run_numpys_own(thread_engine, mats):
     xp = np.sort(x[:, 2])
     np.testing.assert_array_equal(np.interp(a.mean(0), np.sort(a[:, 2]), a[:, 3]),
                                   np.interp(x.mean(0), xp, x[:, 3]))
+    assert_close(np.asarray(a.mean(0)[:3].repeat(2)), x.mean(0)[:3].repeat(2))  # the method too
+    np.testing.assert_array_equal(np.asarray(a[:4].repeat(2, axis=0)), x[:4].repeat(2, axis=0))
     with pytest.raises(TypeError, match=r"numpy\.kron of a 45 x 31 TiledArray is not supported"):
         np.kron(a, np.eye(2))

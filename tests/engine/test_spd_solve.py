@@ -267,3 +267,27 @@ def test_inverse_of_spd_many_right_hand_sides_stays_under_budget(tmp_path):
             tla.solve_plan(x, np.eye(n), assume_a="pos").plan()
         assert_close(tla.inv(x, assume_a="pos"), np.linalg.inv(a))
         assert eng.last_run.peak_worker_memory <= eng.budget().memory_per_worker
+
+
+def test_inverse_of_spd_through_the_lu_keeps_the_cholesky_rules(tmp_path):
+    """Where ``inv(A, assume_a="pos")`` takes the LU (the SPD substitutions
+    do not fit), it still reads A's lower triangle only and refuses a matrix
+    that is not positive definite, as it does at a larger budget: at 200 MiB
+    a non-SPD A had been inverted and a non-symmetric one's upper triangle
+    used (helper-50)."""
+    rng = np.random.default_rng(1)
+    n = 1500
+    g = rng.standard_normal((n, n))
+    a = g @ g.T / n + np.eye(n)
+    not_spd, lower_spd = a.copy(), a.copy()
+    not_spd[700, 700] = -5.0
+    lower_spd[np.triu_indices(n, 1)] += 0.5  # only the lower triangle is the SPD matrix's
+    with ta.Engine(n_workers=2, threads_per_worker=1, memory_per_worker="200MiB",
+                   processes=False, quiet=True):
+        x = ta.from_numpy(not_spd, tmp_path / "n.zarr", tile=(333, 333))
+        with pytest.raises(ta.PlanningError):  # so inv takes the LU
+            tla.solve_plan(x, np.eye(n), assume_a="pos").plan()
+        with pytest.raises(ta.NotPositiveDefiniteError, match="700"):
+            tla.inv(x, assume_a="pos")
+        y = ta.from_numpy(lower_spd, tmp_path / "l.zarr", tile=(333, 333))
+        assert_close(tla.inv(y, assume_a="pos"), np.linalg.inv(a))

@@ -543,6 +543,10 @@ class LazyArray(ExprBase):
         """The transpose when the axes differ (2-D)."""
         return np.swapaxes(self, axis1, axis2)
 
+    def repeat(self, repeats, axis=None) -> LazyArray:
+        """Each element repeated (see :func:`numpy.repeat`)."""
+        return np.repeat(self, repeats, axis)
+
     def take(self, indices, axis=None) -> LazyArray:
         """Rows or columns at integer positions (see :func:`~.routines.take`)."""
         return routines.take(self, indices, axis)

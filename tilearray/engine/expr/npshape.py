@@ -471,7 +471,10 @@ def gradient(f, *varargs, axis=None, edge_order=1):
         raise TypeError("np.gradient: invalid number of arguments (one spacing, or one per axis)")
     if edge_order not in (1, 2):
         raise ValueError("'edge_order' greater than 2 not supported")
-    if np.dtype(f.dtype).kind in "biu":
+    if np.dtype(f.dtype).kind == "b":
+        raise TypeError("np.gradient: numpy boolean subtract, the `-` operator, is not "
+                        "supported (as NumPy's); use astype first")
+    if np.dtype(f.dtype).kind in "iu":
         f = f.astype(np.float64)
     res = tuple(_gradient(f, ax, h, edge_order) for ax, h in zip(axes, spacing, strict=True))
     return res[0] if len(res) == 1 else res
