@@ -559,12 +559,12 @@ class LazyArray(ExprBase):
         if impl is not None:
             return impl(*args, **kwargs)
         operands = _lazy_operands((args, kwargs))
-        if all(a._node.small or a.ndim == 1 for a in operands):
+        if operands and all(a._node.small or a.ndim == 1 for a in operands):
             # small results (vectors, a reduction's values): computed now and handed to
             # NumPy itself, as dask does for the functions it lacks (np.ediff1d(v))
             return func(*_computed(args), **_computed(kwargs))
         name = getattr(func, "__module__", "numpy") + "." + getattr(func, "__name__", "?")
-        big = next(a for a in operands if not (a._node.small or a.ndim == 1))
+        big = next((a for a in operands if not (a._node.small or a.ndim == 1)), self)
         raise TypeError(
             f"{name} of a {' x '.join(map(str, big.shape))} TiledArray is not supported (the "
             "supported NumPy functions are listed in the README, 'NumPy functions'; others take "
