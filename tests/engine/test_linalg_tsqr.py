@@ -190,10 +190,13 @@ def test_float32_qr_and_svd_computed_in_float64_as_numpy(thread_engine, tmp_path
     assert_close(q, wq, scale=np.abs(wq).max(), precision=np.float32)  # each column, the last too
     assert_close(r, wr, scale=np.abs(wr).max(), precision=np.float32)
     assert abs(r[-1, -1] / wr[-1, -1] - 1) < 1e-5  # R's smallest pivot (1e-7 of the largest)
-    s, ws = ta.linalg.svd(a, compute_uv=False).compute(), np.linalg.svd(x, compute_uv=False)
-    assert s.dtype == np.float32
-    assert_close(s, ws, scale=ws.max(), precision=np.float32)
-    assert abs(s[-1] / ws[-1] - 1) < 1e-5
+    ws = np.linalg.svd(x, compute_uv=False)
+    sv = np.linalg.svd(a)[1]
+    ta.linalg.qr(a, mode="r").compute()  # R kept by the driver, rounded to float32: s is
+    for s in (sv.compute(), ta.linalg.svd(a, compute_uv=False).compute()):  # not taken from it
+        assert s.dtype == np.float32
+        assert_close(s, ws, scale=ws.max(), precision=np.float32)
+        assert abs(s[-1] / ws[-1] - 1) < 4 * np.finfo(np.float32).eps  # from float32 R: 15x
     p, wp = np.linalg.pinv(a).compute(), np.linalg.pinv(x)
     assert p.dtype == np.float32
     assert np.abs(p - wp).max() < 1e-4 * np.abs(wp).max()  # was 0.6

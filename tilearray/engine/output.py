@@ -234,8 +234,12 @@ def _part(hit: dict | None, part: str, n: int):
     ``s.compute()`` then ``Vt.compute()`` of one ``svd(x)`` read X once)."""
     if hit is None:
         return None
-    if hit.get(part) is None and part in ("s", "Vt") and hit.get("R") is not None:
-        _, hit["s"], hit["Vt"] = svd_from_r(np.asarray(hit["R"])[:, :n])
+    r = hit.get("R")
+    # a float32 X's R is returned rounded to float32: its small singular values would
+    # lose what the run's float64 R keeps (eps32 * cond), so those are computed by a run
+    if hit.get(part) is None and part in ("s", "Vt") and r is not None and \
+            np.asarray(r).dtype == np.float64:
+        _, hit["s"], hit["Vt"] = svd_from_r(np.asarray(r)[:, :n])
     return hit.get(part)
 
 
