@@ -224,8 +224,10 @@ def cached_factor(node):
     factorization on unchanged inputs computed it, else None."""
     if not isinstance(node, TSQR) or node.part not in ("R", "s", "Vt") or not _FACTORS:
         return None
-    return _part(_FACTORS.get(_factor_key(node, input_states(node))), node.part,
-                 node.x.shape[1])
+    value = _part(_FACTORS.get(_factor_key(node, input_states(node))), node.part,
+                  node.x.shape[1])
+    # a float32 X's factors are kept in float64 where a run gave them so (R beside s)
+    return None if value is None else np.asarray(value).astype(node.dtype, copy=False)
 
 
 def _part(hit: dict | None, part: str, n: int):
@@ -235,8 +237,8 @@ def _part(hit: dict | None, part: str, n: int):
     if hit is None:
         return None
     r = hit.get("R")
-    # a float32 X's R is returned rounded to float32: its small singular values would
-    # lose what the run's float64 R keeps (eps32 * cond), so those are computed by a run
+    # a float32 X's R computed alone is returned rounded to float32: its small singular
+    # values would lose what a float64 R keeps (eps32 * cond), so those take a run
     if hit.get(part) is None and part in ("s", "Vt") and r is not None and \
             np.asarray(r).dtype == np.float64:
         _, hit["s"], hit["Vt"] = svd_from_r(np.asarray(r)[:, :n])

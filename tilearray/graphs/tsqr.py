@@ -150,10 +150,11 @@ def root(part: str, n: int, m: int, options: tuple, top):
             if opts.get("align") is not None:  # the Vt an earlier run gave: U to match it
                 u_r, out["Vt"] = kern.align_svd(u_r, out["Vt"], np.asarray(opts["align"]))
             out["slice"] = out["slice"] @ u_r
-    if opts.get("result"):  # computed in float64, returned in X's dtype (the slice stays)
+    if opts.get("result"):  # computed in float64, returned in X's dtype; the slice and
+        # the R kept with s or Vt stay float64 (the driver takes the other from that R)
         t = np.dtype(opts["result"])
         out = out.astype(t) if part == "R" else \
-            {k: v if k == "slice" else v.astype(t) for k, v in out.items()}
+            {k: v if k in ("slice", "R") else v.astype(t) for k, v in out.items()}
     return out, counted(st)
 
 
