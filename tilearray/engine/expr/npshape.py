@@ -494,24 +494,22 @@ def _gradient(f, axis: int, h, edge_order: int):
     def along(v):  # a vector of coefficients, one per line along the axis
         return np.reshape(v, (-1,) + (1,) * (np.ndim(f) - 1 - axis))
 
-    if np.ndim(h) == 0:  # uniform spacing
-        dx = np.full(n - 1, h, dtype=np.float64)
-    else:
+    uniform = np.ndim(h) == 0  # else the coordinates along the axis
+    if not uniform:
         x = np.asarray(h)
         if x.shape != (n,):
             raise ValueError(f"np.gradient: the coordinates along axis {axis} must be a 1-D "
                              f"array of length {n}, got shape {x.shape}")
         dx = np.diff(x).astype(np.result_type(x.dtype, np.float64))
-    uniform = np.ndim(h) == 0
     parts = []
     if edge_order == 1:
         parts.append((at(1) - at(0)) / (h if uniform else dx[0]))
+    elif uniform:
+        parts.append((-1.5 * at(0) + 2.0 * at(1) - 0.5 * at(2)) / h)
     else:
         d1, d2 = dx[0], dx[1]
-        a, b, c = (-1.5, 2.0, -0.5) if uniform else \
-            (-(2 * d1 + d2) / (d1 * (d1 + d2)), (d1 + d2) / (d1 * d2), -d1 / (d2 * (d1 + d2)))
-        edge = a * at(0) + b * at(1) + c * at(2)
-        parts.append(edge / h if uniform else edge)
+        parts.append(-(2 * d1 + d2) / (d1 * (d1 + d2)) * at(0) + (d1 + d2) / (d1 * d2) * at(1)
+                     - d1 / (d2 * (d1 + d2)) * at(2))
     if n > 2:
         if uniform:
             parts.append((at(2, None) - at(0, -2)) / (2.0 * h))
@@ -522,12 +520,12 @@ def _gradient(f, axis: int, h, edge_order: int):
                          along(d1 / (d2 * (d1 + d2))) * at(2, None))
     if edge_order == 1:
         parts.append((at(-1) - at(-2)) / (h if uniform else dx[-1]))
+    elif uniform:
+        parts.append((0.5 * at(-3) - 2.0 * at(-2) + 1.5 * at(-1)) / h)
     else:
         d1, d2 = dx[-2], dx[-1]
-        a, b, c = (0.5, -2.0, 1.5) if uniform else \
-            (d2 / (d1 * (d1 + d2)), -(d2 + d1) / (d1 * d2), (2 * d2 + d1) / (d2 * (d1 + d2)))
-        edge = a * at(-3) + b * at(-2) + c * at(-1)
-        parts.append(edge / h if uniform else edge)
+        parts.append(d2 / (d1 * (d1 + d2)) * at(-3) - (d2 + d1) / (d1 * d2) * at(-2)
+                     + (2 * d2 + d1) / (d2 * (d1 + d2)) * at(-1))
     # NumPy's out= is f's dtype: float64 coefficients give float32 f a float32 result
     return np.concatenate(parts, axis=axis, dtype=f.dtype)
 
