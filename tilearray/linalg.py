@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import warnings
 
 import numpy as np
 from dask.base import tokenize
@@ -1118,7 +1119,28 @@ def _norm_axes(axis, ndim: int) -> tuple:
 
 HANDLED[np.linalg.norm] = norm  # np.linalg.norm(a) on a TiledArray
 HANDLED[np.linalg.qr] = qr
-HANDLED[np.linalg.svd] = svd
+
+
+def _numpy_svd(a, *args, **kwargs):
+    """``np.linalg.svd(X)`` on a TiledArray: :func:`svd`. NumPy's default
+    ``full_matrices=True`` would give an ``m x m`` U (or ``n x n`` Vt) for a
+    non-square X, never built out of core: the thin SVD, with a warning
+    naming the shapes, where they differ (an explicit True is refused)."""
+    if args or "full_matrices" in kwargs:
+        return svd(a, *args, **kwargs)
+    shape = np.shape(a)
+    if kwargs.get("compute_uv", True) and len(shape) == 2 and shape[0] != shape[1]:
+        m, n = shape
+        r = min(m, n)
+        warnings.warn(
+            f"np.linalg.svd of a {m} x {n} TiledArray: NumPy's default full_matrices=True "
+            f"gives U {m} x {m} and Vt {n} x {n}; tilearray returns the thin SVD (U {m} x {r}, "
+            f"Vt {r} x {n}), as full_matrices=False, which silences this", UserWarning,
+            stacklevel=3)
+    return svd(a, full_matrices=False, **kwargs)
+
+
+HANDLED[np.linalg.svd] = _numpy_svd
 HANDLED[np.linalg.lstsq] = lstsq
 HANDLED[np.linalg.cholesky] = cholesky
 HANDLED[np.linalg.solve] = solve

@@ -219,6 +219,32 @@ def test_dims_choice_and_conflicts(engine, tmp_path, rng):
     assert ta.from_numpy(np.ones((3, 3)), tmp_path / "bare.zarr").dims == ("row", "col")
 
 
+def test_outputs_of_a_plain_zarr_input_share_its_dims(engine, tmp_path, rng):
+    """An input written by plain zarr has no dimension names: outputs name
+    its axes after it (``X_row``, ``X_col``), so a centred X and its column
+    means line up in xarray (each member had got its own names, helper-50)."""
+    import xarray as xr
+    import zarr
+
+    x = rng.standard_normal((50, 6))
+    z = zarr.create_array(tmp_path / "X.zarr", shape=x.shape, chunks=(13, 4), dtype="f8")
+    z[...] = x
+    v2 = zarr.create_array(tmp_path / "data.zarr", shape=(50,), chunks=(7,), dtype="f8",
+                           zarr_format=2)
+    v2[...] = x[:, 0]
+    a, y = ta.open(tmp_path / "X.zarr"), ta.open(tmp_path / "data.zarr")
+    assert a.dims is None and y.dims is None  # nothing stored: nothing claimed
+    g = tmp_path / "res.zarr"
+    for name, expr, dims in [("Z", a - a.mean(0), ("X_row", "X_col")), ("mean", a.mean(0),
+                             ("X_col",)), ("y2", y * 2, ("data_row",)),
+                             ("G", a.T @ a, ("G_row", "G_col"))]:  # G: X_col twice
+        expr.to_zarr(g, name=name)
+        assert ta.open(g, name).dims == dims
+    ds = xr.open_zarr(g)
+    assert ds.Z.dims == ("X_row", "X_col") and ds["mean"].dims == ("X_col",)
+    assert_close((ds.Z + ds["mean"]).values, x)  # aligned by name, as xarray does
+
+
 def test_incomplete_member_and_lock_do_not_confuse_xarray(engine, tmp_path, rng):
     import xarray as xr
 

@@ -191,7 +191,7 @@ def test_float32_qr_and_svd_computed_in_float64_as_numpy(thread_engine, tmp_path
     assert_close(r, wr, scale=np.abs(wr).max(), precision=np.float32)
     assert abs(r[-1, -1] / wr[-1, -1] - 1) < 1e-5  # R's smallest pivot (1e-7 of the largest)
     ws = np.linalg.svd(x, compute_uv=False)
-    sv = np.linalg.svd(a)[1]
+    sv = np.linalg.svd(a, full_matrices=False)[1]
     ta.linalg.qr(a, mode="r").compute()  # R kept by the driver, rounded to float32: s is
     for s in (sv.compute(), ta.linalg.svd(a, compute_uv=False).compute()):  # not taken from it
         assert s.dtype == np.float32
@@ -230,7 +230,7 @@ def test_svd_parts_computed_one_at_a_time_are_one_svd(thread_engine, tmp_path):
     cluster = q * np.array([5.0, 2.0, 2.0, 2.0, 1.0, 1.0, 1.0, 0.5])
     for k, x in enumerate([3.0 * q, cluster]):
         a = ta.from_numpy(x, tmp_path / f"x{k}.zarr", tile=(700, 8))
-        u, s, vt = np.linalg.svd(a)
+        u, s, vt = np.linalg.svd(a, full_matrices=False)
         s_, vt_ = np.asarray(s.compute()), np.asarray(vt.compute())
         for got in (np.asarray(u.compute()),
                     np.asarray(u.to_zarr(tmp_path / f"u{k}.zarr")[...])):
@@ -782,7 +782,10 @@ def test_numpy_2_results_and_functions(thread_engine, tmp_path, rng):
     q = np.linalg.qr(a)
     assert type(q).__name__ == "QRResult" and q.Q.shape == (301, 7)
     assert_close(np.abs(q.R.compute()), np.abs(np.linalg.qr(x).R), scale=np.abs(x).max() * 4)
-    s = np.linalg.svd(a, hermitian=False)
+    with pytest.warns(UserWarning, match=r"default full_matrices=True gives U 301 x 301 and "
+                      r"Vt 7 x 7; tilearray returns the thin SVD \(U 301 x 7, Vt 7 x 7\)"):
+        s = np.linalg.svd(a, hermitian=False)
+    assert s.U.shape == (301, 7)
     assert type(s).__name__ == "SVDResult"
     assert_close(s.S.compute(), np.linalg.svd(x).S)
     assert_close(np.linalg.svdvals(a).compute(), np.linalg.svdvals(x))

@@ -1653,6 +1653,41 @@ def test_gradient_matches_numpy(thread_engine, mats, dtype):
         np.gradient(mats["bool"][1])
 
 
+def test_gradient_plans_its_parts_one_at_a_time(thread_engine, tmp_path):
+    """A join evaluates its parts one at a time (their reads and results
+    freed as each is copied in): np.gradient, three parts, plans about
+    np.diff's memory (it had planned 2-5x, every part's arrays at once, and
+    was refused where diff ran, helper-50); every task's traced peak is
+    under the plan's."""
+    import tracemalloc
+
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((2400, 300))
+    a = ta.from_numpy(x, tmp_path / "g.zarr", tile=(199, 37))
+    mem = ta.Budget(memory_per_worker="1GiB", threads_per_worker=1).worker_memory_for(2 << 20)
+    budget = ta.Budget(memory_per_worker=mem, threads_per_worker=1)  # 2 MiB tasks
+    diff = np.diff(a, axis=0).plan(budget=budget).peak_task_memory
+    for axis, args in [(0, ()), (1, (np.cumsum(rng.random(300)),)), (0, (0.5,))]:
+        expr = np.gradient(a, *args, axis=axis, edge_order=2 if args else 1)
+        want = np.gradient(x, *args, axis=axis, edge_order=2 if args else 1)
+        plan = expr.plan(budget=budget)
+        assert plan.peak_task_memory <= 1.5 * diff, (diff, str(plan))
+        assert_close(np.asarray(expr.compute()), want)
+        (stage,) = plan.stages
+        if args and np.ndim(args[0]):  # the coordinates' coefficients: tasks' dependencies
+            continue
+        for task in stage.work:
+            tracemalloc.start()
+            try:
+                value, _ = task.fn(*task.args)
+                traced = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+            rows, cols = task.args[1], task.args[2]
+            assert_close(value, want[rows[0]:rows[1], cols[0]:cols[1]])
+            assert traced <= stage.peak_task_memory, (traced, str(plan))
+
+
 def test_block_matches_numpy(thread_engine, mats):
     x, a = mats["float64"]
     y, b = mats["y"]
@@ -1714,3 +1749,26 @@ def test_numpy_functions_of_small_results_run_numpys_own(thread_engine, mats):
     np.testing.assert_array_equal(np.asarray(a[:4].repeat(2, axis=0)), x[:4].repeat(2, axis=0))
     with pytest.raises(TypeError, match=r"numpy\.kron of a 45 x 31 TiledArray is not supported"):
         np.kron(a, np.eye(2))
+
+
+def test_matrix_functions_take_vectors_as_numpy(thread_engine, mats):
+    """Functions tilearray implements for matrices take vectors as NumPy
+    does (np.average with weights, np.tile: lazy); a form they refuse of
+    small operands is NumPy's own (helper-50's np.average refusal named
+    the 1-D weights it had been given)."""
+    x, a = mats["float64"]
+    x = np.nan_to_num(x)
+    a = np.nan_to_num(a)
+    v, w = a.mean(0), np.arange(1.0, x.shape[1] + 1)
+    assert_close(np.asarray(np.average(v, weights=w)), np.average(x.mean(0), weights=w))
+    avg, scl = np.average(v, weights=w, returned=True)
+    assert_close(np.asarray(avg), np.average(x.mean(0), weights=w))
+    assert float(scl) == w.sum()
+    for reps in (1, 3, (2, 3), (2, 2, 2)):
+        got = np.tile(a[:5, 0], reps)
+        assert isinstance(got, ta.TiledArray) == (np.ndim(reps) == 0 or len(reps) < 3)
+        np.testing.assert_array_equal(np.asarray(got), np.tile(x[:5, 0], reps))
+    with pytest.raises(ValueError, match="Length of weights"):
+        np.average(v, weights=w[:-1])
+    with pytest.raises(TypeError, match=r"np\.tile: reps=\(2, 2, 2\) of shape \(45, 31\)"):
+        np.tile(a, (2, 2, 2))

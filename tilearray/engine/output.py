@@ -396,8 +396,7 @@ class MatrixJob:
     def create(self, state: _State) -> None:
         if state.existing is None or self.overwrite:
             node = self.node
-            labels = derive_dims(node, lambda src: ("row", "col"))
-            dims = sarray.choose_dims(self.ref, node.shape, self.dims, derive_dims(node), labels)
+            dims = _output_dims(self.ref, node, self.dims)
             create(self.ref.store, node.shape, node.dtype, state.grid.tile, shard=self.shard,
                    overwrite=True, path=self.ref.path, dims=dims, compressor=_codec(node),
                    attributes={"tilearray": {"fingerprint": self.fp,
@@ -405,6 +404,23 @@ class MatrixJob:
 
     def complete(self, state: _State) -> None:
         mark_complete(self.ref, {"fingerprint": self.fp})
+
+
+def _output_dims(ref: ArrayRef, node, dims) -> tuple:
+    """Dimension names of a new output (:func:`~tilearray.storage.array.choose_dims`):
+    those carried from the inputs; an input without any (plain zarr) named
+    after itself, ``X_row`` / ``X_col``, so that ``X - X.mean(0)`` and
+    ``X.mean(0)`` stored beside it share X's column dimension in xarray
+    (each output had got its own: helper-50)."""
+
+    def stored_or_named(src):
+        name = src.ref.short_name
+        if src.dims is not None or name is None:
+            return src.dims
+        return tuple(f"{name}_{label}" for label in ("row", "col")[: len(src.shape)])
+
+    labels = derive_dims(node, lambda src: ("row", "col"))
+    return sarray.choose_dims(ref, node.shape, dims, derive_dims(node, stored_or_named), labels)
 
 
 def _codec(node) -> str:
@@ -458,8 +474,7 @@ class SmallJob:
 
     def create(self, state: _State) -> None:
         node = self.node
-        labels = derive_dims(node, lambda src: ("row", "col"))
-        dims = sarray.choose_dims(self.ref, node.shape, self.dims, derive_dims(node), labels)
+        dims = _output_dims(self.ref, node, self.dims)
         self.meta = {"format": sarray.FORMAT_VERSION, "fingerprint": self.fp,
                      "expression": str(node)}
         self.arr = create_small(self.ref, node.shape, node.dtype, dims, self.meta, self.chunks,

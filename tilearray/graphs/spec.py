@@ -325,20 +325,20 @@ def deps_of(spec) -> set[int]:
     return set()
 
 
-def n_temporaries(spec) -> int:
-    """Arrays alive at once while evaluating a region (reads plus op results)."""
-    if isinstance(spec, Read):
-        return 1
+def made_arrays(spec) -> int:
+    """Arrays a region's evaluation makes beyond its reads, alive at once at
+    its peak: each op's and slice's result, an op's operands together; a
+    join's parts one at a time (:func:`_evaluate_joined`: its largest part
+    and the joined block). (Until 2026-12-07 a join held all its parts: the
+    three of ``np.gradient`` planned 2-5x ``np.diff``'s memory, helper-50.)"""
     if isinstance(spec, Trans):
-        return n_temporaries(spec.x)
-    if isinstance(spec, Slice):
-        return n_temporaries(spec.x) + 1
+        return made_arrays(spec.x)
+    if isinstance(spec, Slice | Gather):
+        return made_arrays(spec.x) + 1
     if isinstance(spec, Op):
-        return sum(n_temporaries(a) for a in spec.args) + 1
+        return sum(made_arrays(a) for a in spec.args) + 1
     if isinstance(spec, Concat):
-        return sum(n_temporaries(a) for a in spec.parts) + 1
-    if isinstance(spec, Gather):
-        return n_temporaries(spec.x) + 1
+        return max((made_arrays(a) for a in spec.parts), default=0) + 1
     return 0
 
 

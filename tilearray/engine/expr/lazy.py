@@ -556,10 +556,17 @@ class LazyArray(ExprBase):
         if not all(issubclass(t, LazyArray | np.ndarray) for t in types):
             return NotImplemented
         impl = HANDLED.get(func)
-        if impl is not None:
-            return impl(*args, **kwargs)
         operands = _lazy_operands((args, kwargs))
-        if operands and all(a._node.small or a.ndim == 1 for a in operands):
+        small = bool(operands) and all(a._node.small or a.ndim == 1 for a in operands)
+        if impl is not None:
+            try:
+                return impl(*args, **kwargs)
+            except TypeError:
+                # a form tilearray's own refuses (np.tile(v, (2, 2, 2))): NumPy's,
+                # as below, when every operand is small; else the refusal stands
+                if not small:
+                    raise
+        if small:
             # small results (vectors, a reduction's values): computed now and handed to
             # NumPy itself, as dask does for the functions it lacks (np.ediff1d(v))
             return func(*_computed(args), **_computed(kwargs))

@@ -241,6 +241,8 @@ def average(a, axis=None, weights=None, returned=False, *, keepdims=False):
         scl = avg.dtype.type(a.size / max(avg.size, 1))
     else:
         w = np.asarray(weights)
+        if axis is None and a.ndim == 1:  # a vector's weighted mean: its only axis
+            axis = 0
         if axis is None or w.ndim != 1:
             raise TypeError("np.average: weights must be a 1-D NumPy vector along an axis "
                             "(axis=0 or 1) on TiledArrays")
@@ -250,7 +252,7 @@ def average(a, axis=None, weights=None, returned=False, *, keepdims=False):
         wsum = w.sum(dtype=np.result_type(a.dtype, w.dtype, np.float64))
         if wsum == 0:
             raise ZeroDivisionError("Weights sum to zero, can't be normalized")
-        wb = w.reshape(-1, 1) if ax == 0 else w.reshape(1, -1)
+        wb = w if a.ndim == 1 else w.reshape(-1, 1) if ax == 0 else w.reshape(1, -1)
         avg = (a * wb).sum(axis=ax, keepdims=keepdims) / wsum
         scl = wsum
     if not returned:

@@ -116,7 +116,7 @@ class _Axis:
     """Elements of its reads held at once: ``length``, or through a gather
     the largest span's (spans are read one at a time and picked into the
     gathered block, which counts as a temporary:
-    :func:`~tilearray.graphs.spec.n_temporaries`)."""
+    :func:`~tilearray.graphs.spec.made_arrays`)."""
     reads: np.ndarray
     """Read requests: 1 (0 when empty), or through a gather one per span."""
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from ... import _config
 from ...graphs.blocks import max_interval
-from ...graphs.spec import leaves, n_temporaries
+from ...graphs.spec import leaves, made_arrays
 
 
 def as_rss(allocated: int) -> int:
@@ -29,7 +29,7 @@ def as_rss(allocated: int) -> int:
 
 def op_temporaries(spec) -> int:
     """Arrays a region evaluation makes beyond the reads themselves."""
-    return max(n_temporaries(spec) - len(leaves(spec)), 0)
+    return made_arrays(spec)
 
 
 def leaf_itemsize(spec) -> int:
@@ -40,7 +40,8 @@ def per_element(spec, dtype: np.dtype) -> int:
     """Projected bytes per output element of evaluating a region of ``spec``:
     each read twice (compressed + decoded), plus every temporary."""
     reads_ = sum(2 * leaf.dtype.itemsize for leaf in leaves(spec))
-    return reads_ + (n_temporaries(spec) * max(dtype.itemsize, 8) if dtype.itemsize > 1 else 0)
+    arrays = made_arrays(spec) + len(leaves(spec))
+    return reads_ + (arrays * max(dtype.itemsize, 8) if dtype.itemsize > 1 else 0)
 
 
 def read_flight(spec) -> int:
