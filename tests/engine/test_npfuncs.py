@@ -937,6 +937,27 @@ def test_sort_along_an_axis(thread_engine, mats, tmp_path, dtype):
         np.sort(a, order="f0")
 
 
+def test_sort_written_narrower_than_its_inherited_units(tmp_path):
+    """Bands narrower than the output's units (inherited from X's 1999 x 37
+    chunks) are never cut inside them: the tile shrinks until whole units
+    fit (helper-51: bands of 501 rows into 1000-row units, refused by the
+    store as the job wrote, an incomplete output left)."""
+    import zarr
+
+    x = np.random.default_rng(0).standard_normal((6002, 77))
+    zarr.create_array(str(tmp_path / "x.zarr"), shape=x.shape, chunks=(1999, 37),
+                      dtype="f8")[...] = x
+    with ta.Engine(n_workers=2, threads_per_worker=1, memory_per_worker="150MiB",
+                   processes=False, quiet=True):
+        a = ta.open(tmp_path / "x.zarr")
+        for k, (expr, want) in enumerate([(np.sort(a, axis=1), np.sort(x, axis=1)),
+                                          (np.argsort(a, axis=1), np.argsort(x, axis=1))]):
+            out = tmp_path / f"s{k}.zarr"
+            plan = expr.plan(out)
+            np.testing.assert_array_equal(np.asarray(expr.to_zarr(out)[...]), want)
+            assert expr.stats.tasks == plan.tasks > 1, str(plan)
+
+
 @HYP
 @given(m=st.integers(1, 30), n=st.integers(1, 30), tile=st.tuples(st.integers(1, 9),
        st.integers(1, 9)), axis=st.integers(0, 1), op=st.sampled_from(["sort", "argsort"]),

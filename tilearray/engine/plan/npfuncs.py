@@ -195,8 +195,11 @@ def lower_sort(node, spec, deps: list, budget: Budget, out=None, out_grid=None,
             break
         w = max(widest // 2, 1)
         edges = group_edges(base, w)
-        if max_interval(edges) > w:  # a unit's lines do not fit: cut inside units
-            edges = tuple(range(0, width, w)) + (width,) if width else (0,)
+        if max_interval(edges) > w and out_grid is None:  # a unit's lines do not fit: cut
+            edges = tuple(range(0, width, w)) + (width,) if width else (0,)  # inside units
+        # (never an output's units, written whole by one task: the next round stops on
+        # them, and the stage is refused if they do not fit; helper-51's np.sort into
+        # 1000-row units had been cut in 501-row bands and failed as it wrote)
     what = f"{node} (whole lines along axis {ax}, {length} elements each)"
     check_fits("sort", peak, what, budget)
     token = tokenize("sort", spec, edges, str(out), deps, node.op, ax, node.kind)
