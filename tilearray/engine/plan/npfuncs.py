@@ -101,12 +101,16 @@ STRIP_BYTES = 4 * 2**20
 strip is whole I/O units along the lines, at least one)."""
 
 
-def _strips(spec, ax: int, length: int, width: int) -> tuple:
+def _strips(spec, ax: int, length: int, width: int, budget: Budget) -> tuple:
     """The strips a task holding whole lines along ``ax`` reads them in: whole
     I/O units along the lines, as many as :data:`STRIP_BYTES` across the
     width holds (one at a time made a median of 10,000 x 200 in 1-row
-    chunks 10,000 reads of 1.6 kB: 16.9 s against 0.9 s for its sum)."""
-    per = max(STRIP_BYTES // max(width * leaf_itemsize(spec), 1), 1)
+    chunks 10,000 reads of 1.6 kB: 16.9 s against 0.9 s for its sum), and
+    at most an eighth of a task's memory (a whole 6002 x 77 X read as one
+    strip at 7.5 MiB a task left no room for a band of lines beside it: one
+    band a column, X read 36 times, helper-51)."""
+    most = min(STRIP_BYTES, budget.task_memory // 8)
+    per = max(most // max(width * leaf_itemsize(spec), 1), 1)
     return group_edges(unit_edges(spec, ax, length), per)
 
 
@@ -121,7 +125,7 @@ def lower_quantile(node, spec, deps: list, budget: Budget) -> Stage:
     ax, other = node.axis, 1 - node.axis
     length, width = node.x.shape[ax], node.x.shape[other]
     temps = (op_temporaries(spec) + 1) * 8
-    strips = _strips(spec, ax, length, width)
+    strips = _strips(spec, ax, length, width, budget)
     base = unit_edges(spec, other, width)
     task = BlockTask(temps, 0, read_flight(spec))
     w = max(budget.task_memory // max(length * 16, 1), 1)
@@ -174,7 +178,7 @@ def lower_sort(node, spec, deps: list, budget: Budget, out=None, out_grid=None,
     length, width = node.x.shape[ax], node.x.shape[other]
     out_size = np.dtype(node.dtype).itemsize
     temps = (op_temporaries(spec) + 1) * 8
-    strips = _strips(spec, ax, length, width)
+    strips = _strips(spec, ax, length, width, budget)
     base = out_grid.unit_edges(other) if out_grid is not None else unit_edges(spec, other, width)
     task = BlockTask(temps, 0, read_flight(spec))
 
