@@ -163,8 +163,7 @@ def test_integer_indexing(thread_engine, mats, tmp_path, dtype):
         check(a[3, [1, 2]], x[3, [1, 2]], exact=True)
     with pytest.raises(IndexError, match="out of bounds"):
         a[:, [31]]
-    with pytest.raises(ta.PlanningError, match=r"pointwise indexing.*np\.ix_.*np\.diagonal"):
-        a[[1, 2], [3, 4]]  # the hint's two forms, as NumPy gives them:
+    check(a[[1, 2], [3, 4]], x[[1, 2], [3, 4]], exact=True)  # pointwise: see below
     check(a[[1, 2]][:, [3, 4]], x[np.ix_([1, 2], [3, 4])], exact=True)
     check(np.diagonal(a[[1, 2]][:, [3, 4]]), x[[1, 2], [3, 4]], exact=True)
     mask = np.arange(x.shape[0]) % 3 == 0
@@ -173,6 +172,61 @@ def test_integer_indexing(thread_engine, mats, tmp_path, dtype):
         check(a[key], x[key], exact=True)
     with pytest.raises(IndexError, match="out of bounds"):
         a[np.ix_([1], [31])]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "int32", "bool"])
+def test_pointwise_indexing_and_flat_take(thread_engine, mats, dtype):
+    """NumPy's pointwise ``a[rows, cols]`` (lists, masks, broadcast, repeats,
+    negative positions) and ``np.take(a, flat)``: the elements at the
+    points, read from the I/O units holding them (a few points read few
+    units); NumPy's errors. (Both had been refused, helper-51.)"""
+    x, a = mats[dtype]
+    rows, cols = np.arange(45), np.argmax(np.nan_to_num(x), axis=1)
+    mask = np.arange(45) % 9 == 0
+    for key in [([1, 2], [3, 4]), ([44, -1, 0, 0], [30, 0, -31, -31]), (rows, cols),
+                ([5], [0, 1, 2]), (mask, [0, 1, 2, 3, 4]), ([], []), (np.array([7]), 30)]:
+        check(a[key], x[key], exact=True)
+    check((a.T * 2)[[3, 1], [40, 2]], (x.T * 2)[[3, 1], [40, 2]], exact=True)
+    for idx in ([0, 5, -1, 5], np.arange(1394, -1, -97), []):
+        check(np.take(a, idx), np.take(x, idx), exact=True)
+    assert np.asarray(np.take(a, 33)) == np.take(x, 33)
+    with pytest.raises(IndexError, match=r"could not be broadcast together with shapes \(2,\) "
+                       r"\(3,\)"):
+        a[[1, 2], [3, 4, 5]]
+    with pytest.raises(IndexError, match="index 45 is out of bounds for axis 0 with size 45"):
+        a[[1, 45], [0, 0]]
+    with pytest.raises(IndexError, match="index 1395 is out of bounds for size 1395"):
+        np.take(a, [1395])
+
+
+def test_few_points_read_their_units(thread_engine, tmp_path):
+    """A few points read the I/O units holding them; points in every unit
+    read the matrix once, in fewer, larger blocks."""
+    x = np.random.default_rng(5).standard_normal((2000, 300))
+    a = ta.from_numpy(x, tmp_path / "x.zarr", tile=(500, 100))
+    corners = a[[0, -1], [0, -1]]
+    assert corners.plan().bytes_read == 2 * 500 * 100 * 8, str(corners.plan())
+    check(corners, x[[0, -1], [0, -1]], exact=True)
+    rows, cols = np.arange(2000), np.arange(2000) % 300
+    every = a[rows, cols]
+    plan = check(every, x[rows, cols], exact=True)
+    assert plan.bytes_read == x.nbytes and plan.tasks < 12, str(plan)
+
+
+@HYP
+@given(m=st.integers(1, 40), n=st.integers(1, 40), tile=st.tuples(st.integers(1, 9),
+       st.integers(1, 9)), data=st.data())
+def test_pointwise_hypothesis(thread_engine, tmp_path_factory, m, n, tile, data):
+    rng = np.random.default_rng(m * 37 + n)
+    x = rng.standard_normal((m, n))
+    a = ta.from_numpy(x, tmp_path_factory.mktemp("pw") / "x.zarr", tile=tile)
+    k = data.draw(st.integers(0, 30))
+    rows = data.draw(st.lists(st.integers(-m, m - 1), min_size=k, max_size=k))
+    cols = data.draw(st.lists(st.integers(-n, n - 1), min_size=k, max_size=k))
+    with dask.config.set(SMALL_BLOCKS):
+        check(a[rows, cols], x[rows, cols], exact=True)
+        flat = [r % m * n + c % n for r, c in zip(rows, cols, strict=True)]
+        check(np.take(a[:, ::-1], flat), np.take(x[:, ::-1], flat), exact=True)
 
 
 @pytest.mark.parametrize("dtype", ["float64", "int32"])

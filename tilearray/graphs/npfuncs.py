@@ -262,6 +262,25 @@ def select_block(x_spec, mask_spec, rows, cols, deps, ncols: int, positions: boo
     return _done((np.ascontiguousarray(x[r, c]), flat), stats)
 
 
+def points_block(x_spec, rows, cols, deps, r, c, at):
+    """The elements of block ``rows x cols`` of ``x_spec`` at local rows ``r``
+    and columns ``c``, for the result's positions ``at``."""
+    buffers.release(blocks_only=True)
+    stats = IOStats()
+    x = evaluate(x_spec, rows, cols, list(deps), stats, {})
+    return _done((np.ascontiguousarray(x[r, c]), at), stats)
+
+
+def join_points(count: int, dtype, *parts):
+    """The elements of :func:`points_block` tasks, each put at its positions."""
+    stats: dict = {}
+    out = np.empty(count, dtype)
+    for (values, at), st in parts:
+        out[at] = values
+        stats = merge_stats(stats, st)
+    return out, counted(stats)
+
+
 def join_selected(count: int, *parts):
     """The elements of :func:`select_block` tasks in C order (by flat index)."""
     stats: dict = {}

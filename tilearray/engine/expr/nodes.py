@@ -407,6 +407,27 @@ class Take(Node):
 
 
 @dataclass(frozen=True, eq=False)
+class Points(Node):
+    """NumPy's pointwise ``x[rows, cols]`` (and ``np.take(x, flat)``): the
+    elements of a matrix at flat (C order) positions ``index``, in that order,
+    repeats allowed; a small 1-D result read from the I/O units holding them."""
+
+    x: Node = None
+    index: Any = None
+    """The flat positions (a read-only NumPy int64 vector, in range)."""
+    token: str = ""
+
+    @property
+    def small(self) -> bool:
+        return True
+
+    def __str__(self) -> str:
+        n = len(self.index)
+        shown = ", ".join(str(int(i)) for i in self.index[:4]) + (", ..." if n > 4 else "")
+        return f"{_fmt(self.x)}.flat[[{shown}] ({n})]"
+
+
+@dataclass(frozen=True, eq=False)
 class Diagonal(Node):
     """``np.diagonal(x, offset)`` of a 2-D expression: a small 1-D result
     computed from the blocks the diagonal crosses only."""

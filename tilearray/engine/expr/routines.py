@@ -14,8 +14,20 @@ from dask.base import tokenize
 from ...errors import PlanningError
 from ...graphs.spec import SCANS
 from . import selection
-from .nodes import Concat, Constant, Diagonal, Elemwise, Full, Node, Positions, Scan, Sort, Take
-from .ops import ExprBase, as_node, build_reduction, reduce_as, wrap_like
+from .nodes import (
+    Concat,
+    Constant,
+    Diagonal,
+    Elemwise,
+    Full,
+    Node,
+    Points,
+    Positions,
+    Scan,
+    Sort,
+    Take,
+)
+from .ops import ExprBase, as_node, build_reduction, held, reduce_as, wrap_like
 
 NOT_3D = ("tilearray matrices are 2-D; use np.concatenate, np.hstack or np.vstack for a "
           "2-D result")
@@ -117,36 +129,73 @@ def take(a, indices, axis=None) -> ExprBase:
     units holding 0, 5 and 9 only). A scalar index drops the axis: the
     result is a small 1-D result (a reduction over the single line)."""
     n = _operand(a, "take")
-    if axis is None:
-        raise TypeError("take: axis=None (an index into the flattened array) is not supported; "
-                        "give axis=0 or axis=1")
-    axis = axis_index(axis, "take", n.ndim)
     if n.ndim != 2:
         raise PlanningError(f"take: a 2-D TiledArray is needed, got shape {n.shape}")
+    if axis is None:  # positions in the flattened matrix: its elements there
+        if np.ndim(indices) > 1:
+            raise IndexError(f"take: an index of shape {np.shape(indices)} makes a "
+                             f"{np.ndim(indices)}-D array; tilearray arrays are 1-D or 2-D "
+                             "(index with a flat list)")
+        out = flat_points(a, positions(indices, n.shape[0] * n.shape[1], None, "take"))
+        return out.reshape(()) if np.ndim(indices) == 0 else out
+    axis = axis_index(axis, "take", n.ndim)
     scalar = np.ndim(indices) == 0
     if np.ndim(indices) > 1:  # NumPy would add axes: a 3-D result
         raise IndexError(f"take: an index of shape {np.shape(indices)} makes a "
                          f"{n.ndim - 1 + np.ndim(indices)}-D array; tilearray arrays are 1-D or "
                          "2-D (index with a flat list)")
-    idx = np.asarray(indices).reshape(-1)
-    if idx.dtype.kind == "b":
-        raise TypeError("take: indices must be integers (for a boolean mask, index with it)")
-    if idx.size and idx.dtype.kind not in "iu":
-        raise IndexError(f"take: indices must be integers, got dtype {idx.dtype}")
-    size = n.shape[axis]
-    idx = idx.astype(np.int64)
-    bad = (idx < -size) | (idx >= size)
-    if bad.any():
-        raise IndexError(f"index {int(idx[bad][0])} is out of bounds for axis {axis} with "
-                         f"size {size}")
-    idx = np.where(idx < 0, idx + size, idx)
-    idx.flags.writeable = False
+    idx = positions(indices, n.shape[axis], axis, "take")
     shape = list(n.shape)
     shape[axis] = len(idx)
     out = wrap_like(a, Take(tuple(shape), n.dtype, n, axis, idx, tokenize(idx)))
     if scalar:  # one line: a small 1-D result (max over one element is that element)
         return build_reduction("max", out, axis, False, 0)
     return out
+
+
+def positions(indices, size: int, axis: int | None, fn: str) -> np.ndarray:
+    """Integer ``indices`` along an axis of ``size`` (``axis`` None: of the
+    flattened array) as a read-only flat int64 vector, negative ones from
+    the end; NumPy's errors for other dtypes and positions out of range."""
+    idx = np.asarray(indices).reshape(-1)
+    if idx.dtype.kind == "b":
+        raise TypeError(f"{fn}: indices must be integers (for a boolean mask, index with it)")
+    if idx.size and idx.dtype.kind not in "iu":
+        raise IndexError(f"{fn}: indices must be integers, got dtype {idx.dtype}")
+    idx = idx.astype(np.int64)
+    bad = (idx < -size) | (idx >= size)
+    if bad.any():
+        where = f"axis {axis} with size" if axis is not None else "size"
+        raise IndexError(f"index {int(idx[bad][0])} is out of bounds for {where} {size}")
+    idx = np.where(idx < 0, idx + size, idx)
+    idx.flags.writeable = False
+    return idx
+
+
+def pointwise(a, rows, cols) -> ExprBase:
+    """NumPy's pointwise ``a[rows, cols]`` of a matrix: integer positions
+    (negative ones from the end) broadcast together, a small 1-D result of
+    the elements at those points (:func:`flat_points`)."""
+    n = as_node(a)
+    try:
+        r, c = np.broadcast_arrays(np.asarray(rows), np.asarray(cols))
+    except ValueError:
+        raise IndexError("shape mismatch: indexing arrays could not be broadcast together with "
+                         f"shapes {np.shape(rows)} {np.shape(cols)}") from None
+    r, c = positions(r, n.shape[0], 0, "index"), positions(c, n.shape[1], 1, "index")
+    return flat_points(a, r * n.shape[1] + c)
+
+
+def flat_points(a, flat: np.ndarray) -> ExprBase:
+    """The elements of matrix ``a`` at flat (C order) positions ``flat`` (in
+    range), in that order (:class:`~.nodes.Points`: lazy, read from the I/O
+    units holding them); of a small ``a``, picked in memory now."""
+    n = as_node(a)
+    if n.small:
+        return held(a, np.asarray(a.compute()).reshape(-1)[flat])
+    if flat.size == 0:
+        return held(a, np.empty(0, n.dtype))
+    return wrap_like(a, Points((flat.size,), n.dtype, n, flat, tokenize(flat)))
 
 
 def mask_positions(mask, size: int, axis: int) -> np.ndarray:
@@ -291,11 +340,8 @@ def index(a, key: tuple) -> ExprBase:
                                  "the result; tilearray arrays are 1-D or 2-D (index with a "
                                  "flat list)")
             lists.append((ax, k))
-    if len(lists) == 2:
-        raise PlanningError("indexing both axes with lists (NumPy's pointwise indexing) is not "
-                            "supported: a[np.ix_(rows, cols)] (or a[rows][:, cols]) gives the "
-                            "block of those rows and columns, and for a few points "
-                            "np.diagonal(a[rows][:, cols]) their values")
+    if len(lists) == 2:  # NumPy's pointwise indexing: the elements at (rows[k], cols[k])
+        return pointwise(x, lists[0][1], lists[1][1])
     for ax, k in lists:
         x = take(x, k, ax)
     for ax, k in scalars:

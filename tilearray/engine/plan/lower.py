@@ -82,6 +82,7 @@ from .matvec import gram_form, lower_gram, lower_matvec, oriented
 from .memory import as_rss
 from .npfuncs import (
     lower_diagonal,
+    lower_points,
     lower_quantile,
     lower_scan,
     lower_select,
@@ -706,6 +707,11 @@ class Planner:
         elif isinstance(node, nd.Diagonal | nd.Quantile | nd.Values | nd.Unique) \
                 and not node.x.small:
             key = self._lines(node)
+        elif isinstance(node, nd.Points):
+            deps = []
+            spec = self.spec(node.x, deps)
+            key = self.add(lower_points(node, spec, deps, self.budget), spec,
+                           deps).outputs["0"].keys[0]
         elif isinstance(node, nd.Select):
             deps: list = []
             x_spec = self.spec(node.x, deps)
@@ -943,7 +949,8 @@ def _reads_part(node) -> bool:
     shard (a sort, exact quantiles along an axis: a median of 40000 x 400 in
     20000 x 400 shards of 1000 x 100 chunks read 7 times the array by
     shard, about once by chunk), where whole shards may read far more."""
-    if isinstance(node, SliceNode | nd.Take | nd.Select | nd.Diagonal | nd.Sort | nd.Quantile):
+    if isinstance(node, SliceNode | nd.Take | nd.Select | nd.Points | nd.Diagonal | nd.Sort |
+                  nd.Quantile):
         return True
     kids = [getattr(node, c, None) for c in ("x", "a", "b", "y", "w", "mask")]
     kids += list(getattr(node, "args", ()))

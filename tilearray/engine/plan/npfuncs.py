@@ -271,6 +271,59 @@ def lower_unique(node, spec, deps: list, budget: Budget) -> Stage:
                  outputs={"0": Output("value", (root,))})
 
 
+POINT_TASK_BYTES = 1 << 20
+"""What a task costs, as bytes read, when points choose their blocks: the
+I/O units holding them (least read), or fewer larger blocks."""
+
+
+def lower_points(node, spec, deps: list, budget: Budget) -> Stage:
+    """NumPy's pointwise ``x[rows, cols]`` (:class:`~..expr.nodes.Points`): a
+    task per block holding points (each read once, its points picked), then
+    one task putting them in order. The blocks are the I/O units (a few
+    scattered points read only their units), or the planner's larger
+    blocks where those cost less, counting :data:`POINT_TASK_BYTES` a task
+    (points in every unit of a matrix in 1-row chunks)."""
+    m, n = node.x.shape
+    item = np.dtype(node.dtype).itemsize
+    temps = (op_temporaries(spec) + 1) * max(item, 8)
+    task = BlockTask(temps, 0, read_flight(spec))
+    rows, cols = np.divmod(node.index, n)
+    fitted, _ = fit_blocks(spec, (m, n), None, temps, budget)
+    units = layout.BlockCosts(spec, unit_edges(spec, 0, m), unit_edges(spec, 1, n))
+
+    def groups(costs):  # (i, j, positions in the result) of each block holding points
+        bi = np.searchsorted(costs.row_edges, rows, side="right") - 1
+        bj = np.searchsorted(costs.col_edges, cols, side="right") - 1
+        ids = bi * len(costs.col_edges) + bj
+        order = np.argsort(ids, kind="stable")
+        first, starts = np.unique(ids[order], return_index=True)
+        ends = list(starts[1:]) + [len(order)]
+        return [(int(b) // len(costs.col_edges), int(b) % len(costs.col_edges), order[s:e])
+                for b, s, e in zip(first, starts, ends, strict=True)]
+
+    def cost(costs, blocks):
+        return sum(costs.at(i, j)[0] for i, j, _ in blocks) + len(blocks) * POINT_TASK_BYTES
+
+    costs, blocks = min(((c, groups(c)) for c in (units, fitted)), key=lambda cb: cost(*cb))
+    re, ce = costs.row_edges, costs.col_edges
+    peak = max(block_peak(task, costs.at(i, j)[0], (re[i + 1] - re[i]) * (ce[j + 1] - ce[j]))
+               for i, j, _ in blocks)
+    count = len(node.index)
+    peak = max(peak, as_rss(2 * count * (item + 8)))  # the join: the parts, the result
+    check_fits("points", peak, short(node), budget)
+    token = tokenize("points", spec, node.token, re, ce, deps)
+    work, keys, tot = Tasks(), [], layout.ReadTotals()
+    for i, j, at in blocks:
+        tot.add(costs.at(i, j))
+        keys.append(work.add(("points-" + token, i, j), gnp.points_block, spec,
+                             (re[i], re[i + 1]), (ce[j], ce[j + 1]), deps, rows[at] - re[i],
+                             cols[at] - ce[j], at))
+    key = work.add("points-join-" + token, gnp.join_points, count, np.dtype(node.dtype), *keys)
+    return Stage("reduce", f"{short(node)}: the {count} points of {len(keys)} blocks, each "
+                 "read once, put in order", len(work), peak, tot.nbytes, reads=tot.reads,
+                 store_gets=tot.gets, work=work.freeze(), outputs={"0": Output("value", (key,))})
+
+
 def lower_select(node, x_spec, mask_spec, deps: list, budget: Budget) -> Stage:
     """``x[mask]`` of a 2-D mask: blocks as large as fit (the stored arrays
     both read, read once), each giving its selected elements and their flat
@@ -370,5 +423,5 @@ def lower_scan(node, spec, deps: list, budget: Budget, out=None, out_grid=None,
     return stages, carry_keys
 
 
-__all__ = ["DoesNotFit", "lower_diagonal", "lower_quantile", "lower_scan", "lower_select", "lower_sort",
-           "lower_unique"]
+__all__ = ["DoesNotFit", "lower_diagonal", "lower_points", "lower_quantile", "lower_scan",
+           "lower_select", "lower_sort", "lower_unique"]
