@@ -373,8 +373,19 @@ def cholesky(a: TiledArray, upper: bool = False) -> TiledArray:
     if a.size == 0:
         return held(a, _numpy_of_empty(np.linalg.cholesky, a))
     source = a.T if upper else a  # NumPy's upper=True reads the upper triangle
-    low = TiledArray(Factor(tuple(a.shape), result_dtype(a.dtype), source._node, "L"))
+    low = TiledArray(Factor(tuple(a.shape), np.dtype(np.float64), _float64(source)._node, "L"))
+    dtype = result_dtype(a.dtype)
+    if dtype != np.float64:  # computed in float64 as NumPy's, returned in float32
+        low = low.astype(dtype)
     return low.T if upper else low
+
+
+def _float64(a: TiledArray) -> TiledArray:
+    """``a`` in float64, the precision NumPy's linalg computes in (a float32
+    factor or solve had kept float32's accuracy only: a 600² SPD system of
+    condition 1e5 solved to 7.5e-4 where NumPy's float32 answer is right to
+    4.6e-8; a float32 result is cast back from the float64 one)."""
+    return a if a.dtype == np.float64 else a.astype(np.float64)
 
 
 def _computed_if_blocked(v):
@@ -483,12 +494,15 @@ def _solve_plan(a: TiledArray, b, assume_a: str) -> TiledArray:
     n = a.shape[0]
     ynode, vector = _rhs(b, n, "solve")
     dtype = result_dtype(np.result_type(a.dtype, ynode.dtype))
-    if assume_a == "pos":  # factored in the promoted dtype, as NumPy (f32 A, f64 b: f64)
-        low = Factor(tuple(a.shape), dtype, a._node, "L")
-        y = _trsolve(low, ynode, dtype, lower=True, trans=False)
-        return TiledArray(_trsolve(low, y, dtype, lower=True, trans=True, vector=vector))
-    shape = (n,) if vector else tuple(ynode.shape)
-    return _incore(a, "solve", shape, ynode, vector=bool(vector))
+    f64 = np.dtype(np.float64)  # computed in float64, as NumPy; returned in its dtype
+    if assume_a == "pos":  # (f32 A, f32 b: f32; f32 A, f64 b: f64)
+        low = Factor(tuple(a.shape), f64, _float64(a)._node, "L")
+        y = _trsolve(low, ynode, f64, lower=True, trans=False)
+        x = TiledArray(_trsolve(low, y, f64, lower=True, trans=True, vector=vector))
+    else:
+        shape = (n,) if vector else tuple(ynode.shape)
+        x = _incore(_float64(a), "solve", shape, ynode, vector=bool(vector))
+    return x if dtype == f64 else x.astype(dtype)
 
 
 class MixedSolve:
@@ -629,7 +643,7 @@ def _mixed_precision(a: TiledArray, n: int, k: int, dtype) -> bool:
     mode = str(_config.get("linalg.spd-solve"))
     if mode not in ("auto", "mixed", "double"):
         raise ValueError(f"tilearray.linalg.spd-solve is {mode!r}: 'auto', 'mixed' or 'double'")
-    if mode == "double" or dtype != np.float64 or n == 0 or k == 0:
+    if mode == "double" or np.dtype(dtype).kind != "f" or n == 0 or k == 0:
         return False
     # auto: a factor that takes longer than the refinement's passes, and the
     # n x k arrays the driver holds (x, a x, r, d) small beside a result
@@ -660,7 +674,8 @@ def _solve_spd_mixed(a: TiledArray, b):
     b = _computed_if_blocked(b)
     ynode, vector = _rhs(b, n, "solve")
     k = ynode.shape[1]
-    if not _mixed_precision(a, n, k, result_dtype(np.result_type(a.dtype, ynode.dtype))):
+    dtype = result_dtype(np.result_type(a.dtype, ynode.dtype))
+    if not _mixed_precision(a, n, k, dtype):
         return None
     rhs = np.asarray(b.compute() if isinstance(b, TiledArray) else b, dtype=np.float64)
     rhs = rhs.reshape(n, k)
@@ -672,7 +687,8 @@ def _solve_spd_mixed(a: TiledArray, b):
     path = scratch_path("cholesky32")
     try:
         try:
-            low = cholesky(a.astype(np.float32)).to_zarr(path)
+            low = TiledArray(Factor(tuple(a.shape), np.dtype(np.float32),
+                                    a.astype(np.float32)._node, "L")).to_zarr(path)
         except NotPositiveDefiniteError:
             return None  # SPD perhaps, but not in float32: factored in float64
 
@@ -699,7 +715,7 @@ def _solve_spd_mixed(a: TiledArray, b):
                      float(np.max(residual / np.maximum(tol * anorm * scale, tiny))))
             # dsposv's test: x is done
             if np.all(residual <= tol * anorm * scale):
-                return x[:, 0] if vector else x
+                return (x[:, 0] if vector else x).astype(dtype, copy=False)
             d = correction(r)
             size = np.abs(d).max(axis=0)
             if not np.all(np.isfinite(d)) or np.any((size == 0) & (residual > 0)):
@@ -715,7 +731,7 @@ def _solve_spd_mixed(a: TiledArray, b):
             if np.any(stalled & (size > REFINE_FLOOR * scale)):
                 return None
             if np.all((left <= tol * scale) | stalled | (residual == 0)):
-                return x[:, 0] if vector else x
+                return (x[:, 0] if vector else x).astype(dtype, copy=False)
             prev = size
         return None
     finally:
@@ -815,8 +831,10 @@ def slogdet(a: TiledArray, assume_a: str = "gen"):
     :func:`solve`): the pivots' parity and U's diagonal. Runs now."""
     a = _square(a, "slogdet", empty=True)
     if _assume(assume_a, "slogdet") == "pos" and a.size:
-        low = Factor(tuple(a.shape), result_dtype(a.dtype), a._node, "L")
-        return TiledArray(Factor((), low.dtype, low, "logdiag")).compute()
+        low = Factor(tuple(a.shape), np.dtype(np.float64), _float64(a)._node, "L")
+        sign, logabs = TiledArray(Factor((), low.dtype, low, "logdiag")).compute()
+        dtype = result_dtype(a.dtype)  # NumPy's: float32's in float32
+        return type(np.linalg.slogdet(np.eye(1)))(dtype.type(sign), dtype.type(logabs))
     if a.size == 0:  # NumPy: sign 1, log 0 (the determinant of 0 x 0 is 1)
         return _numpy_of_empty(np.linalg.slogdet, a)
     return _incore(a, "slogdet", ()).compute()
