@@ -198,8 +198,11 @@ def test_float32_qr_and_svd_computed_in_float64_as_numpy(thread_engine, tmp_path
         assert_close(s, ws, scale=ws.max(), precision=np.float32)
         assert abs(s[-1] / ws[-1] - 1) < 4 * np.finfo(np.float32).eps  # from float32 R: 15x
     p, wp = np.linalg.pinv(a).compute(), np.linalg.pinv(x)
+    truth = np.linalg.pinv(x.astype(np.float64))
     assert p.dtype == np.float32
-    assert np.abs(p - wp).max() < 1e-4 * np.abs(wp).max()  # was 0.6
+    # as NumPy's float32 pinv (was 0.6 relative, then 10x NumPy's from a float32 U)
+    assert np.abs(p - truth).max() <= 2 * np.abs(wp - truth).max(), \
+        (np.abs(p - truth).max(), np.abs(wp - truth).max())
 
 
 def test_float32_lstsq_computes_and_cuts_rank_as_numpy(thread_engine, tmp_path):
