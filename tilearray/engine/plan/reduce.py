@@ -92,10 +92,14 @@ def lower_reduce(nodes: list[Reduce], specs: list, deps: list, budget: Budget,
     temps = [0, 0]  # bytes per element: over the block, over a strip
     for r, spec in zip(nodes, specs, strict=True):
         # op results, plus the float64 accumulation copy / (x - mean)**2 of
-        # var, the NaN mask and filled copy of nanargmin
+        # var, the NaN mask and filled copy of nanargmin; the reductions of a
+        # pass take their partials one after another (the reads shared, held
+        # throughout), so the largest one's temporaries are the pass's (their
+        # sum had refused np.median(X)'s census of 5 at 150 MiB, helper-51)
         per = (op_temporaries(spec) + (2 if r.op in gred.VARIANCES or r.op.startswith("nanarg")
                                        else 1)) * max(np.dtype(r.x.dtype).itemsize, 8)
-        temps[int(gred.strip_mined(spec, r.op) and not gather)] += per
+        k = int(gred.strip_mined(spec, r.op) and not gather)
+        temps[k] = max(temps[k], per)
     costs, peak = fit_blocks(joint, (m, n), None, temps[0], budget, one_pass=gather,
                              strip_temps=temps[1])
     row_edges, col_edges = costs.row_edges, costs.col_edges
