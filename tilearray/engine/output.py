@@ -420,7 +420,8 @@ def _output_dims(ref: ArrayRef, node, dims) -> tuple:
         return tuple(f"{name}_{label}" for label in ("row", "col")[: len(src.shape)])
 
     labels = derive_dims(node, lambda src: ("row", "col"))
-    return sarray.choose_dims(ref, node.shape, dims, derive_dims(node, stored_or_named), labels)
+    return sarray.choose_dims(ref, node.shape, dims,
+                              derive_dims(node, stored_or_named, partial=True), labels)
 
 
 def _codec(node) -> str:

@@ -70,7 +70,8 @@ def choose_dims(ref: ArrayRef, shape: tuple, dims=None, derived=None,
 
     ``dims`` given: used as is, checked. Otherwise ``derived`` (the names the
     expression carries from its inputs, e.g. ``a @ b`` -> (a's rows, b's
-    columns)) when they are distinct and agree in size with the group's
+    columns); None for an axis with none carried, which takes its default
+    name) when they are distinct and agree in size with the group's
     other members; else, for a group member ``C``, ``("C_row", "C_col")``
     (``labels`` name the axes: ``("col",)`` for column statistics); for an
     array at a store's root, the labels themselves.
@@ -108,11 +109,13 @@ def choose_dims(ref: ArrayRef, shape: tuple, dims=None, derived=None,
                 "size per dimension name; pass other dims="
             )
         return dims
-    if derived is not None and len(derived) == len(shape) and len(set(derived)) == len(derived) \
-            and not conflict(derived):
-        return tuple(derived)
     name = ref.path.strip("/").rsplit("/", 1)[-1]
     fallback = tuple(f"{name}_{lab}" for lab in labels) if name else labels
+    if derived is not None and len(derived) == len(shape):
+        # an axis with no name carried (X[:, :3]'s columns) takes its default one
+        derived = tuple(fallback[i] if d is None else d for i, d in enumerate(derived))
+        if len(set(derived)) == len(derived) and not conflict(derived):
+            return derived
     bad = conflict(fallback)
     if bad:
         raise StorageError(

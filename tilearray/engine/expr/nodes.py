@@ -299,35 +299,53 @@ def _operands(n: Node):
             yield from (a for a in v if isinstance(a, Node))
 
 
-def derive_dims(x, leaf=lambda src: src.dims) -> tuple | None:
+def derive_dims(x, leaf=lambda src: src.dims, partial: bool = False) -> tuple | None:
     """Dimension names of an expression's result, carried from what ``leaf``
     gives each stored array: ``.T`` swaps them, ``a @ b`` takes a's rows and
-    b's columns, a reduction drops its axis. None where no name is sound (a
-    slice changes sizes, ``keepdims`` leaves a length-1 axis)."""
+    b's columns, a reduction (a median, a quantile along an axis too) drops
+    its axis, a sort or a scan keeps them. None where no name is sound (a
+    slice or a gather changes sizes, ``keepdims`` leaves a length-1 axis);
+    with ``partial``, None for that axis alone (``X[:, :3]`` keeps X's rows:
+    a name for the other, new axis is the caller's)."""
+
+    def of(n):
+        return derive_dims(n, leaf, partial)
+
+    def axes_kept(d, shape):  # the names of the axes whose size did not change
+        if d is None or not partial:
+            return d if d is not None and tuple(shape) == tuple(x.x.shape) else None
+        kept = tuple(n if a == b else None for n, a, b in zip(d, shape, x.x.shape, strict=True))
+        return kept if any(n is not None for n in kept) else None
+
     if isinstance(x, Source):
         return leaf(x)
     if isinstance(x, Transpose):
-        d = derive_dims(x.x, leaf)
+        d = of(x.x)
         return None if d is None else d[::-1]
-    if isinstance(x, SliceNode):
-        return derive_dims(x.x, leaf) if x.shape == x.x.shape else None
+    if isinstance(x, SliceNode | Take):
+        return axes_kept(of(x.x), x.shape)
+    if isinstance(x, Sort | Scan):
+        return of(x.x)
     if isinstance(x, MatMul):
-        da, db = derive_dims(x.a, leaf), derive_dims(x.b, leaf)
+        da, db = of(x.a), of(x.b)
         return None if da is None or db is None else (da[0], db[1])
     if isinstance(x, MatVec):
-        da = derive_dims(x.a, leaf)
+        da = of(x.a)
         if da is None or len(x.shape) != 1:
             return None
         return (da[0],) if x.side == "right" else (da[1],)
-    if isinstance(x, Reduce):
-        d = derive_dims(x.x, leaf)
-        if d is None or x.keepdims:
+    if isinstance(x, Reduce | Quantile):
+        d = of(x.x)
+        if d is None or getattr(x, "keepdims", False):
             return None
-        return () if x.axis is None else tuple(n for i, n in enumerate(d) if i != x.axis)
+        kept = () if x.axis is None else tuple(n for i, n in enumerate(d) if i != x.axis)
+        if isinstance(x, Quantile) and not x.scalar_q:  # q's own axis first: no name
+            return (None, *kept) if partial and any(n is not None for n in kept) else None
+        return kept
     if isinstance(x, Elemwise):
         for a in x.args:
             if isinstance(a, Node) and tuple(a.shape) == tuple(x.shape) and (x.small or not a.small):
-                return derive_dims(a, leaf)
+                return of(a)
     return None
 
 

@@ -132,12 +132,11 @@ def take(a, indices, axis=None) -> ExprBase:
     if n.ndim != 2:
         raise PlanningError(f"take: a 2-D TiledArray is needed, got shape {n.shape}")
     if axis is None:  # positions in the flattened matrix: its elements there
-        if np.ndim(indices) > 1:
+        if np.ndim(indices) > 2:
             raise IndexError(f"take: an index of shape {np.shape(indices)} makes a "
-                             f"{np.ndim(indices)}-D array; tilearray arrays are 1-D or 2-D "
-                             "(index with a flat list)")
+                             f"{np.ndim(indices)}-D array; tilearray arrays are 1-D or 2-D")
         out = flat_points(a, positions(indices, n.shape[0] * n.shape[1], None, "take"))
-        return out.reshape(()) if np.ndim(indices) == 0 else out
+        return out.reshape(np.shape(indices)) if np.ndim(indices) != 1 else out
     axis = axis_index(axis, "take", n.ndim)
     scalar = np.ndim(indices) == 0
     if np.ndim(indices) > 1:  # NumPy would add axes: a 3-D result
@@ -335,10 +334,10 @@ def index(a, key: tuple) -> ExprBase:
                 isinstance(k, np.ndarray) and k.ndim == 0:
             scalars.append((ax, k))
         else:
-            if np.ndim(k) > 1:  # NumPy would add axes
-                raise IndexError(f"an index of shape {np.shape(k)} on axis {ax} adds axes to "
-                                 "the result; tilearray arrays are 1-D or 2-D (index with a "
-                                 "flat list)")
+            if np.ndim(k) > 1:  # NumPy's index arrays of more than one axis
+                raise IndexError(f"an index of shape {np.shape(k)} on axis {ax}: tilearray "
+                                 "indexes with flat (1-D) lists, or np.ix_(rows, cols) for the "
+                                 "block of those rows and columns")
             lists.append((ax, k))
     if len(lists) == 2:  # NumPy's pointwise indexing: the elements at (rows[k], cols[k])
         return pointwise(x, lists[0][1], lists[1][1])
@@ -357,8 +356,9 @@ def _open_mesh(key: tuple) -> bool:
     arrays of shapes ``(k, 1)`` and ``(1, m)``."""
     if len(key) != 2 or any(isinstance(k, slice | ExprBase) for k in key):
         return False
-    rows, cols = (np.asarray(k) for k in key)
-    return rows.ndim == cols.ndim == 2 and rows.shape[1] == 1 and cols.shape[0] == 1 and \
+    rows, cols = (np.asarray(k) for k in key)  # (k, 1) against (1, m), or (m,) as NumPy
+    return rows.ndim == 2 and rows.shape[1] == 1 and (cols.ndim == 1 or cols.ndim == 2 and
+                                                        cols.shape[0] == 1) and \
         rows.dtype.kind in "iu" and cols.dtype.kind in "iu"
 
 
