@@ -391,11 +391,18 @@ def test_combine_refusal_names_memory_not_tiles(tmp_path):
     """A combine holds whole R factors whatever the tiling: its refusal names
     the memory that fits and not "smaller tiles/shards" (helper-47).
     Planned on metadata alone."""
-    zarr.create_array(tmp_path / "w.zarr", shape=(50, 100_000), chunks=(50, 9999), dtype="f8")
-    s = ta.linalg.svd(ta.open(tmp_path / "w.zarr"), compute_uv=False)
+    zarr.create_array(tmp_path / "t.zarr", shape=(100_000, 3000), chunks=(5000, 3000),
+                      dtype="f8")
+    s = ta.linalg.svd(ta.open(tmp_path / "t.zarr"), compute_uv=False)  # R's of 3000 x 3000
     with pytest.raises(ta.PlanningError, match=r"fewer columns lower it\).* it would fit with "
                                                r"memory_per_worker >= \d+MiB$"):
         s.plan(budget=ta.Budget.from_config("300MiB", 2, 1))
+    # a wide X's SVD is its transpose's (tall: R factors of 50 x 50), U and Vt swapped (TSQR
+    # of the wide X had stacked R factors of 50 x 100,000 and was refused here)
+    zarr.create_array(tmp_path / "w.zarr", shape=(50, 100_000), chunks=(50, 9999), dtype="f8")
+    s = ta.linalg.svd(ta.open(tmp_path / "w.zarr"), compute_uv=False)
+    budget = ta.Budget.from_config("300MiB", 2, 1)
+    assert s.plan(budget=budget).peak_task_memory <= budget.task_memory
     # a refusal whose budget a later stage sets says so: the Q of a square X at 420 MiB
     # named only a combine 10 MiB over, while Q's pass down needs 412 MiB
     zarr.create_array(tmp_path / "g.zarr", shape=(3000, 3000), chunks=(1024, 1024), dtype="f8")
