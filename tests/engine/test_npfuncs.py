@@ -1851,11 +1851,21 @@ def test_matrix_functions_take_vectors_as_numpy(thread_engine, mats):
     avg, scl = np.average(v, weights=w, returned=True)
     assert_close(np.asarray(avg), np.average(x.mean(0), weights=w))
     assert float(scl) == w.sum()
-    for reps in (1, 3, (2, 3), (2, 2, 2)):
+    for reps in (1, 3, (2, 3), (2, 2, 2), 0, (0, 2)):
         got = np.tile(a[:5, 0], reps)
         assert isinstance(got, ta.TiledArray) == (np.ndim(reps) == 0 or len(reps) < 3)
         np.testing.assert_array_equal(np.asarray(got), np.tile(x[:5, 0], reps))
     with pytest.raises(ValueError, match="Length of weights"):
         np.average(v, weights=w[:-1])
+    ww = np.random.default_rng(2).random(x.shape)  # a weight per element (helper-52)
+    for axis in (None, 0, 1):
+        assert_close(np.asarray(np.average(a, axis=axis, weights=ww)),
+                     np.average(x, axis=axis, weights=ww))
+    avg, scl = np.average(a, axis=1, weights=ww, returned=True)
+    want, wscl = np.average(x, axis=1, weights=ww, returned=True)
+    assert_close(np.asarray(avg), want)
+    assert_close(scl, wscl)
+    for reps in ((0, 2), (3, 0)):
+        assert np.tile(a, reps).shape == np.tile(x, reps).shape
     with pytest.raises(TypeError, match=r"np\.tile: reps=\(2, 2, 2\) of shape \(45, 31\)"):
         np.tile(a, (2, 2, 2))

@@ -200,9 +200,11 @@ def tile(A, reps):
     """``A`` repeated ``reps`` times along each axis (a join of itself: each
     copy read where a block meets it)."""
     reps = tuple(np.atleast_1d(reps).tolist())
-    if np.ndim(A) not in (1, 2) or len(reps) > 2 or any(r < 1 for r in reps):
+    if np.ndim(A) not in (1, 2) or len(reps) > 2 or any(r < 0 for r in reps):
         raise TypeError(f"np.tile: reps={reps!r} of shape {np.shape(A)}: tilearray tiles a "
-                        "vector or a matrix by at most 2 positive counts")
+                        "vector or a matrix by at most 2 counts")
+    if 0 in reps:  # an empty result, NumPy's shape
+        return selection.held(A, np.tile(np.empty(np.shape(A), A.dtype), reps))
     if np.ndim(A) == 1 and len(reps) == 1:  # a vector stays a vector, as NumPy
         return concatenate([A] * reps[0]) if reps[0] > 1 else A
     if np.ndim(A) == 1:

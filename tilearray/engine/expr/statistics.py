@@ -233,9 +233,9 @@ def allclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False) -> ExprBase:
 
 
 def average(a, axis=None, weights=None, returned=False, *, keepdims=False):
-    """``np.average``: the mean, or with NumPy vector ``weights`` along
-    ``axis`` (or of the array's shape: refused, store it), ``(a * w).sum(axis)
-    / w.sum()`` fused in one pass over ``a``."""
+    """``np.average``: the mean, or with NumPy ``weights`` -- a vector along
+    ``axis``, or an array of ``a``'s shape -- ``(a * w).sum(axis) /
+    w.sum(axis)``, fused in one pass over ``a``."""
     if weights is None:
         avg = a.mean(axis=axis, keepdims=keepdims)
         scl = avg.dtype.type(a.size / max(avg.size, 1))
@@ -243,6 +243,15 @@ def average(a, axis=None, weights=None, returned=False, *, keepdims=False):
         w = np.asarray(weights)
         if axis is None and a.ndim == 1:  # a vector's weighted mean: its only axis
             axis = 0
+        if w.shape == tuple(a.shape) and w.ndim == 2:  # a weight per element, in memory
+            wsum = w.sum(axis=axis, keepdims=keepdims)
+            if np.any(wsum == 0):
+                raise ZeroDivisionError("Weights sum to zero, can't be normalized")
+            avg = (a * w).sum(axis=axis, keepdims=keepdims) / wsum
+            if not returned:
+                return avg
+            return avg, np.broadcast_to(wsum, avg.shape).astype(
+                np.result_type(avg.dtype, wsum.dtype))
         if axis is None or w.ndim != 1:
             raise TypeError("np.average: weights must be a 1-D NumPy vector along an axis "
                             "(axis=0 or 1) on TiledArrays")
