@@ -27,6 +27,7 @@ log = logging.getLogger("tilearray")
 
 QRResult = type(np.linalg.qr(np.eye(1)))
 SVDResult = type(np.linalg.svd(np.eye(1)))
+SlogdetResult = type(np.linalg.slogdet(np.eye(1)))
 
 # -- TSQR: QR, SVD, least squares of tall-skinny matrices -------------------------------------
 
@@ -839,7 +840,7 @@ def slogdet(a: TiledArray, assume_a: str = "gen"):
         low = Factor(tuple(a.shape), np.dtype(np.float64), _float64(a)._node, "L")
         sign, logabs = TiledArray(Factor((), low.dtype, low, "logdiag")).compute()
         dtype = result_dtype(a.dtype)  # NumPy's: float32's in float32
-        return type(np.linalg.slogdet(np.eye(1)))(dtype.type(sign), dtype.type(logabs))
+        return SlogdetResult(dtype.type(sign), dtype.type(logabs))
     if a.size == 0:  # NumPy: sign 1, log 0 (the determinant of 0 x 0 is 1)
         return _numpy_of_empty(np.linalg.slogdet, a)
     return _incore(a, "slogdet", ()).compute()

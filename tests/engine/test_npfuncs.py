@@ -53,6 +53,20 @@ def check(expr, want, tmp_path=None, exact=False):
     return plan
 
 
+def traced_tasks(stage):
+    """``(task, its value, its traced peak)`` of each of a stage's tasks, run here."""
+    import tracemalloc
+
+    for task in stage.work:
+        tracemalloc.start()
+        try:
+            value, _ = task.fn(*task.args)
+            traced = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        yield task, value, traced
+
+
 @pytest.fixture(scope="module")
 def mats(tmp_path_factory):
     """Ragged tilings (tiles never divide the shapes), three dtypes, NaNs."""
@@ -350,8 +364,6 @@ def test_a_gather_holds_one_span_at_a_time(thread_engine, tmp_path):
     freed before the next is read (a view of a partial read holds its whole
     decoded chunk): the traced peak of every planned task is under the
     plan's, which counts the largest span and the gathered block."""
-    import tracemalloc
-
     rng = np.random.default_rng(6)
     x = rng.standard_normal((2400, 600))
     a = ta.from_numpy(x, tmp_path / "s.zarr", tile=(400, 200))
@@ -363,13 +375,7 @@ def test_a_gather_holds_one_span_at_a_time(thread_engine, tmp_path):
         (stage,) = [s for s in plan.stages if s.kind == "map"]
         if k == 0:  # all rows, a column unit a task: every unit read once
             assert stage.bytes_read == x.nbytes and stage.tasks == 3, str(plan)
-        for task in stage.work:
-            tracemalloc.start()
-            try:
-                value, _ = task.fn(*task.args)
-                traced = tracemalloc.get_traced_memory()[1]
-            finally:
-                tracemalloc.stop()
+        for task, value, traced in traced_tasks(stage):
             rows, cols = task.args[1], task.args[2]
             want = (x[idx] * 2 + 1 if k == 1 else x[idx][:, ::-1] if k == 2 else x[idx])
             np.testing.assert_array_equal(value, want[rows[0]:rows[1], cols[0]:cols[1]])
@@ -1746,8 +1752,6 @@ def test_gradient_plans_its_parts_one_at_a_time(thread_engine, tmp_path):
     np.diff's memory (it had planned 2-5x, every part's arrays at once, and
     was refused where diff ran, helper-50); every task's traced peak is
     under the plan's."""
-    import tracemalloc
-
     rng = np.random.default_rng(8)
     x = rng.standard_normal((2400, 300))
     a = ta.from_numpy(x, tmp_path / "g.zarr", tile=(199, 37))
@@ -1763,13 +1767,7 @@ def test_gradient_plans_its_parts_one_at_a_time(thread_engine, tmp_path):
         (stage,) = plan.stages
         if args and np.ndim(args[0]):  # the coordinates' coefficients: tasks' dependencies
             continue
-        for task in stage.work:
-            tracemalloc.start()
-            try:
-                value, _ = task.fn(*task.args)
-                traced = tracemalloc.get_traced_memory()[1]
-            finally:
-                tracemalloc.stop()
+        for task, value, traced in traced_tasks(stage):
             rows, cols = task.args[1], task.args[2]
             assert_close(value, want[rows[0]:rows[1], cols[0]:cols[1]])
             assert traced <= stage.peak_task_memory, (traced, str(plan))

@@ -419,9 +419,7 @@ class Take(Node):
         return self.x.small
 
     def __str__(self) -> str:
-        n = len(self.index)
-        shown = ", ".join(str(int(i)) for i in self.index[:4]) + (", ..." if n > 4 else "")
-        return f"take({_fmt(self.x)}, [{shown}] ({n}), axis={self.axis})"
+        return f"take({_fmt(self.x)}, {_shown(self.index)}, axis={self.axis})"
 
 
 @dataclass(frozen=True, eq=False)
@@ -440,9 +438,14 @@ class Points(Node):
         return True
 
     def __str__(self) -> str:
-        n = len(self.index)
-        shown = ", ".join(str(int(i)) for i in self.index[:4]) + (", ..." if n > 4 else "")
-        return f"{_fmt(self.x)}.flat[[{shown}] ({n})]"
+        return f"{_fmt(self.x)}.flat[{_shown(self.index)}]"
+
+
+def _shown(index) -> str:
+    """Positions as an expression shows them: the first four and the count."""
+    n = len(index)
+    return "[" + ", ".join(str(int(i)) for i in index[:4]) + (", ..." if n > 4 else "") + \
+        f"] ({n})"
 
 
 @dataclass(frozen=True, eq=False)
